@@ -1,0 +1,220 @@
+"""The ready queues of one pool and the choice of the next task.
+
+Per class there is a FIFO lane (a deque sorted by task id, which is
+submission order) and a deadline heap ordered by latest start time; in a pool
+with fair sharing, a heap ordered by start-time-fair-queuing tag replaces the
+lane. Within a class every task ages at the same rate, so a lane's head is its
+best task; choosing the next task compares at most eight heads and never
+rescans the backlog.
+
+Entries leave a queue in two ways: popped by ``pick`` (or by the shedder), or
+lazily, when they end while queued (cancelled, shed): ``discard`` fixes the
+counts at once and the stale entry is dropped when it reaches a head.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import deque
+
+from .types import READY
+
+__all__ = ["ReadyQueues"]
+
+_ID = lambda e: e.id  # noqa: E731  (bisect key)
+
+
+class ReadyQueues:
+    __slots__ = ("lanes", "deadlines", "fair", "count", "total", "base", "rate", "cap",
+                 "u_peak", "u_window", "u_rate", "u_cap", "weights", "vtime", "finish")
+
+    def __init__(self, priority, urgency, fair: bool, weights: dict[str, float]) -> None:
+        self.lanes = [deque(), deque(), deque(), deque()]
+        self.deadlines: list[list] = [[], [], [], []]
+        self.fair: list[list] | None = [[], [], [], []] if fair else None
+        self.count = [0, 0, 0, 0]       # live entries per class
+        self.total = 0
+        # Scores in points; times in ns, so per-ns rates.
+        self.base = priority.base
+        self.rate = tuple(r / 1e9 for r in priority.aging_rate)
+        self.cap = priority.age_cap
+        self.u_peak = urgency.peak
+        self.u_window = int(urgency.window * 1e9)
+        self.u_rate = urgency.overdue_rate / 1e9
+        self.u_cap = urgency.overdue_cap
+        self.weights = weights
+        self.vtime = [0.0, 0.0, 0.0, 0.0]
+        self.finish: list[dict] = [{}, {}, {}, {}]
+
+    # ------------------------------------------------------------ insertion
+
+    def push(self, e) -> None:
+        """A task becomes ready; a task seen before returns to its place."""
+        c = e.cls
+        self.count[c] += 1
+        self.total += 1
+        if e.lst is not None:
+            heapq.heappush(self.deadlines[c], (e.lst, e.id, e))
+        elif self.fair is not None:
+            if e.tag is None:
+                e.tag = self._start_tag(c, e)
+            heapq.heappush(self.fair[c], (e.tag, e.id, e))
+        else:
+            lane = self.lanes[c]
+            if not lane or lane[-1].id < e.id:
+                lane.append(e)
+            elif lane[0].id > e.id:
+                lane.appendleft(e)
+            else:
+                lane.insert(bisect.bisect_left(lane, e.id, key=_ID), e)
+
+    def _start_tag(self, c: int, e) -> float:
+        tenant = e.spec.tenant if e.spec is not None else None
+        finish = self.finish[c]
+        start = max(self.vtime[c], finish.get(tenant, 0.0))
+        finish[tenant] = start + 1.0 / self.weights.get(tenant, 1.0)
+        if len(finish) > 4096:
+            # Tenants whose finish tag is behind the virtual time hold no credit.
+            v = self.vtime[c]
+            self.finish[c] = {t: f for t, f in finish.items() if f > v}
+        return start
+
+    def discard(self, e) -> None:
+        """A queued task ended without being picked; its entry goes stale."""
+        self.count[e.cls] -= 1
+        self.total -= 1
+
+    # ------------------------------------------------------------ choice
+
+    def urgency(self, e, now: int) -> float:
+        slack = e.lst - now
+        horizon = e.est if e.est > self.u_window else self.u_window
+        if slack >= horizon:
+            return 0.0
+        if slack >= 0:
+            return self.u_peak * (1.0 - slack / horizon)
+        overdue = -slack * self.u_rate
+        return self.u_peak + (overdue if overdue < self.u_cap else self.u_cap)
+
+    def score(self, e, now: int) -> float:
+        c = e.cls
+        age = (now - e.submitted) * self.rate[c]
+        cap = self.cap[c]
+        s = self.base[c] + (age if age < cap else cap)
+        if e.lst is not None:
+            s += self.urgency(e, now)
+        return s
+
+    def _head(self, c: int):
+        """The live head of class c's FIFO (or fair) queue and of its deadline heap."""
+        if self.fair is None:
+            lane = self.lanes[c]
+            while lane and lane[0].status is not READY:
+                lane.popleft()
+            first = lane[0] if lane else None
+        else:
+            heap = self.fair[c]
+            while heap and heap[0][2].status is not READY:
+                heapq.heappop(heap)
+            first = heap[0][2] if heap else None
+        heap = self.deadlines[c]
+        while heap and heap[0][2].status is not READY:
+            heapq.heappop(heap)
+        return first, (heap[0][2] if heap else None)
+
+    def take(self, now: int):
+        """Remove and return the task with the highest effective score, or None.
+
+        Ties go to the more important class, then to the older task.
+        """
+        count = self.count
+        total = self.total
+        if not total:
+            return None
+        c = 0
+        while not count[c]:
+            c += 1
+        if count[c] == total and not self.deadlines[c]:
+            # One class holds all the work and none of it has a deadline: its
+            # queue head is the best task, no score needed.
+            count[c] -= 1
+            self.total = total - 1
+            if self.fair is None:
+                lane = self.lanes[c]
+                e = lane.popleft()
+                while e.status is not READY:
+                    e = lane.popleft()
+                return e
+            heap = self.fair[c]
+            e = heapq.heappop(heap)[2]
+            while e.status is not READY:
+                e = heapq.heappop(heap)[2]
+            if e.tag > self.vtime[c]:
+                self.vtime[c] = e.tag
+            return e
+        e = self._best(now)
+        self.pop(e)
+        return e
+
+    def _best(self, now: int):
+        count = self.count
+        best = None
+        best_score = 0.0
+        for c in (0, 1, 2, 3):
+            if not count[c]:
+                continue
+            if best is not None and not self.deadlines[c] and best_score > self.base[c] + self.cap[c]:
+                continue  # without urgency this class cannot catch up
+            first, dl = self._head(c)
+            for e in (first, dl):
+                if e is None:
+                    continue
+                s = self.score(e, now)
+                if best is None or s > best_score or (s == best_score and e.cls == best.cls
+                                                      and e.id < best.id):
+                    best = e
+                    best_score = s
+        return best
+
+    def peek(self, now: int):
+        """The task ``take`` would return, left in place."""
+        if not self.total:
+            return None
+        return self._best(now)
+
+    def pop(self, e) -> None:
+        """Remove ``e``, a live queue head (as ``peek`` returns), from its queue."""
+        c = e.cls
+        self.count[c] -= 1
+        self.total -= 1
+        if e.lst is not None:
+            heapq.heappop(self.deadlines[c])
+        elif self.fair is not None:
+            heapq.heappop(self.fair[c])
+            if e.tag > self.vtime[c]:
+                self.vtime[c] = e.tag
+        else:
+            self.lanes[c].popleft()
+
+    def higher_waiting(self, c: int) -> bool:
+        """Is a task of a strictly more important class than c ready?"""
+        count = self.count
+        for k in range(c):
+            if count[k]:
+                return True
+        return False
+
+    def live_entries(self):
+        """Every live queued entry (for invariant checks and shedding)."""
+        for c in range(4):
+            for e in self.lanes[c]:
+                if e.status is READY:
+                    yield e
+            for _, _, e in self.deadlines[c]:
+                if e.status is READY:
+                    yield e
+            if self.fair is not None:
+                for _, _, e in self.fair[c]:
+                    if e.status is READY:
+                        yield e

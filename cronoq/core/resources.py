@@ -1,0 +1,82 @@
+"""Shared limits: semaphores and token buckets, with their parked waiters.
+
+A task takes all the units it asks for at once or none. A task that cannot
+is parked on the first resource that is short, off the dispatch queues, in
+FIFO order (a task that was parked before keeps its earlier place). Waiters
+are re-offered when units return (semaphore) or when enough tokens have
+accumulated (token bucket: the engine arms one timer for that moment).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+from .types import READY, ResourceConfig
+
+__all__ = ["ResourceState"]
+
+_PARK = lambda e: e.x.park_seq  # noqa: E731  (bisect key)
+
+
+class ResourceState:
+    __slots__ = ("name", "semaphore", "capacity", "available", "tokens", "rate", "last",
+                 "waiters", "refill_at")
+
+    def __init__(self, config: ResourceConfig, now: int) -> None:
+        self.name = config.name
+        self.semaphore = config.kind == "semaphore"
+        self.capacity = config.capacity
+        self.available = config.permits if self.semaphore else 0
+        self.tokens = float(config.burst or 0)   # a bucket starts full
+        self.rate = (config.rate or 0.0) / 1e9    # tokens per ns
+        self.last = now
+        self.waiters: deque = deque()
+        self.refill_at: int | None = None          # time of the armed refill timer
+
+    def level(self, now: int) -> float:
+        """Units available now (refilling a bucket first)."""
+        if self.semaphore:
+            return self.available
+        if now > self.last:
+            tokens = self.tokens + (now - self.last) * self.rate
+            self.tokens = tokens if tokens < self.capacity else float(self.capacity)
+            self.last = now
+        return self.tokens
+
+    def take(self, units: int) -> None:
+        if self.semaphore:
+            self.available -= units
+        else:
+            self.tokens -= units
+
+    def give(self, units: int) -> None:
+        if self.semaphore:
+            self.available += units
+
+    def ready_in(self, units: int, now: int) -> int:
+        """Nanoseconds until a bucket holds ``units`` tokens."""
+        missing = units - self.level(now)
+        if missing <= 0:
+            return 0
+        return max(1, int(missing / self.rate) + 1)
+
+    def park(self, e) -> None:
+        waiters = self.waiters
+        seq = e.x.park_seq
+        if not waiters or _PARK(waiters[-1]) < seq:
+            waiters.append(e)
+        elif _PARK(waiters[0]) > seq:
+            waiters.appendleft(e)
+        else:
+            waiters.insert(bisect.bisect_left(waiters, seq, key=_PARK), e)
+
+    def head(self):
+        """The first waiter still parked here, dropping stale ones."""
+        waiters = self.waiters
+        while waiters:
+            e = waiters[0]
+            if e.status is READY and e.x.parked_on is self:
+                return e
+            waiters.popleft()
+        return None

@@ -1,0 +1,107 @@
+"""Read-only views of the engine's state, built on demand by ``Core.snapshot``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["GroupSnapshot", "PoolSnapshot", "Snapshot", "TaskInfo", "TOTAL_FIELDS"]
+
+TOTAL_FIELDS = ("submitted", "dispatched", "succeeded", "failed", "dead_lettered", "cancelled",
+                "skipped", "missed", "shed", "retries", "timeouts", "lease_expiries",
+                "stale_completions", "recurring_conflicts", "recurring_invalid")
+
+
+class _View:
+    __slots__ = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if isinstance(value, list):
+                value = [v.as_dict() if isinstance(v, _View) else v for v in value]
+            out[name] = value
+        return out
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.as_dict() == other.as_dict()
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), {n: getattr(self, n) for n in self.__slots__}))
+
+
+def _rebuild(cls, fields):
+    obj = cls.__new__(cls)
+    for name, value in fields.items():
+        setattr(obj, name, value)
+    return obj
+
+
+class GroupSnapshot(_View):
+    """One worker group of a pool: the slots whose workers carry exactly ``labels``."""
+
+    __slots__ = ("labels", "capacity", "busy")
+
+    def __init__(self, labels: dict[str, str], capacity: int, busy: int) -> None:
+        self.labels = labels
+        self.capacity = capacity
+        self.busy = busy
+
+
+class PoolSnapshot(_View):
+    """A pool's state now and its quality over the metrics window.
+
+    Counts (dispatched, succeeded, failed) and rates cover the window; rates are
+    1.0 when nothing was measured. Waits are seconds from becoming ready to
+    dispatch. ``worker_seconds`` and ``cost`` accumulate since start.
+    """
+
+    __slots__ = ("name", "capacity", "busy", "held", "desired", "pending", "pending_by_class",
+                 "reservations", "dispatched", "succeeded", "failed", "priority_adherence",
+                 "fixed_start_hit_rate", "utilization", "schedule_efficiency", "wait_p50",
+                 "wait_p90", "wait_p99", "worker_seconds", "cost", "groups")
+
+    def __init__(self, **fields: Any) -> None:
+        for name in self.__slots__:
+            setattr(self, name, fields[name])
+
+
+class Snapshot(_View):
+    """The whole scheduler: its pools, totals since start, and task counts."""
+
+    __slots__ = ("pools", "totals", "live_tasks", "running", "pending", "at")
+
+    def __init__(self, pools: list[PoolSnapshot], totals: dict[str, int], live_tasks: int,
+                 running: int, pending: int, at: float) -> None:
+        self.pools = pools
+        self.totals = totals
+        self.live_tasks = live_tasks
+        self.running = running
+        self.pending = pending
+        self.at = at
+
+    def pool(self, name: str) -> PoolSnapshot:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(f"no pool named {name!r}")
+
+
+class TaskInfo(_View):
+    """What the engine knows of one task (live, or retained after it ended)."""
+
+    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "message")
+
+    def __init__(self, id: int, status: str, pool: str, key: str | None, kind: str | None,
+                 attempt: int, message: str | None) -> None:
+        self.id = id
+        self.status = status
+        self.pool = pool
+        self.key = key
+        self.kind = kind
+        self.attempt = attempt
+        self.message = message

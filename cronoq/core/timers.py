@@ -1,0 +1,55 @@
+"""One heap of timers for everything time-driven in the engine.
+
+Entries are never removed when they stop mattering (a retry that was
+cancelled, a timeout of an attempt that already ended): each carries a token
+that its handler checks against the current state, and stale entries are
+dropped when they reach the top. That keeps arming and disarming O(log n) and
+O(1).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+__all__ = ["TimerHeap"]
+
+# Timer kinds, handled by Core._fire.
+RETRY = 1           # backoff elapsed: obj is the entry, token its attempt number
+TIMEOUT = 2         # attempt timeout: obj is the entry, token the lease
+LEASE = 3           # lease TTL check: obj is the entry, token the lease
+AWAIT = 4           # unknown-key await timeout: obj is the entry
+HOLD = 5            # fixed start: re-evaluate the hold lead
+START = 6           # fixed start: the start time
+MISS = 7            # fixed start: start + tolerance
+REFILL = 8          # token bucket: enough tokens for the head waiter
+AUTOSCALE = 9       # autoscaler evaluation of a pool
+RECUR = 10          # recurring schedule: create the next occurrence
+
+
+class TimerHeap:
+    __slots__ = ("_heap", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple] = []
+        self._seq = 0
+
+    def push(self, when: int, kind: int, obj: object, token: object = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, kind, obj, token))
+
+    def next_time(self) -> int | None:
+        heap = self._heap
+        return heap[0][0] if heap else None
+
+    def pop_due(self, now: int):
+        """Pop the earliest timer if it is due, else return None."""
+        heap = self._heap
+        if heap and heap[0][0] <= now:
+            return heapq.heappop(heap)
+        return None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def entries(self) -> list[tuple]:
+        return self._heap

@@ -1,0 +1,29 @@
+"""cronoq: an elastic, priority-aware task scheduler for Python.
+
+``Scheduler`` is the asyncio API, ``BlockingScheduler`` its thread-safe
+synchronous twin, ``cronoq.core`` the deterministic engine underneath.
+"""
+
+from ._version import __version__
+from .core.actions import StatusEvent
+from .core.errors import (
+    AdmissionError, CronoqError, Cycle, EventsLagged, InvalidTask, Permanent, QueueFull,
+    ReservationConflict, ResourceExceedsCapacity, Retryable, SchedulerError, TaskFailed,
+    UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
+)
+from .core.snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
+from .core.types import AutoscaleConfig, Dep, Priority, RetryPolicy
+from .core.types import ResourceConfig as Resource
+from .core.types import TaskSpec as Task
+from .runtime import EventStream, Pool, Scheduler, TaskContext, TaskHandle, VirtualClock
+from .blocking import BlockingEventStream, BlockingHandle, BlockingScheduler
+
+__all__ = [
+    "__version__",
+    "Scheduler", "BlockingScheduler", "BlockingHandle", "BlockingEventStream", "Pool", "Task", "Dep", "RetryPolicy", "Priority", "Resource", "AutoscaleConfig",
+    "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock",
+    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo",
+    "CronoqError", "SchedulerError", "TaskFailed", "Retryable", "Permanent", "EventsLagged",
+    "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
+    "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",
+]

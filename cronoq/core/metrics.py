@@ -133,12 +133,12 @@ class RunStats:
         self.records = 0
 
     def record(self, kind: str, value: int, regular: bool) -> None:
+        """Add a run (the caller counts ``records``, sampled or not)."""
         table = self.regular if regular else self.fixed
         hist = table.get(kind)
         if hist is None:
             hist = table[kind] = DecayingHistogram()
         hist.record(value)
-        self.records += 1
 
     def kind_median(self, kind: str) -> float | None:
         for table in (self.regular, self.fixed):
@@ -208,7 +208,7 @@ class PoolWindow:
         self.worker_time = 0        # integral of capacity since start (slot-ns)
 
     def bucket(self, now: int) -> WindowBucket:
-        if now < self._current_end and self._current is not None:
+        if self._current_start <= now < self._current_end and self._current is not None:
             return self._current
         epoch = now // self.span
         bucket = self.buckets[epoch % len(self.buckets)]

@@ -1,0 +1,84 @@
+"""Status event streams: a bounded buffer per subscriber."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from ..core.actions import StatusEvent
+from ..core.errors import EventsLagged
+
+__all__ = ["EventStream"]
+
+
+class EventStream:
+    """An async iterator of ``StatusEvent``.
+
+    It buffers up to ``capacity`` events; a consumer that falls behind loses
+    the oldest ones, counted in ``lagged``. With ``on_lag="raise"`` the next
+    iteration after a loss raises ``EventsLagged`` (iterating again continues
+    with what is buffered). The stream ends when the scheduler shuts down or
+    the stream is closed.
+    """
+
+    def __init__(self, capacity: int, on_lag: str, detach) -> None:
+        if on_lag not in ("drop", "raise"):
+            raise ValueError(f"on_lag must be 'drop' or 'raise', got {on_lag!r}")
+        self._buffer: deque[StatusEvent] = deque()
+        self._capacity = capacity
+        self._raise = on_lag == "raise"
+        self._unreported = 0
+        self._waiter: asyncio.Future | None = None
+        self._detach = detach
+        self.lagged = 0
+        self.closed = False
+
+    def _push(self, event: StatusEvent) -> None:
+        buffer = self._buffer
+        if len(buffer) >= self._capacity:
+            buffer.popleft()
+            self.lagged += 1
+            self._unreported += 1
+        buffer.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _end(self) -> None:
+        self.closed = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def close(self) -> None:
+        """Stop receiving events; buffered ones can still be read."""
+        if not self.closed:
+            self._detach(self)
+            self._end()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> StatusEvent:
+        while True:
+            if self._unreported and self._raise:
+                skipped, self._unreported = self._unreported, 0
+                raise EventsLagged(skipped)
+            if self._buffer:
+                return self._buffer.popleft()
+            if self.closed:
+                raise StopAsyncIteration
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    async def __aenter__(self) -> EventStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,102 @@
+"""``TaskHandle``: the awaitable result of a submitted task."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..core.errors import TaskFailed
+
+__all__ = ["TaskHandle"]
+
+_PENDING, _OK, _FAILED = 0, 1, 2
+
+
+class TaskHandle:
+    """Resolves to the executor's return value, or raises ``TaskFailed``.
+
+    ``id`` is the task's id, ``key`` its key, ``duplicate`` whether the
+    submission found an existing task with that key. Awaiting a handle never
+    cancels the task; cancel it with ``Scheduler.cancel``.
+    """
+
+    __slots__ = ("id", "key", "duplicate", "_loop", "_state", "_value", "_future", "_callbacks")
+
+    def __init__(self, task_id: int, key: str | None, duplicate: bool, loop) -> None:
+        self.id = task_id
+        self.key = key
+        self.duplicate = duplicate
+        self._loop = loop
+        self._state = _PENDING
+        self._value: Any = None
+        self._future: asyncio.Future | None = None
+        self._callbacks: list | None = None
+
+    # -- resolution (scheduler side, on its loop)
+
+    def _succeed(self, value: Any) -> None:
+        if self._state:
+            return
+        self._state = _OK
+        self._value = value
+        self._wake()
+
+    def _fail(self, status: str, message: str | None) -> None:
+        if self._state:
+            return
+        self._state = _FAILED
+        self._value = (status, message)
+        self._wake()
+
+    def _wake(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+        if self._callbacks:
+            for callback in self._callbacks:
+                callback(self)
+            self._callbacks = None
+
+    def _on_done(self, callback) -> None:
+        """Call ``callback(handle)`` once resolved (at once if it already is)."""
+        if self._state:
+            callback(self)
+        elif self._callbacks is None:
+            self._callbacks = [callback]
+        else:
+            self._callbacks.append(callback)
+
+    # -- user side
+
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def result(self) -> Any:
+        """The output of a finished task (raises ``TaskFailed`` if it failed,
+        ``asyncio.InvalidStateError`` if it is still running)."""
+        if self._state == _OK:
+            return self._value
+        if self._state == _FAILED:
+            status, message = self._value
+            raise TaskFailed(status, message, self.id)
+        raise asyncio.InvalidStateError(f"task {self.id} has not finished")
+
+    @property
+    def status(self) -> str | None:
+        """The terminal status once finished (``None`` before)."""
+        if self._state == _OK:
+            return "succeeded"
+        if self._state == _FAILED:
+            return self._value[0]
+        return None
+
+    def __await__(self):
+        if not self._state:
+            if self._future is None:
+                self._future = self._loop.create_future()
+            yield from self._future.__await__()
+        return self.result()
+
+    def __repr__(self) -> str:
+        state = self.status or "pending"
+        return f"TaskHandle(id={self.id}, key={self.key!r}, {state})"

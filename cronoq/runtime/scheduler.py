@@ -1,0 +1,428 @@
+"""``cronoq.Scheduler``: the asyncio driver of the engine and the public API.
+
+Every call applies one change to the engine and then runs the action pump:
+dispatches go to the pool's runner, aborts cancel attempts, terminal events
+resolve handles and reach event streams. One timer, armed for the engine's
+next wake-up, is the only thing that runs on its own; an idle scheduler arms
+none and uses no CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any, Iterable, Sequence
+
+from ..core import actions as act
+from ..core.engine import Core
+from ..core.errors import QueueFull, SchedulerError, UnknownTask
+from ..core.snapshot import Snapshot, TaskInfo
+from ..core.types import (
+    NS, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig, TaskSpec, check_name,
+)
+from .clock import Clock, SystemClock
+from .events import EventStream
+from .handle import TaskHandle
+from .pool import Pool
+from .runner import LocalRunner
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger("cronoq.scheduler")
+
+_NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
+
+
+class Scheduler:
+    """An embedded scheduler bound to the event loop that starts it.
+
+    Use ``async with Scheduler(pools) as sched:`` or ``await start()`` /
+    ``await shutdown()``. Calls before ``start()`` raise ``RuntimeError``;
+    after shutdown, or once the loop closed, ``SchedulerError``.
+    """
+
+    def __init__(self, pools: Sequence[Pool], resources: Sequence[ResourceConfig] | None = None,
+                 emit_transitions: bool = False, *, shutdown_grace: float = 5.0,
+                 event_capacity: int = 1024, store=None, codec=None, clock: Clock | None = None,
+                 max_pending_total: int | None = None, output_cache: int = 1024,
+                 seed: int | None = None, config: CoreConfig | None = None) -> None:
+        pools = list(pools)
+        if not pools:
+            raise ValueError("pools must name at least one Pool")
+        for pool in pools:
+            if not isinstance(pool, Pool):
+                raise ValueError(f"pools must be cronoq.Pool objects, got {type(pool).__name__}")
+        self.pools = pools
+        self.resources = list(resources or ())
+        if isinstance(shutdown_grace, bool) or not isinstance(shutdown_grace, (int, float)) \
+                or not shutdown_grace >= 0:
+            raise ValueError(f"shutdown_grace must be a number of seconds >= 0, got {shutdown_grace!r}")
+        self.shutdown_grace = float(shutdown_grace)
+        if isinstance(event_capacity, bool) or not isinstance(event_capacity, int) or event_capacity < 1:
+            raise ValueError(f"event_capacity must be an integer >= 1, got {event_capacity!r}")
+        self.event_capacity = event_capacity
+        if isinstance(output_cache, bool) or not isinstance(output_cache, int) or output_cache < 0:
+            raise ValueError(f"output_cache must be an integer >= 0, got {output_cache!r}")
+        self._output_limit = output_cache
+        self.store = store
+        self.codec = codec
+        self.clock: Clock = clock or SystemClock()
+        if config is None:
+            config = CoreConfig(emit_transitions=emit_transitions, max_pending_total=max_pending_total,
+                                seed=0 if seed is None else seed)
+        self._config = config
+        self._state = _NEW
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._core: Core | None = None
+        self._runners: dict[str, LocalRunner] = {}
+        self._handles: dict[int, Any] = {}          # task id -> handle or [handles]
+        self._outputs: dict[int, Any] = {}           # recent outputs, oldest first
+        self._output_order: deque[int] = deque()
+        self._streams: list[EventStream] = []
+        self._room: list[asyncio.Future] = []       # submitters waiting for queue room
+        self._timer = None
+        self._timer_at: int | None = None
+        self._drained: asyncio.Event | None = None
+
+    # ================================================================ lifecycle
+
+    async def start(self) -> None:
+        """Start the scheduler on the running loop."""
+        if self._state != _NEW:
+            raise SchedulerError(f"the scheduler is {self._state}; create a new one to start again")
+        self._loop = asyncio.get_running_loop()
+        self._core = Core(self._config, [p.config for p in self.pools], self.resources,
+                          now=self.clock.now_ns())
+        self._runners = {p.name: LocalRunner(self, p.name, p.executor, p.is_async) for p in self.pools}
+        self._state = _RUNNING
+        self._pump()
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Stop admitting work, give running attempts ``grace`` seconds
+        (default ``shutdown_grace``), then cancel them. Handles of tasks that
+        did not finish resolve with ``TaskFailed(status="shutdown")``."""
+        if self._state in (_NEW, _STOPPED):
+            self._state = _STOPPED
+            return
+        if self._state == _STOPPING:
+            while self._state != _STOPPED:
+                await asyncio.sleep(0.01)
+            return
+        self._state = _STOPPING
+        grace = self.shutdown_grace if grace is None else grace
+        core = self._core
+        core.stop_dispatching()
+        for waiter in self._room:
+            if not waiter.done():
+                waiter.set_exception(SchedulerError("the scheduler is shutting down"))
+        self._room.clear()
+        if core.running and grace > 0:
+            self._drained = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._drained.wait(), grace)
+            except asyncio.TimeoutError:
+                pass
+        for runner in self._runners.values():
+            runner.cancel_all()
+        await asyncio.sleep(0)
+        self._finish_shutdown()
+
+    def _finish_shutdown(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        handles = self._handles
+        self._handles = {}
+        for value in handles.values():
+            for handle in value if isinstance(value, list) else (value,):
+                handle._fail("shutdown", "the scheduler shut down before the task finished")
+        for stream in self._streams:
+            stream._end()
+        self._streams.clear()
+        self._state = _STOPPED
+
+    async def __aenter__(self) -> Scheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.shutdown()
+
+    @property
+    def running(self) -> bool:
+        return self._state == _RUNNING
+
+    def _check(self) -> Core:
+        """The engine, if calls are allowed now and here."""
+        if self._state != _RUNNING:
+            if self._state == _NEW:
+                raise RuntimeError("the scheduler is not started: use 'async with' or await start()")
+            raise SchedulerError(f"the scheduler is {self._state}")
+        loop = self._loop
+        if loop.is_closed():
+            self._state = _STOPPED
+            raise SchedulerError("the event loop that ran the scheduler is closed")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not loop:
+            raise SchedulerError("the scheduler belongs to another event loop; call it from that loop "
+                                 "(or use BlockingScheduler from threads)")
+        return self._core
+
+    # ================================================================ the pump
+
+    def _pump(self) -> None:
+        """Carry out everything the engine asked for, then re-arm the timer."""
+        core = self._core
+        actions = core.actions
+        runners = self._runners
+        handles = self._handles
+        streams = self._streams
+        while actions:
+            raw = actions.popleft()
+            kind = raw[0]
+            if kind == 1:   # DISPATCH
+                entry = raw[1]
+                runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
+            elif kind == 3:   # EVENT
+                status = raw[4]
+                if status in TERMINAL and handles:
+                    handle = handles.pop(raw[1], None)
+                    if handle is not None:
+                        self._resolve(handle, raw[1], status, raw[7])
+                if streams:
+                    event = act.event_from(raw)
+                    for stream in streams:
+                        stream._push(event)
+            elif kind == 2:   # ABORT
+                for runner in runners.values():
+                    if runner.abort(raw[1]):
+                        break
+            elif kind == 5:   # SCALE
+                log.debug("pool %s scaled to %d", raw[1], raw[2],
+                          extra={"pool": raw[1], "desired": raw[2], "action": "scale"})
+        if self._room:
+            self._wake_room()
+        if self._drained is not None and not core.running:
+            self._drained.set()
+        self._arm()
+
+    def _arm(self) -> None:
+        at = self._core.next_wakeup()
+        if at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at
+        if at is not None and self._state in (_RUNNING, _STOPPING):
+            self._timer = self.clock.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        if self._state not in (_RUNNING, _STOPPING) or self._loop.is_closed():
+            return
+        self._core.advance(self.clock.now_ns())
+        self._pump()
+
+    def _report(self, entry, lease: int, outcome: str, output: Any, message: str | None,
+                retry_after_ns: int | None) -> None:
+        """A runner's outcome for one attempt."""
+        core = self._core
+        if self._state is _STOPPED:
+            return
+        if core.complete(self.clock.now_ns(), lease, outcome, output, message, retry_after_ns) \
+                and outcome is SUCCESS and self._output_limit:
+            self._outputs[entry.id] = output
+            order = self._output_order
+            order.append(entry.id)
+            if len(order) > self._output_limit:
+                self._outputs.pop(order.popleft(), None)
+        self._pump()
+
+    def _heartbeat(self, lease: int) -> None:
+        if self._state in (_RUNNING, _STOPPING):
+            self._core.heartbeat(self.clock.now_ns(), lease)
+            self._pump()
+
+    # ================================================================ handles
+
+    def _resolve(self, handle, task_id: int, status: str, message: str | None) -> None:
+        for h in handle if isinstance(handle, list) else (handle,):
+            if status is SUCCEEDED:
+                outputs = self._outputs
+                if task_id in outputs:
+                    h._succeed(outputs[task_id])
+                else:
+                    h._fail(SUCCEEDED, "the task succeeded but its output is no longer available")
+            else:
+                h._fail(status, message)
+
+    def _attach(self, task_id: int, key: str | None, duplicate: bool) -> TaskHandle:
+        handle = TaskHandle(task_id, key, duplicate, self._loop)
+        core = self._core
+        if task_id in core.tasks:
+            existing = self._handles.get(task_id)
+            if existing is None:
+                self._handles[task_id] = handle
+            elif isinstance(existing, list):
+                existing.append(handle)
+            else:
+                self._handles[task_id] = [existing, handle]
+        else:
+            info = core.info(task_id)
+            if info.status in TERMINAL:
+                self._resolve(handle, task_id, info.status, info.message)
+        return handle
+
+    # ================================================================ submission
+
+    async def _admit(self, spec: TaskSpec) -> tuple[int, bool]:
+        while True:
+            core = self._check()
+            try:
+                return core.submit(self.clock.now_ns(), spec)
+            except QueueFull:
+                if core.overflow_policy(spec.pool) != "wait":
+                    raise
+            await self._wait_room()
+
+    async def _wait_room(self) -> None:
+        waiter = self._loop.create_future()
+        self._room.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._room:
+                self._room.remove(waiter)
+
+    def _wake_room(self) -> None:
+        # The first waiter retries; if it fits, the next one is woken after it.
+        for waiter in self._room:
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def submit(self, payload: Any = None, **options: Any) -> TaskHandle:
+        """Submit a task; returns its ``TaskHandle``. Options are those of
+        ``cronoq.Task`` (pool, kind, priority, key, deadline_in, ...)."""
+        spec = TaskSpec(payload, **options)
+        task_id, duplicate = await self._admit(spec)
+        handle = self._attach(task_id, spec.key, duplicate)
+        self._pump()
+        return handle
+
+    async def enqueue(self, payload: Any = None, **options: Any) -> int:
+        """Submit a task without a handle (cheaper); returns its id."""
+        task_id, _ = await self._admit(TaskSpec(payload, **options))
+        self._pump()
+        return task_id
+
+    async def _admit_batch(self, tasks: Iterable[TaskSpec]) -> list:
+        specs = list(tasks)
+        for i, spec in enumerate(specs):
+            if not isinstance(spec, TaskSpec):
+                raise TypeError(f"submit_batch takes cronoq.Task objects; item {i} is {type(spec).__name__}")
+        while True:
+            core = self._check()
+            try:
+                return specs, core.submit_batch(self.clock.now_ns(), specs)
+            except QueueFull as exc:
+                index = exc.index if exc.index is not None else 0
+                if core.overflow_policy(specs[index].pool) != "wait":
+                    raise
+            await self._wait_room()
+
+    async def submit_batch(self, tasks: Iterable[TaskSpec]) -> list[TaskHandle]:
+        """Submit ``cronoq.Task`` objects atomically: all or none. Tasks may
+        depend on keys defined anywhere in the batch."""
+        specs, results = await self._admit_batch(tasks)
+        handles = [self._attach(task_id, spec.key, duplicate)
+                   for spec, (task_id, duplicate) in zip(specs, results)]
+        self._pump()
+        return handles
+
+    async def enqueue_batch(self, tasks: Iterable[TaskSpec]) -> list[int]:
+        """``submit_batch`` without handles; returns the ids."""
+        _, results = await self._admit_batch(tasks)
+        self._pump()
+        return [task_id for task_id, _ in results]
+
+    # ================================================================ other calls
+
+    async def cancel(self, ref: int | str) -> bool:
+        """Cancel a task by id or key: True if this call cancelled it, False if
+        it had already finished. ``UnknownTask`` if no such task is known."""
+        core = self._check()
+        cancelled = core.cancel(self.clock.now_ns(), ref)
+        self._pump()
+        return cancelled
+
+    async def handle(self, ref: int | str) -> TaskHandle:
+        """A handle on an existing task, live or finished (within retention)."""
+        core = self._check()
+        info = core.info(ref)
+        return self._attach(info.id, info.key, True)
+
+    async def info(self, ref: int | str) -> TaskInfo:
+        """What the scheduler knows of a task (status, attempt, message...)."""
+        return self._check().info(ref)
+
+    async def snapshot(self) -> Snapshot:
+        """Pools, quality metrics over the window, and totals since start."""
+        core = self._check()
+        snap = core.snapshot(self.clock.now_ns())
+        self._pump()
+        return snap
+
+    def events(self, on_lag: str = "drop") -> EventStream:
+        """A stream of status events (terminal ones; every transition with
+        ``emit_transitions=True``). Use ``async with`` or close it."""
+        self._check()
+        stream = EventStream(self.event_capacity, on_lag, self._detach)
+        self._streams.append(stream)
+        return stream
+
+    def _detach(self, stream: EventStream) -> None:
+        if stream in self._streams:
+            self._streams.remove(stream)
+
+    async def set_capacity(self, pool: str, capacity: int) -> None:
+        """Set the capacity of a pool's unlabeled workers (an autoscaled pool
+        overrides it at its next evaluation)."""
+        core = self._check()
+        core.set_capacity(self.clock.now_ns(), pool, capacity)
+        self._pump()
+
+    async def set_group_capacity(self, pool: str, labels: dict[str, str], capacity: int) -> None:
+        """Set the capacity of the pool's workers that carry exactly ``labels``."""
+        core = self._check()
+        core.set_group_capacity(self.clock.now_ns(), pool, labels, capacity)
+        self._pump()
+
+    async def add_recurring(self, name: str, cron: str, payload: Any = None, *, tz: str = "UTC",
+                            overlap: str = "skip", tolerance: float | None = None,
+                            on_miss: str | None = None, key: str | None = None,
+                            **task_options: Any) -> None:
+        """Register (or replace) a cron schedule; each occurrence is a
+        fixed-start task built from ``payload`` and ``task_options``."""
+        core = self._check()
+        check_name(name, "name", error=ValueError)
+        template = TaskSpec(payload, key=key, **task_options)
+        core.add_recurring(self.clock.now_ns(), name, cron, template, tz=tz, overlap=overlap,
+                           tolerance=tolerance, on_miss=on_miss)
+        self._pump()
+
+    async def remove_recurring(self, name: str) -> bool:
+        """Stop a schedule (an occurrence already created still runs)."""
+        core = self._check()
+        removed = core.remove_recurring(self.clock.now_ns(), name)
+        self._pump()
+        return removed
+
+    def __repr__(self) -> str:
+        return f"<cronoq.Scheduler {self._state} pools={[p.name for p in self.pools]}>"

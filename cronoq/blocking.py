@@ -20,6 +20,7 @@ from .core.actions import StatusEvent
 from .core.errors import EventsLagged, QueueFull, SchedulerError
 from .core.snapshot import Snapshot, TaskInfo
 from .core.types import ResourceConfig, TaskSpec
+from .runtime.durability import encoded_payload
 from .runtime.handle import TaskHandle
 from .runtime.pool import Pool
 from .runtime.scheduler import Scheduler
@@ -313,9 +314,12 @@ class BlockingScheduler:
             items = list(self._inbox)
             self._inbox.clear()
         sched = self._sched
+        answers = []
         for spec, want_handle, waiter in items:
             try:
                 core = sched._check()
+                if sched._log is not None:
+                    encoded_payload(spec, sched.codec)
                 try:
                     task_id, duplicate = core.submit(sched.clock.now_ns(), spec)
                 except QueueFull:
@@ -324,21 +328,37 @@ class BlockingScheduler:
                     self._loop.create_task(self._submit_waiting(spec, want_handle, waiter))
                     continue
                 if want_handle:
-                    waiter.set(BlockingHandle(sched._attach(task_id, spec.key, duplicate)))
+                    answers.append((waiter, BlockingHandle(sched._attach(task_id, spec.key, duplicate))))
                 else:
-                    waiter.set(task_id)
+                    answers.append((waiter, task_id))
             except BaseException as exc:
                 waiter.fail(exc)
-        sched._pump()
+        if sched.running:
+            sched._pump()
+        if sched._log is not None and answers:
+            self._loop.create_task(self._answer_when_durable(answers))
+        else:
+            for waiter, value in answers:
+                waiter.set(value)
+
+    async def _answer_when_durable(self, answers: list) -> None:
+        try:
+            await self._sched._durable()
+        except BaseException as exc:
+            for waiter, _ in answers:
+                waiter.fail(exc)
+        else:
+            for waiter, value in answers:
+                waiter.set(value)
 
     async def _submit_waiting(self, spec: TaskSpec, want_handle: bool, waiter: _Waiter) -> None:
         try:
             task_id, duplicate = await self._sched._admit(spec)
-            if want_handle:
-                waiter.set(BlockingHandle(self._sched._attach(task_id, spec.key, duplicate)))
-            else:
-                waiter.set(task_id)
+            value = (BlockingHandle(self._sched._attach(task_id, spec.key, duplicate)) if want_handle
+                     else task_id)
             self._sched._pump()
+            await self._sched._durable()
+            waiter.set(value)
         except BaseException as exc:
             waiter.fail(exc)
 

@@ -27,6 +27,7 @@ from .errors import (
 )
 from .metrics import Histogram, PoolWindow, RunStats
 from .queues import ReadyQueues
+from .persist import RestoredSchedule, RestoredTask
 from .recurring import OVERLAP_POLICIES, CronSchedule, Recurring, rfc3339
 from .reservations import Calendar
 from .resources import ResourceState
@@ -48,6 +49,8 @@ W_LABEL = 3     # waiting for a slot in a worker group with its labels
 W_DUE = 4       # the pool's due queue (fixed starts and their retries)
 
 ID_BITS = 44    # ids carry the store's epoch above these bits
+
+_FAILURES = (RETRYABLE, PERMANENT, CANCELLED_OUTCOME)   # outcomes of complete() besides success
 
 _SATISFIES = {
     "success": frozenset({SUCCEEDED}),
@@ -336,6 +339,9 @@ class Core:
                  message: str | None = None, retry_after_ns: int | None = None) -> bool:
         """Report the end of an attempt. Returns False for a stale report (the
         attempt was aborted, timed out, already reported, or never existed)."""
+        if outcome != SUCCESS and outcome not in _FAILURES:
+            # Checked before anything changes: a bad outcome must not end the attempt.
+            raise ValueError(f"outcome must be success, retryable, permanent or cancelled, got {outcome!r}")
         if now < self.now:
             now = self.now
         else:
@@ -496,6 +502,12 @@ class Core:
             if t is None:
                 break
             self._fire(t[0], t[2], t[3], t[4])
+        if self._dirty:
+            # Dispatch what the timers freed or readied now, as advance(now)
+            # would: a call that then returns early or raises (a stale
+            # completion, a heartbeat, a refused submission) must not leave
+            # a free slot idle with no wakeup armed.
+            self._flush(now)
         return now
 
     def _timer_live(self, kind: int, obj, token) -> bool:
@@ -929,6 +941,8 @@ class Core:
             if status is BLOCKED:
                 p.inactive[e.cls] -= 1
                 self._set_inactive(e, SCHEDULED, now)
+                if now >= x.start - self.config.max_hold_ns:
+                    self._check_hold(e, now)   # its hold checks were skipped while blocked
             return
         if status is BLOCKED or status is SCHEDULED:
             p.inactive[e.cls] -= 1
@@ -1440,6 +1454,10 @@ class Core:
         x = e.x
         if x.hold or e.attempt > 0 or e.status is RUNNING:
             return
+        if e.status is BLOCKED:
+            # No hold before the dependencies are met: the slot may be the one a
+            # parent needs. _to_ready checks again when the task is unblocked.
+            return
         lead = self._hold_lead(e.pool, x.tolerance)
         if now < x.start - lead:
             self.timers.push(x.start - lead, tm.HOLD, e)
@@ -1460,6 +1478,9 @@ class Core:
     def _on_start(self, e: Entry, now: int) -> None:
         guard = e.x.guard
         if guard is not None and guard in self.tasks:
+            rec = self.recurring.get(e.x.recurring)
+            if rec is not None and rec.last_task == e.id:
+                rec.last_task = guard   # the next occurrence must also wait for that run
             self._finish(e, SKIPPED, now, f"the previous occurrence (task {guard}) is still running")
             return
         if e.status is SCHEDULED:
@@ -1468,6 +1489,13 @@ class Core:
     def _on_miss(self, e: Entry, now: int) -> None:
         if e.attempt > 0 or e.status is RUNNING:
             return
+        if e.status is READY and e.where == W_DUE:
+            # Due in this same step (a zero tolerance fires its start and its
+            # miss together): it may still start now, on the first step at
+            # or after its time, before the miss policy applies.
+            self._serve_fixed(e.pool, now)
+            if e.status is RUNNING:
+                return
         x = e.x
         x.late = True
         if x.on_miss == "run_late":
@@ -1580,6 +1608,179 @@ class Core:
         scaler.armed = at
         self.timers.push(at, tm.AUTOSCALE, p, at)
 
+    # ================================================================ recovery
+
+    def restore(self, now: int, tasks: Iterable[RestoredTask],
+                schedules: Iterable[RestoredSchedule] = (), next_id: int = 0) -> list[int]:
+        """Reload the state a store recovered, before any other call.
+
+        Tasks keep their ids, submission times (so their place in line) and
+        attempt counts. An attempt that was running counts as used: the task
+        is retried after a backoff, or dead-lettered. Rows that cannot run
+        here (undecodable, or naming a pool or resource this configuration
+        lacks) are quarantined as failed. Returns the quarantined ids.
+        """
+        now = self._enter(now)
+        tasks = sorted(tasks, key=lambda t: t.id)
+        quarantined: list[int] = []
+        ended = []
+        live = []
+        for t in tasks:
+            if t.status in TERMINAL:
+                ended.append(t)
+                continue
+            problem = t.error
+            if problem is None:
+                if t.pool not in self.pools:
+                    problem = f"pool {t.pool!r} is not configured"
+                elif t.spec.resources:
+                    missing = [name for name in t.spec.resources if name not in self.resources]
+                    if missing:
+                        problem = f"resource {missing[0]!r} is not configured"
+            if problem is not None:
+                quarantined.append(t.id)
+                message = f"quarantined at recovery: {problem}"
+                ended.append(RestoredTask(t.id, t.pool, t.spec, t.submitted_ns, FAILED, t.attempt,
+                                          message, now))
+                self.actions.append((act.EVENT, t.id, t.pool, None, FAILED, t.attempt, now, message))
+                if self._persist:
+                    self.actions.append((act.PERSIST, (MUT_STATUS, t.id, FAILED, t.attempt, now, message)))
+                continue
+            live.append(t)
+        if self._retain_on:
+            ended.sort(key=lambda t: (t.finished_ns or now, t.id))
+            for t in ended:
+                expires = (t.finished_ns or now) + self._retention
+                if expires <= now:
+                    continue
+                key = t.spec.key if t.spec is not None else None
+                kind = t.spec.kind if t.spec is not None else None
+                self.retained[t.id] = (t.status, t.pool, key, kind, t.attempt, t.message)
+                self._retain_order.append((expires, t.id))
+                if key is not None:
+                    self.keys[key] = t.id
+        entries: list[tuple[Entry, RestoredTask]] = []
+        top = next_id
+        for t in tasks:
+            top = max(top, t.id)
+        for t in live:
+            p = self.pools[t.pool]
+            spec = t.spec
+            e = Entry(t.id, p, spec.priority, t.submitted_ns, spec.payload, spec.key, spec.kind,
+                      None if spec.plain else spec)
+            e.attempt = t.attempt
+            self.tasks[t.id] = e
+            if spec.key is not None:
+                self.keys[spec.key] = t.id
+            p.pending[e.cls] += 1
+            p.pending_total += 1
+            self.pending += 1
+            if spec.deadline_at_ns is not None:
+                e.deadline = spec.deadline_at_ns
+                e.est = self._estimate(p, spec)
+                e.lst = e.deadline - e.est
+            if spec.start_at_ns is not None:
+                x = e.extra()
+                x.start = spec.start_at_ns
+                x.tolerance = spec.tolerance_ns if spec.tolerance_ns is not None else NS
+                x.on_miss = spec.on_miss
+                if spec.tags and "cronoq.recurring" in spec.tags:
+                    x.recurring = spec.tags["cronoq.recurring"]
+                est = self._estimate(p, spec)
+                p.calendar.add(x.start - x.tolerance, x.start + est + x.tolerance, e.id)
+            entries.append((e, t))
+        doomed: dict[int, str] = {}
+        for e, t in entries:
+            parents = []
+            for ref, cond in t.spec.edges:
+                task_id = self.keys.get(ref) if isinstance(ref, str) else ref
+                parent = self.tasks.get(task_id) if task_id is not None else None
+                if parent is not None and parent is not e:
+                    e.unmet += 1
+                    if parent.children is None:
+                        parent.children = []
+                    parent.children.append((e, cond))
+                    parents.append(parent.id)
+                    continue
+                record = self.retained.get(task_id) if task_id is not None else None
+                if record is not None:
+                    if record[0] not in _SATISFIES[cond]:
+                        doomed.setdefault(e.id, f"dependency {ref!r} ended {record[0]}")
+                elif isinstance(ref, str) and e.pool.config.unknown_dependency == "await" \
+                        and task_id is None:
+                    x = e.extra()
+                    if x.awaits is None:
+                        x.awaits = []
+                    x.awaits.append(ref)
+                    e.unmet += 1
+                    self.awaiting.setdefault(ref, []).append((e, cond))
+                # Otherwise the parent finished before the retention window: satisfied.
+            if parents:
+                e.extra().parents = tuple(parents)
+            if e.x is not None and e.x.awaits and e.pool.config.await_timeout_ns is not None:
+                self.timers.push(now + e.pool.config.await_timeout_ns, tm.AWAIT, e)
+        for e, t in entries:
+            if e.id in doomed:
+                self._finish(e, SKIPPED, now, doomed[e.id])
+                continue
+            if t.status == RUNNING or t.status == RETRYING:
+                policy = e.spec.retry if e.spec is not None and e.spec.retry is not None else e.pool.retry
+                if t.status == RUNNING and e.attempt >= policy.max_attempts:
+                    self._finish(e, DEAD_LETTERED, now,
+                                 f"attempt {e.attempt} was interrupted by a scheduler restart and no "
+                                 f"attempts remain")
+                    continue
+                delay = 0
+                if t.status == RUNNING:
+                    delay = policy.backoff_ns(e.attempt + 1)
+                    if policy.jitter and delay:
+                        delay = int(self.rng.random() * delay)
+                    self.totals["retries"] += 1
+                    if self._persist:
+                        self.actions.append((act.PERSIST, (MUT_STATUS, e.id, RETRYING, e.attempt, now,
+                                                           "interrupted by a scheduler restart")))
+                e.status = RETRYING
+                self.timers.push(now + delay, tm.RETRY, e, e.attempt)
+                continue
+            if e.x is not None and e.x.start is not None:
+                self._arm_fixed(e, now)
+            if e.unmet:
+                self._set_inactive(e, BLOCKED, now)
+            elif e.x is not None and e.x.start is not None and e.x.start > now and e.attempt == 0:
+                self._set_inactive(e, SCHEDULED, now)
+            else:
+                self._to_ready(e, now)
+        for s in schedules:
+            self._restore_schedule(s, now)
+        first = (self.config.epoch << ID_BITS) + 1
+        self._next_id = max(self._next_id, top + 1, first)
+        self._flush(now)
+        return quarantined
+
+    def _restore_schedule(self, s: RestoredSchedule, now: int) -> None:
+        template = s.template
+        problem = s.error
+        if problem is None and template is not None:
+            pool = template.pool or self.default_pool.name
+            if pool not in self.pools:
+                problem = f"pool {pool!r} is not configured"
+            elif template.resources and any(name not in self.resources for name in template.resources):
+                problem = "a resource of its template is not configured"
+        if problem is not None or template is None:
+            self.totals["recurring_invalid"] += 1
+            return
+        try:
+            cron = CronSchedule(s.cron, s.tz)
+        except ValueError:
+            self.totals["recurring_invalid"] += 1
+            return
+        rec = Recurring(s.name, cron, template, s.overlap, s.tolerance_ns, s.on_miss, s.key)
+        rec.last_task = s.last_task
+        rec.last_start = s.last_start_ns
+        rec.next_start = s.next_start_ns if s.next_start_ns is not None else cron.next_after(now)
+        self.recurring[s.name] = rec
+        self._arm_recurring(rec, self._pool(template.pool), now)
+
     # ================================================================ recurring
 
     def add_recurring(self, now: int, name: str, cron: str, template: TaskSpec, *, tz: str = "UTC",
@@ -1688,7 +1889,11 @@ class Core:
         prev = rec.last_task
         prev_live = prev is not None and prev in self.tasks
         if rec.overlap in ("queue", "queue_on_success") and prev is not None and (
-                prev_live or prev in self.retained):
+                prev_live or prev in self.retained) and not (
+                rec.overlap == "queue_on_success" and not prev_live
+                and self.retained[prev][0] is SKIPPED):
+            # (queue_on_success: an occurrence skipped after a failure does not
+            # doom the next one too; the chain resumes.)
             spec.edges = ((prev, "complete" if rec.overlap == "queue" else "success"),)
         try:
             task_id, duplicate = self._admit(now, (spec,), False)[0]

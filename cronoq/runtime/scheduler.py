@@ -10,6 +10,7 @@ none and uses no CPU.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections import deque
 from typing import Any, Iterable, Sequence
@@ -21,7 +22,10 @@ from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
     NS, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig, TaskSpec, check_name,
 )
+from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
+from ..store.codec import JsonCodec
 from .clock import Clock, SystemClock
+from .durability import DurableLog, encoded_payload
 from .events import EventStream
 from .handle import TaskHandle
 from .pool import Pool
@@ -66,7 +70,9 @@ class Scheduler:
             raise ValueError(f"output_cache must be an integer >= 0, got {output_cache!r}")
         self._output_limit = output_cache
         self.store = store
-        self.codec = codec
+        if codec is not None and not (hasattr(codec, "encode") and hasattr(codec, "decode")):
+            raise ValueError("codec must have encode(value) -> bytes and decode(bytes) -> value")
+        self.codec = codec if codec is not None else JsonCodec()
         self.clock: Clock = clock or SystemClock()
         if config is None:
             config = CoreConfig(emit_transitions=emit_transitions, max_pending_total=max_pending_total,
@@ -84,6 +90,9 @@ class Scheduler:
         self._timer = None
         self._timer_at: int | None = None
         self._drained: asyncio.Event | None = None
+        self._log: DurableLog | None = None
+        self.epoch = 0
+        self.lost_reason: str | None = None
 
     # ================================================================ lifecycle
 
@@ -92,11 +101,71 @@ class Scheduler:
         if self._state != _NEW:
             raise SchedulerError(f"the scheduler is {self._state}; create a new one to start again")
         self._loop = asyncio.get_running_loop()
-        self._core = Core(self._config, [p.config for p in self.pools], self.resources,
-                          now=self.clock.now_ns())
+        self._state = "starting"
+        try:
+            if self.store is not None:
+                await self._start_durable()
+            else:
+                self._core = Core(self._config, [p.config for p in self.pools], self.resources,
+                                  now=self.clock.now_ns())
+        except BaseException:
+            self._state = _NEW
+            raise
         self._runners = {p.name: LocalRunner(self, p.name, p.executor, p.is_async) for p in self.pools}
         self._state = _RUNNING
         self._pump()
+
+    async def _start_durable(self) -> None:
+        """Lead (a standby waits here), take a new epoch, recover, restore."""
+        store = self.store
+        self.epoch = epoch = await store.acquire_leadership()
+        log.info("leadership acquired (epoch %d)", epoch, extra={"epoch": epoch, "action": "leader"})
+        config = copy.copy(self._config)
+        config.epoch = epoch
+        config.persist = True
+        self._core = core = Core(config, [p.config for p in self.pools], self.resources,
+                                 now=self.clock.now_ns())
+        self._log = DurableLog(self, store, self.codec, epoch, float(getattr(store, "commit_timeout", 30.0)))
+        self._pump = self._pump_durable
+        now = self.clock.now_ns()
+        recovered = await store.recover(now, config.retention_ns)
+        tasks = [self._decode_task(row) for row in recovered.tasks]
+        schedules = [self._decode_schedule(row) for row in recovered.schedules]
+        quarantined = core.restore(now, tasks, schedules, recovered.high_water)
+        if quarantined:
+            log.warning("%d stored tasks were quarantined at recovery", len(quarantined),
+                        extra={"action": "quarantine", "count": len(quarantined)})
+        log.info("recovered %d live tasks and %d schedules", len(core.tasks), len(core.recurring),
+                 extra={"action": "recovered", "epoch": epoch})
+        store.on_lost(self._lost_threadsafe)
+
+    def _decode_task(self, row) -> RestoredTask:
+        try:
+            if row.record is None or row.payload is None:
+                raise ValueError("the stored record is unreadable")
+            spec = spec_from_record(row.record, self.codec.decode(row.payload))
+            return RestoredTask(row.id, row.pool, spec, row.submitted_ns, row.status, row.attempt,
+                                row.message, row.finished_ns)
+        except Exception as exc:  # any decoding problem quarantines the row
+            return RestoredTask(row.id, row.pool, None, row.submitted_ns, row.status, row.attempt,
+                                row.message, row.finished_ns, error=f"cannot decode the stored task: {exc}")
+
+    def _decode_schedule(self, row) -> RestoredSchedule:
+        record = row.record or {}
+        try:
+            template = spec_from_record(record["template"], self.codec.decode(row.payload))
+            if record.get("deadline_in_ns") is not None:
+                template.deadline_in_ns = record["deadline_in_ns"]
+                template.plain = False
+            return RestoredSchedule(row.name, record["cron"], record.get("tz", "UTC"),
+                                    record.get("overlap", "skip"), record["tolerance_ns"],
+                                    record.get("on_miss", "run_late"), record.get("key"), template,
+                                    record.get("next_start_ns"), record.get("last_task"),
+                                    record.get("last_start_ns"))
+        except Exception as exc:
+            return RestoredSchedule(row.name, record.get("cron", ""), record.get("tz", "UTC"), "skip", 0,
+                                    "run_late", None, None, None, None, None,
+                                    error=f"cannot decode the stored schedule: {exc}")
 
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop admitting work, give running attempts ``grace`` seconds
@@ -126,6 +195,15 @@ class Scheduler:
         for runner in self._runners.values():
             runner.cancel_all()
         await asyncio.sleep(0)
+        if self._log is not None:
+            if not await self._log.flush(self._log.commit_timeout):
+                log.error("shutdown: some changes could not be stored", extra={"action": "store_outage"})
+            self._log.fail_all(SchedulerError("the scheduler shut down"))
+            try:
+                await self.store.release_leadership()
+                log.info("leadership released", extra={"action": "leader_released"})
+            except Exception as exc:
+                log.error("could not release leadership: %s", exc, extra={"action": "store_outage"})
         self._finish_shutdown()
 
     def _finish_shutdown(self) -> None:
@@ -201,14 +279,100 @@ class Scheduler:
                 for runner in runners.values():
                     if runner.abort(raw[1]):
                         break
-            elif kind == 5:   # SCALE
-                log.debug("pool %s scaled to %d", raw[1], raw[2],
-                          extra={"pool": raw[1], "desired": raw[2], "action": "scale"})
         if self._room:
             self._wake_room()
         if self._drained is not None and not core.running:
             self._drained.set()
         self._arm()
+
+    def _pump_durable(self) -> None:
+        """The pump with a store: mutations go to the open batch; every other
+        action waits until the mutations before it are committed."""
+        actions = self._core.actions
+        durable = self._log
+        while actions:
+            raw = actions.popleft()
+            if raw[0] == 4:   # PERSIST
+                durable.add(raw[1])
+            elif not durable.hold(raw):
+                self._effect(raw)
+        durable.kick()
+        self._after_effects()
+
+    def _effect(self, raw: tuple) -> None:
+        kind = raw[0]
+        if kind == 1:
+            entry = raw[1]
+            self._runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
+        elif kind == 3:
+            status = raw[4]
+            if status in TERMINAL:
+                handle = self._handles.pop(raw[1], None)
+                if handle is not None:
+                    self._resolve(handle, raw[1], status, raw[7])
+            if self._streams:
+                event = act.event_from(raw)
+                for stream in self._streams:
+                    stream._push(event)
+        elif kind == 2:
+            for runner in self._runners.values():
+                if runner.abort(raw[1]):
+                    break
+
+    def _release(self, effects: list) -> None:
+        """Effects whose mutations were committed."""
+        if self._state not in (_RUNNING, _STOPPING):
+            return
+        for raw in effects:
+            self._effect(raw)
+        self._after_effects()
+
+    def _after_effects(self) -> None:
+        if self._room:
+            self._wake_room()
+        if self._drained is not None and not self._core.running:
+            self._drained.set()
+        self._arm()
+
+    def _accepting_commits(self) -> bool:
+        return self._state in (_RUNNING, _STOPPING)
+
+    async def _durable(self) -> None:
+        if self._log is not None:
+            await self._log.durable()
+
+    def _lost_threadsafe(self, reason: str) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._lost(reason)
+        else:
+            loop.call_soon_threadsafe(self._lost, reason)
+
+    def _lost(self, reason: str) -> None:
+        """Leadership is gone (fenced, lease lost): stop at once, write nothing more."""
+        if self._state not in (_RUNNING, _STOPPING):
+            return
+        log.error("leadership lost: %s", reason, extra={"action": "leader_lost", "epoch": self.epoch})
+        self._state = _STOPPING
+        self._core.stop_dispatching()
+        error = SchedulerError(f"this scheduler lost leadership ({reason}); another one serves now")
+        for waiter in self._room:
+            if not waiter.done():
+                waiter.set_exception(error)
+        self._room.clear()
+        if self._log is not None:
+            self._log.fail_all(error)
+            self._log.open = type(self._log.open)()
+        for runner in self._runners.values():
+            runner.cancel_all()
+        self._finish_shutdown()
+        self.lost_reason = reason
 
     def _arm(self) -> None:
         at = self._core.next_wakeup()
@@ -243,6 +407,14 @@ class Scheduler:
             if len(order) > self._output_limit:
                 self._outputs.pop(order.popleft(), None)
         self._pump()
+
+    def _remember_output(self, task_id: int, output: Any) -> None:
+        if not self._output_limit:
+            return
+        self._outputs[task_id] = output
+        self._output_order.append(task_id)
+        if len(self._output_order) > self._output_limit:
+            self._outputs.pop(self._output_order.popleft(), None)
 
     def _heartbeat(self, lease: int) -> None:
         if self._state in (_RUNNING, _STOPPING):
@@ -282,6 +454,9 @@ class Scheduler:
     # ================================================================ submission
 
     async def _admit(self, spec: TaskSpec) -> tuple[int, bool]:
+        self._check()
+        if self._log is not None:
+            encoded_payload(spec, self.codec)   # TypeError now, before anything is stored
         while True:
             core = self._check()
             try:
@@ -314,12 +489,16 @@ class Scheduler:
         task_id, duplicate = await self._admit(spec)
         handle = self._attach(task_id, spec.key, duplicate)
         self._pump()
+        if self._log is not None:
+            await self._log.durable()
         return handle
 
     async def enqueue(self, payload: Any = None, **options: Any) -> int:
         """Submit a task without a handle (cheaper); returns its id."""
         task_id, _ = await self._admit(TaskSpec(payload, **options))
         self._pump()
+        if self._log is not None:
+            await self._log.durable()
         return task_id
 
     async def _admit_batch(self, tasks: Iterable[TaskSpec]) -> list:
@@ -327,6 +506,8 @@ class Scheduler:
         for i, spec in enumerate(specs):
             if not isinstance(spec, TaskSpec):
                 raise TypeError(f"submit_batch takes cronoq.Task objects; item {i} is {type(spec).__name__}")
+            if self._log is not None:
+                encoded_payload(spec, self.codec)
         while True:
             core = self._check()
             try:
@@ -344,12 +525,16 @@ class Scheduler:
         handles = [self._attach(task_id, spec.key, duplicate)
                    for spec, (task_id, duplicate) in zip(specs, results)]
         self._pump()
+        if self._log is not None:
+            await self._log.durable()
         return handles
 
     async def enqueue_batch(self, tasks: Iterable[TaskSpec]) -> list[int]:
         """``submit_batch`` without handles; returns the ids."""
         _, results = await self._admit_batch(tasks)
         self._pump()
+        if self._log is not None:
+            await self._log.durable()
         return [task_id for task_id, _ in results]
 
     # ================================================================ other calls
@@ -360,12 +545,18 @@ class Scheduler:
         core = self._check()
         cancelled = core.cancel(self.clock.now_ns(), ref)
         self._pump()
+        if self._log is not None:
+            await self._log.durable()
         return cancelled
 
     async def handle(self, ref: int | str) -> TaskHandle:
         """A handle on an existing task, live or finished (within retention)."""
         core = self._check()
         info = core.info(ref)
+        if info.status == SUCCEEDED and info.id not in self._outputs and self.store is not None:
+            data = await self.store.load_output(info.id)
+            if data is not None and info.id not in self._outputs:
+                self._remember_output(info.id, self.codec.decode(data))
         return self._attach(info.id, info.key, True)
 
     async def info(self, ref: int | str) -> TaskInfo:
@@ -413,15 +604,21 @@ class Scheduler:
         core = self._check()
         check_name(name, "name", error=ValueError)
         template = TaskSpec(payload, key=key, **task_options)
+        if self._log is not None:
+            encoded_payload(template, self.codec)
         core.add_recurring(self.clock.now_ns(), name, cron, template, tz=tz, overlap=overlap,
                            tolerance=tolerance, on_miss=on_miss)
         self._pump()
+        if self._log is not None:
+            await self._log.durable()
 
     async def remove_recurring(self, name: str) -> bool:
         """Stop a schedule (an occurrence already created still runs)."""
         core = self._check()
         removed = core.remove_recurring(self.clock.now_ns(), name)
         self._pump()
+        if self._log is not None:
+            await self._log.durable()
         return removed
 
     def __repr__(self) -> str:

@@ -1,0 +1,144 @@
+"""The contract between the runtime and a durable store.
+
+The store is a write-ahead log of engine mutations. The runtime turns each
+engine step's mutations into one ``Batch`` and calls ``commit`` (group
+commit: batches produced while a commit is in flight go out together in the
+next one). Recovery returns raw rows; the runtime decodes payloads with its
+codec and hands the result to ``Core.restore``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ..core.errors import SchedulerError
+
+__all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
+           "StoredSchedule", "Fenced", "StoreUnavailable", "ID_EPOCH_BITS"]
+
+ID_EPOCH_BITS = 44   # task ids carry the leader's epoch above these bits
+
+
+class StoreUnavailable(SchedulerError):
+    """The store could not be reached, or a commit took longer than allowed."""
+
+
+class Fenced(SchedulerError):
+    """A newer leader took over: this scheduler may no longer write."""
+
+
+@dataclass
+class TaskRow:
+    """A submission: the full spec (as a JSON-able record) and the encoded payload."""
+
+    id: int
+    pool: str
+    kind: str
+    priority: int
+    key: str | None
+    record: dict[str, Any]
+    payload: bytes
+    submitted_ns: int
+
+
+@dataclass
+class StatusRow:
+    """A status change: running, retrying, or a terminal status."""
+
+    id: int
+    status: str
+    attempt: int
+    at_ns: int
+    message: str | None
+
+
+@dataclass
+class ScheduleRow:
+    """A recurring schedule: its record (with next occurrence and last task)
+    and the encoded payload of its template."""
+
+    name: str
+    record: dict[str, Any]
+    payload: bytes
+
+
+@dataclass
+class Batch:
+    """Everything one commit writes, in one transaction."""
+
+    tasks: list[TaskRow] = field(default_factory=list)
+    statuses: list[StatusRow] = field(default_factory=list)
+    outputs: list[tuple[int, bytes]] = field(default_factory=list)
+    schedules: list[ScheduleRow] = field(default_factory=list)
+    removed_schedules: list[str] = field(default_factory=list)
+    high_water: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.tasks or self.statuses or self.outputs or self.schedules
+                    or self.removed_schedules)
+
+    def extend(self, other: Batch) -> None:
+        self.tasks.extend(other.tasks)
+        self.statuses.extend(other.statuses)
+        self.outputs.extend(other.outputs)
+        self.schedules.extend(other.schedules)
+        self.removed_schedules.extend(other.removed_schedules)
+        self.high_water = max(self.high_water, other.high_water)
+
+
+@dataclass
+class StoredTask:
+    """A task row as recovery reads it back."""
+
+    id: int
+    pool: str
+    record: dict[str, Any] | None   # None when the stored record cannot be parsed
+    payload: bytes | None
+    status: str
+    attempt: int
+    message: str | None
+    submitted_ns: int
+    finished_ns: int | None
+
+
+@dataclass
+class StoredSchedule:
+    name: str
+    record: dict[str, Any] | None
+    payload: bytes | None
+
+
+@dataclass
+class Recovered:
+    """What a new leader loads: live tasks, recently ended ones (and the ended
+    parents of live tasks), recurring schedules, and the id high-water mark."""
+
+    tasks: list[StoredTask]
+    schedules: list[StoredSchedule]
+    high_water: int
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A durable store with leader election and fencing."""
+
+    async def acquire_leadership(self) -> int:
+        """Wait until this process leads; return its new fencing epoch (> any before)."""
+
+    async def recover(self, now_ns: int, retention_ns: int) -> Recovered:
+        """Load the state a new leader needs."""
+
+    async def commit(self, epoch: int, batch: Batch) -> None:
+        """Write ``batch`` in one transaction, checking ``epoch`` inside it.
+        Raises ``Fenced`` if a newer leader exists, ``StoreUnavailable`` on
+        transient failure (the caller retries the same batch)."""
+
+    async def load_output(self, task_id: int) -> bytes | None:
+        """The stored output of a succeeded task, or None."""
+
+    async def release_leadership(self) -> None:
+        """Step down at once so a standby takes over (clean shutdown)."""
+
+    def on_lost(self, callback) -> None:
+        """Call ``callback(reason)`` (on the loop) if leadership is lost."""

@@ -1,0 +1,35 @@
+"""How payloads and outputs are written to a store."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+__all__ = ["Codec", "JsonCodec"]
+
+
+class Codec(Protocol):
+    def encode(self, value: Any) -> bytes: ...
+    def decode(self, data: bytes) -> Any: ...
+
+
+class JsonCodec:
+    """JSON, strictly: values JSON cannot hold exactly (bytes, sets, arbitrary
+    objects, NaN) raise ``TypeError``/``ValueError`` at submission. Decoding
+    never runs code."""
+
+    def encode(self, value: Any) -> bytes:
+        try:
+            return json.dumps(value, allow_nan=False, separators=(",", ":"),
+                              ensure_ascii=False).encode("utf-8")
+        except ValueError as exc:
+            raise TypeError(f"the payload cannot be stored as JSON: {exc}") from exc
+        except TypeError as exc:
+            raise TypeError(f"the payload cannot be stored as JSON: {exc} "
+                            f"(pass codec= to the Scheduler for other types)") from exc
+
+    def decode(self, data: bytes) -> Any:
+        return json.loads(data)
+
+    def __repr__(self) -> str:
+        return "JsonCodec()"

@@ -1,0 +1,129 @@
+"""An in-process store: the reference implementation of the store contract.
+
+It keeps nothing across processes, so it is for tests: two schedulers given
+the same ``MemoryDatabase`` behave like two processes sharing a database
+(one leads, the other waits), and a "restart" is a new scheduler on the same
+database. Faults can be injected: ``database.available = False`` makes
+every call fail as unavailable until it is set back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from typing import Any
+
+from ..core.types import TERMINAL
+from .base import Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreUnavailable
+
+__all__ = ["MemoryDatabase", "InMemoryStore"]
+
+
+class MemoryDatabase:
+    def __init__(self) -> None:
+        self.tasks: dict[int, dict[str, Any]] = {}
+        self.outputs: dict[int, bytes] = {}
+        self.schedules: dict[str, tuple[dict, bytes]] = {}
+        self.epoch = 0
+        self.high_water = 0
+        self.leader: object | None = None
+        self.available = True
+        self.commits = 0
+        self.commit_delay = 0.0
+
+
+class InMemoryStore:
+    _names = itertools.count(1)
+
+    def __init__(self, database: MemoryDatabase | None = None, *, lock_poll: float = 0.01) -> None:
+        self.database = database if database is not None else MemoryDatabase()
+        self.lock_poll = lock_poll
+        self.name = f"memory-{next(self._names)}"
+        self.epoch: int | None = None
+        self._lost = None
+
+    def _check(self) -> MemoryDatabase:
+        if not self.database.available:
+            raise StoreUnavailable("the in-memory database is marked unavailable")
+        return self.database
+
+    async def acquire_leadership(self) -> int:
+        while True:
+            db = self.database
+            if db.available and db.leader is None:
+                db.leader = self
+                db.epoch += 1
+                self.epoch = db.epoch
+                return db.epoch
+            await asyncio.sleep(self.lock_poll)
+
+    async def recover(self, now_ns: int, retention_ns: int) -> Recovered:
+        db = self._check()
+        live_parents: set = set()
+        for row in db.tasks.values():
+            if row["status"] not in TERMINAL and row["record"]:
+                for ref, _ in row["record"].get("edges", ()):
+                    live_parents.add(ref)
+        tasks = []
+        for row in db.tasks.values():
+            ended = row["status"] in TERMINAL
+            if ended and (row["finished_ns"] or 0) + retention_ns <= now_ns and \
+                    row["id"] not in live_parents and row["key"] not in live_parents:
+                continue
+            tasks.append(StoredTask(row["id"], row["pool"], copy.deepcopy(row["record"]), row["payload"],
+                                    row["status"], row["attempt"], row["message"], row["submitted_ns"],
+                                    row["finished_ns"]))
+        schedules = [StoredSchedule(name, copy.deepcopy(record), payload)
+                     for name, (record, payload) in db.schedules.items()]
+        return Recovered(tasks, schedules, db.high_water)
+
+    async def commit(self, epoch: int, batch: Batch) -> None:
+        db = self._check()
+        if db.commit_delay:
+            await asyncio.sleep(db.commit_delay)
+            db = self._check()
+        if db.epoch != epoch or db.leader is not self:
+            raise Fenced(f"epoch {epoch} was replaced by epoch {db.epoch}")
+        for t in batch.tasks:
+            db.tasks[t.id] = {"id": t.id, "pool": t.pool, "kind": t.kind, "priority": t.priority,
+                              "key": t.key, "record": copy.deepcopy(t.record), "payload": t.payload,
+                              "status": "ready", "attempt": 0, "message": None,
+                              "submitted_ns": t.submitted_ns, "finished_ns": None}
+        for s in batch.statuses:
+            row = db.tasks.get(s.id)
+            if row is None:
+                continue
+            row["status"] = s.status
+            row["attempt"] = s.attempt
+            row["message"] = s.message
+            if s.status in TERMINAL:
+                row["finished_ns"] = s.at_ns
+        for task_id, data in batch.outputs:
+            db.outputs[task_id] = data
+        for s in batch.schedules:
+            db.schedules[s.name] = (copy.deepcopy(s.record), s.payload)
+        for name in batch.removed_schedules:
+            db.schedules.pop(name, None)
+        db.high_water = max(db.high_water, batch.high_water)
+        db.commits += 1
+
+    async def load_output(self, task_id: int) -> bytes | None:
+        return self._check().outputs.get(task_id)
+
+    async def release_leadership(self) -> None:
+        if self.database.leader is self:
+            self.database.leader = None
+
+    def on_lost(self, callback) -> None:
+        self._lost = callback
+
+    def depose(self, reason: str = "deposed by the test") -> None:
+        """Take leadership away (as a lost lock or an expired lease would)."""
+        if self.database.leader is self:
+            self.database.leader = None
+        if self._lost is not None:
+            self._lost(reason)
+
+    async def close(self) -> None:
+        await self.release_leadership()

@@ -101,6 +101,13 @@ class Autoscaler:
         return target
 
     def settled(self, pending: int, busy: int, reserved: int) -> bool:
-        """Nothing can change until something arrives: stop evaluating."""
-        return (pending == 0 and busy == 0 and reserved == 0 and self.rate < _RATE_FLOOR
-                and self.target == self.raw and all(d == self.target for _, d in self.history))
+        """Nothing can change until something arrives: stop evaluating.
+
+        Without work, the rate only decays, so desired can only fall; once it
+        and the target sit at the floor (min, or 0 once the rate is below
+        0.01), further evaluations are no-ops.
+        """
+        if pending or busy or reserved or self.target != self.raw:
+            return False
+        floor = self.min if self.min or self.rate < _RATE_FLOOR else None
+        return floor is not None and self.target == floor and all(d == floor for _, d in self.history)

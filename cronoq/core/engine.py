@@ -870,6 +870,12 @@ class Core:
                 parent.children.append((e, cond))
                 parents.append(parent.id)
             for parent, cond in plan.live_parents:
+                if parent.status in TERMINAL:
+                    # Shed to make room for this very task: resolve the edge
+                    # from its status, as for any parent that already ended.
+                    if parent.status not in _SATISFIES[cond]:
+                        doomed.append((e, f"dependency {parent.key or parent.id!r} ended {parent.status}"))
+                    continue
                 e.unmet += 1
                 if parent.children is None:
                     parent.children = []
@@ -897,6 +903,12 @@ class Core:
                 x.tolerance = tol
                 x.on_miss = plan.spec.on_miss
                 plan.pool.calendar.add(lo, hi, e.id)
+                scaler = plan.pool.scaler
+                if scaler is not None and (scaler.armed is None or scaler.armed > lo - int(
+                        scaler.config.reservation_horizon * NS)):
+                    # An idle pool's evaluation must come back for this booking's
+                    # pre-warming (it re-arms itself for the horizon's edge).
+                    self._arm_scaler(plan.pool, now)
         # Children that were waiting for a key defined now attach to its task.
         for e in entries:
             if e.key is not None and e.key in self.awaiting:
@@ -1234,7 +1246,12 @@ class Core:
                             if not waiting:
                                 del self.awaiting[key]
                     x.awaits = None
-                x.parked_on = None
+                parked = x.parked_on
+                if parked is not None:
+                    x.parked_on = None
+                    # The waiters behind it may fit now (free units, or a bucket
+                    # timer that was set for this task's larger need).
+                    self._reoffer(parked, now)
             e.status = status
             e.where = W_NONE
             del self.tasks[e.id]
@@ -1590,12 +1607,15 @@ class Core:
         scaler.armed = None
         reserved = self._reserved(p, now)
         before = scaler.target
-        target = scaler.evaluate(now, self._backlog(p), p.busy, reserved)
+        backlog = self._backlog(p)
+        target = scaler.evaluate(now, backlog, p.busy, reserved)
         if target != before or target != p.capacity:
             labeled = p.capacity - p.unlabeled.capacity
             self._set_group(p, p.unlabeled, max(0, target - labeled), now)
             self.actions.append((act.SCALE, p.name, target))
-        if scaler.settled(p.pending_total, p.busy, reserved):
+        if scaler.settled(sum(backlog), p.busy, reserved):
+            # (Blocked and scheduled tasks are not backlog: they arm the
+            # evaluation again when they become ready.)
             # Idle: no evaluation until work arrives or a reservation nears.
             upcoming = p.calendar.next_start_after(now)
             if upcoming is not None:

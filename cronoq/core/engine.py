@@ -785,23 +785,30 @@ class Core:
             limit_c = p.max_class[c]
             if limit_c is not None and p.pending[c] + add_class[ck] > limit_c:
                 raise self._full(plan, batch, f"pool {p.name!r} holds at most {limit_c} pending "
-                                              f"{CLASSES[c]} tasks")
+                                              f"{CLASSES[c]} tasks", add_class[ck] > limit_c)
             over_pool = p.max_total is not None and p.pending_total + add_pool[p.name] > p.max_total
             over_all = self._max_total is not None and total > self._max_total
             if over_pool or over_all:
                 what = (f"pool {p.name!r} holds at most {p.max_total} pending tasks" if over_pool
                         else f"the scheduler holds at most {self._max_total} pending tasks")
                 if batch or p.shed is None:
-                    raise self._full(plan, batch, what)
+                    never = (add_pool[p.name] > p.max_total if over_pool
+                             else total - self.pending > self._max_total)
+                    raise self._full(plan, batch, what, never)
                 victim = self._victim(p, c)
                 if victim is None:
                     raise self._full(plan, batch, what + " and no lower-class task can be shed")
                 return [victim]
         return []
 
-    def _full(self, plan, batch: bool, what: str) -> QueueFull:
-        exc = QueueFull(what)
-        return exc.at_index(plan.index) if batch else exc
+    def _full(self, plan, batch: bool, what: str, never: bool = False) -> QueueFull:
+        """QueueFull; ``never`` marks a submission larger than the bound itself,
+        which waiting for room cannot help."""
+        exc = QueueFull(what + (" (the submission alone exceeds it)" if never else ""))
+        if batch:
+            exc = exc.at_index(plan.index)
+        exc.never = never
+        return exc
 
     def _make_room(self, p: PoolState, c: int, now: int) -> None:
         """Bounds for the plain fast path (a single task without options)."""
@@ -1113,9 +1120,9 @@ class Core:
         if ttl is not None:
             e.extra().hb = now
             self.timers.push(now + ttl, tm.LEASE, e, lease)
-        self.actions.append((act.DISPATCH, e, lease, attempt))
-        if self._persist:
+        if self._persist:   # before the dispatch: the driver holds it until this is durable
             self.actions.append((act.PERSIST, (MUT_STATUS, e.id, RUNNING, attempt, now, None)))
+        self.actions.append((act.DISPATCH, e, lease, attempt))
         if self._emit_all:
             self._event(e, RUNNING, now, None)
 
@@ -1542,6 +1549,9 @@ class Core:
         due = p.due
         if not due:
             return
+        # Serving may send parked tasks back to the due queue (a resource's
+        # reoffer): they go to a fresh heap, which the kept items then join.
+        p.due = []
         live = []
         for item in due:
             e = item[2]
@@ -1568,7 +1578,7 @@ class Core:
                 continue
             self._release_hold(p, e)
             self._start(p, e, now, group)
-        p.due[:] = keep
+        p.due.extend(keep)
         heapq.heapify(p.due)
 
     # ================================================================ capacity

@@ -17,13 +17,23 @@ from .core.types import ResourceConfig as Resource
 from .core.types import TaskSpec as Task
 from .runtime import EventStream, Pool, Scheduler, TaskContext, TaskHandle, VirtualClock
 from .blocking import BlockingEventStream, BlockingHandle, BlockingScheduler
+from .store.codec import JsonCodec
 
 __all__ = [
     "__version__",
     "Scheduler", "BlockingScheduler", "BlockingHandle", "BlockingEventStream", "Pool", "Task", "Dep", "RetryPolicy", "Priority", "Resource", "AutoscaleConfig",
     "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock",
+    "SqliteStore", "PostgresStore", "JsonCodec",
     "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo",
     "CronoqError", "SchedulerError", "TaskFailed", "Retryable", "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
     "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",
 ]
+
+
+def __getattr__(name: str):
+    # The stores load SQLAlchemy (and PostgresStore psycopg) only when used.
+    if name in ("SqliteStore", "PostgresStore"):
+        from . import store
+        return getattr(store, name)
+    raise AttributeError(f"module 'cronoq' has no attribute {name!r}")

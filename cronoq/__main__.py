@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--speed", type=float, default=1.0,
                       help="multiply every task's run time by this factor (default 1.0)")
     demo.add_argument("--no-live", action="store_true", help="print only the final report")
+    demo.add_argument("--store", metavar="PATH",
+                      help="keep the scheduler's state in this SQLite file (kept afterwards; a second "
+                           "run recovers from it); by default a file in a temporary directory, removed "
+                           "at the end")
     demo.add_argument("--simulate", action="store_true",
                       help="instead, simulate ten minutes of a similar workload in virtual time "
                            "(deterministic, about a second of real time)")
@@ -34,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.seconds > 0 or not args.speed > 0:
             parser.error("--seconds and --speed must be positive")
         from .demo import run_demo
-        return run_demo(seconds=args.seconds, seed=args.seed, speed=args.speed, live=not args.no_live)
+        return run_demo(seconds=args.seconds, seed=args.seed, speed=args.speed, live=not args.no_live,
+                        store_path=args.store)
     return 2
 
 

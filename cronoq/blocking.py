@@ -236,11 +236,11 @@ class BlockingScheduler:
     def shutdown(self, grace: float | None = None) -> None:
         """Stop admitting, let running attempts finish for ``grace`` seconds,
         cancel the rest, and stop the loop thread."""
+        self._check_thread()     # before taking the lock: the loop thread must never wait on it
         with self._lifecycle:
             if self._thread is None or self._stopped:
                 return
             self._stopped = True
-            self._check_thread()
             future = asyncio.run_coroutine_threadsafe(self._sched.shutdown(grace), self._loop)
             try:
                 future.result()

@@ -13,7 +13,9 @@ utilization and cost.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import tempfile
 import time
 from collections import defaultdict
 
@@ -137,10 +139,8 @@ def _pool_table(snap, title: str):
     return table
 
 
-async def _main(seconds: float, seed: int, speed: float, live: bool, store_path: str | None) -> int:
-    from rich.console import Console, Group
-    from rich.live import Live
-    from rich.table import Table
+async def _main(seconds: float, seed: int, speed: float, live: bool, store_path: str, kept: bool) -> int:
+    from rich.console import Console
 
     rng = random.Random(seed)
     rec = Recorder()
@@ -153,7 +153,23 @@ async def _main(seconds: float, seed: int, speed: float, live: bool, store_path:
     ]
     resources = [cronoq.Resource.token_bucket("llm-api", rate=8.0, burst=4)]
     console = Console(width=max(130, Console().width))
-    sched = cronoq.Scheduler(pools, resources, seed=seed)
+    # Durable state: every submission is committed to a SQLite file before it
+    # is acknowledged (payloads and results are JSON).
+    store = cronoq.SqliteStore(store_path)
+    sched = cronoq.Scheduler(pools, resources, seed=seed, store=store)
+    try:
+        await _run(sched, rec, console, seconds, seed, rng, speed, live,
+                   store_path if kept else "a temporary SQLite file")
+    finally:
+        await store.close()
+    return 0
+
+
+async def _run(sched, rec, console, seconds, seed, rng, speed, live, where) -> None:
+    from rich.console import Group
+    from rich.live import Live
+    from rich.table import Table
+
     async with sched:
         work = asyncio.create_task(_workload(sched, rec, seconds, rng, speed))
         started = time.time()
@@ -188,10 +204,15 @@ async def _main(seconds: float, seed: int, speed: float, live: bool, store_path:
     console.print(
         f"deadlines met {met}/{total}; submitted {totals['submitted']}, succeeded {totals['succeeded']}, "
         f"failed {totals['failed']} (the pipeline's load step), skipped {totals['skipped']}, "
-        f"retries {totals['retries']}; state kept {'in ' + store_path if store_path else 'in memory'}")
-    return 0
+        f"retries {totals['retries']}; state kept in {where} (leader epoch {sched.epoch})")
 
 
 def run_demo(seconds: float = 20.0, seed: int = 7, speed: float = 1.0, live: bool = True,
              store_path: str | None = None) -> int:
-    return asyncio.run(_main(seconds, seed, speed, live, store_path))
+    """Run the demo; state goes to ``store_path`` (a SQLite file, kept), or by
+    default to a file in a temporary directory removed at the end."""
+    if store_path is not None:
+        return asyncio.run(_main(seconds, seed, speed, live, store_path, True))
+    with tempfile.TemporaryDirectory(prefix="cronoq-demo-") as directory:
+        path = os.path.join(directory, "cronoq-demo.db")
+        return asyncio.run(_main(seconds, seed, speed, live, path, False))

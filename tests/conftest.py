@@ -13,3 +13,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A throwaway PostgreSQL server for this test session (see tests/pgserver.py):
+    initdb + pg_ctl on a temporary directory and a free port, stopped at the end."""
+    from pgserver import PgServer, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"PostgreSQL store tests skipped: {reason}")
+    server = PgServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ..core.engine import MUT_OUTPUT, MUT_RECURRING, MUT_RECURRING_REMOVED, MUT_STATUS, MUT_SUBMIT
@@ -55,6 +56,8 @@ class DurableLog:
         self.task: asyncio.Task | None = None
         self.outage = False
         self.commits = 0
+        self.deadlines: deque[tuple[float, asyncio.Future]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- filling the open batch (on the loop, inside the pump)
 
@@ -113,14 +116,32 @@ class DurableLog:
             waiters = self.inflight_waiters
         else:
             return
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         waiters.append(waiter)
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.commit_timeout)
-        except asyncio.TimeoutError:
-            raise SchedulerError(
-                f"the store did not commit within {self.commit_timeout:g} s (unavailable); the change "
-                f"will be written when it returns: retry with a key to be safe") from None
+        # One timer for all waiters (their deadlines come in order), instead of
+        # a wait_for and a shield per call: this is on every durable call's path.
+        deadlines = self.deadlines
+        while deadlines and deadlines[0][1].done():   # committed ones leave from the front
+            deadlines.popleft()
+        deadlines.append((loop.time() + self.commit_timeout, waiter))
+        if self.timer is None:
+            self.timer = loop.call_at(self.deadlines[0][0], self._expire)
+        await waiter
+
+    def _expire(self) -> None:
+        self.timer = None
+        deadlines = self.deadlines
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
+            _, waiter = deadlines.popleft()
+            if not waiter.done():
+                waiter.set_exception(SchedulerError(
+                    f"the store did not commit within {self.commit_timeout:g} s (unavailable); the "
+                    f"change will be written when it returns: retry with a key to be safe"))
+        if deadlines:
+            self.timer = loop.call_at(deadlines[0][0], self._expire)
 
     async def flush(self, timeout: float) -> bool:
         """Wait until nothing is pending (shutdown); False on timeout."""
@@ -141,6 +162,10 @@ class DurableLog:
                 waiter.set_exception(error)
         self.open_waiters.clear()
         self.inflight_waiters.clear()
+        self.deadlines.clear()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     # -- the commit loop
 
@@ -162,6 +187,8 @@ class DurableLog:
                         self.scheduler._lost(f"fenced: {exc}")
                         return
                     except Exception as exc:  # unavailable: keep the batch, retry it
+                        if not self.scheduler._accepting_commits():
+                            return   # stopped meanwhile (leadership lost): nothing more to write
                         if not self.outage:
                             self.outage = True
                             log.error("store unavailable, retrying the commit: %s", exc,

@@ -29,7 +29,7 @@ class TaskHandle:
         self._loop = loop
         self._state = _PENDING
         self._value: Any = None
-        self._future: asyncio.Future | None = None
+        self._future: asyncio.Future | list[asyncio.Future] | None = None
         self._callbacks: list | None = None
 
     # -- resolution (scheduler side, on its loop)
@@ -50,8 +50,11 @@ class TaskHandle:
 
     def _wake(self) -> None:
         future = self._future
-        if future is not None and not future.done():
-            future.set_result(None)
+        if future is not None:
+            self._future = None
+            for f in future if type(future) is list else (future,):
+                if not f.done():
+                    f.set_result(None)
         if self._callbacks:
             for callback in self._callbacks:
                 callback(self)
@@ -92,9 +95,18 @@ class TaskHandle:
 
     def __await__(self):
         if not self._state:
-            if self._future is None:
-                self._future = self._loop.create_future()
-            yield from self._future.__await__()
+            # One future per await: cancelling one awaiter (a wait_for that
+            # timed out) must not cancel the others or later awaits.
+            future = self._loop.create_future()
+            waiting = self._future
+            if waiting is None:
+                self._future = future
+            elif type(waiting) is list:
+                waiting[:] = [f for f in waiting if not f.done()]
+                waiting.append(future)
+            else:
+                self._future = [future] if waiting.done() else [waiting, future]
+            yield from future.__await__()
         return self.result()
 
     def __repr__(self) -> str:

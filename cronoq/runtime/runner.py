@@ -165,10 +165,9 @@ class LocalRunner:
                 outcome = RETRYABLE
                 message = _describe(exc)
             del current[lease]
-            if ctx._cancelled:
-                if task.cancelling():
-                    task.uncancel()    # the executor swallowed our cancellation
-                continue
+            if ctx._cancelled and task.cancelling():
+                task.uncancel()    # the executor swallowed our cancellation; the
+                                   # engine will count its report as stale
             report(entry, lease, outcome, output, message, retry_after)
             streak += 1
             if streak >= 64:

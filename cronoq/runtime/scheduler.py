@@ -20,7 +20,8 @@ from ..core.engine import Core
 from ..core.errors import QueueFull, SchedulerError, UnknownTask
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
-    NS, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig, TaskSpec, check_name,
+    DEAD_LETTERED, NS, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
+    TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
 from ..store.codec import JsonCodec
@@ -36,6 +37,19 @@ __all__ = ["Scheduler"]
 log = logging.getLogger("cronoq.scheduler")
 
 _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
+_STATUS = {status: status for status in STATUSES}
+# Terminal statuses the event path handles without logging (dead letters are logged).
+_QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
+
+
+class _Turn:
+    """A submitter's place in line for queue room."""
+
+    __slots__ = ("key", "future")
+
+    def __init__(self, key) -> None:
+        self.key = key
+        self.future: asyncio.Future | None = None
 
 
 class Scheduler:
@@ -86,11 +100,12 @@ class Scheduler:
         self._outputs: dict[int, Any] = {}           # recent outputs, oldest first
         self._output_order: deque[int] = deque()
         self._streams: list[EventStream] = []
-        self._room: list[asyncio.Future] = []       # submitters waiting for queue room
+        self._room: dict[Any, deque[_Turn]] = {}     # submitters waiting for queue room, per line
         self._timer = None
         self._timer_at: int | None = None
         self._drained: asyncio.Event | None = None
         self._log: DurableLog | None = None
+        self._abort_start: asyncio.Future | None = None
         self.epoch = 0
         self.lost_reason: str | None = None
 
@@ -109,20 +124,47 @@ class Scheduler:
                 self._core = Core(self._config, [p.config for p in self.pools], self.resources,
                                   now=self.clock.now_ns())
         except BaseException:
-            self._state = _NEW
+            aborted = self._abort_start is not None and self._abort_start.done()
+            self._state = _STOPPED if aborted else _NEW
             raise
         self._runners = {p.name: LocalRunner(self, p.name, p.executor, p.is_async) for p in self.pools}
         self._state = _RUNNING
         self._pump()
 
     async def _start_durable(self) -> None:
-        """Lead (a standby waits here), take a new epoch, recover, restore."""
+        """Lead (a standby waits here, until shutdown() gives up), take a new
+        epoch, recover, restore. If anything fails after leading, step down."""
         store = self.store
-        self.epoch = epoch = await store.acquire_leadership()
+        self._abort_start = abort = self._loop.create_future()
+        acquire = self._loop.create_task(store.acquire_leadership())
+        try:
+            await asyncio.wait((acquire, abort), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not acquire.done():
+                acquire.cancel()
+        if not acquire.done() or acquire.cancelled():
+            raise SchedulerError("the scheduler was shut down while it waited to lead")
+        self.epoch = acquire.result()
+        try:
+            await self._recover()
+            if abort.done():
+                raise SchedulerError("the scheduler was shut down while it recovered")
+        except BaseException:
+            try:
+                await store.release_leadership()
+            except Exception as exc:
+                log.error("could not release leadership: %s", exc, extra={"action": "store_outage"})
+            raise
+
+    async def _recover(self) -> None:
+        store = self.store
+        epoch = self.epoch
         log.info("leadership acquired (epoch %d)", epoch, extra={"epoch": epoch, "action": "leader"})
         config = copy.copy(self._config)
         config.epoch = epoch
         config.persist = True
+        # The store's retention (finished tasks kept for dependencies and keys) applies in memory too.
+        config.retention_ns = max(config.retention_ns, int(getattr(store, "retention_ns", 0) or 0))
         self._core = core = Core(config, [p.config for p in self.pools], self.resources,
                                  now=self.clock.now_ns())
         self._log = DurableLog(self, store, self.codec, epoch, float(getattr(store, "commit_timeout", 30.0)))
@@ -140,14 +182,19 @@ class Scheduler:
         store.on_lost(self._lost_threadsafe)
 
     def _decode_task(self, row) -> RestoredTask:
+        # The engine compares statuses by identity: map the store's strings to its constants.
+        status = _STATUS.get(row.status)
         try:
+            if status is None:
+                status = READY
+                raise ValueError(f"unknown status {row.status!r}")
             if row.record is None or row.payload is None:
                 raise ValueError("the stored record is unreadable")
             spec = spec_from_record(row.record, self.codec.decode(row.payload))
-            return RestoredTask(row.id, row.pool, spec, row.submitted_ns, row.status, row.attempt,
+            return RestoredTask(row.id, row.pool, spec, row.submitted_ns, status, row.attempt,
                                 row.message, row.finished_ns)
         except Exception as exc:  # any decoding problem quarantines the row
-            return RestoredTask(row.id, row.pool, None, row.submitted_ns, row.status, row.attempt,
+            return RestoredTask(row.id, row.pool, None, row.submitted_ns, status, row.attempt,
                                 row.message, row.finished_ns, error=f"cannot decode the stored task: {exc}")
 
     def _decode_schedule(self, row) -> RestoredSchedule:
@@ -174,6 +221,10 @@ class Scheduler:
         if self._state in (_NEW, _STOPPED):
             self._state = _STOPPED
             return
+        if self._state == "starting":   # a standby waiting to lead (or recovering): give up
+            if self._abort_start is not None and not self._abort_start.done():
+                self._abort_start.set_result(None)
+            return
         if self._state == _STOPPING:
             while self._state != _STOPPED:
                 await asyncio.sleep(0.01)
@@ -182,9 +233,9 @@ class Scheduler:
         grace = self.shutdown_grace if grace is None else grace
         core = self._core
         core.stop_dispatching()
-        for waiter in self._room:
-            if not waiter.done():
-                waiter.set_exception(SchedulerError("the scheduler is shutting down"))
+        for turn in [t for waiting in self._room.values() for t in waiting]:
+            if turn.future is not None and not turn.future.done():
+                turn.future.set_exception(SchedulerError("the scheduler is shutting down"))
         self._room.clear()
         if core.running and grace > 0:
             self._drained = asyncio.Event()
@@ -267,10 +318,13 @@ class Scheduler:
                 runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
             elif kind == 3:   # EVENT
                 status = raw[4]
-                if status in TERMINAL and handles:
-                    handle = handles.pop(raw[1], None)
-                    if handle is not None:
-                        self._resolve(handle, raw[1], status, raw[7])
+                if status in _QUIET_ENDS:
+                    if handles:
+                        handle = handles.pop(raw[1], None)
+                        if handle is not None:
+                            self._resolve(handle, raw[1], status, raw[7])
+                elif status is DEAD_LETTERED:
+                    self._dead_letter(raw)
                 if streams:
                     event = act.event_from(raw)
                     for stream in streams:
@@ -306,10 +360,12 @@ class Scheduler:
             self._runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
         elif kind == 3:
             status = raw[4]
-            if status in TERMINAL:
+            if status in _QUIET_ENDS:
                 handle = self._handles.pop(raw[1], None)
                 if handle is not None:
                     self._resolve(handle, raw[1], status, raw[7])
+            elif status is DEAD_LETTERED:
+                self._dead_letter(raw)
             if self._streams:
                 event = act.event_from(raw)
                 for stream in self._streams:
@@ -362,9 +418,9 @@ class Scheduler:
         self._state = _STOPPING
         self._core.stop_dispatching()
         error = SchedulerError(f"this scheduler lost leadership ({reason}); another one serves now")
-        for waiter in self._room:
-            if not waiter.done():
-                waiter.set_exception(error)
+        for turn in [t for waiting in self._room.values() for t in waiting]:
+            if turn.future is not None and not turn.future.done():
+                turn.future.set_exception(error)
         self._room.clear()
         if self._log is not None:
             self._log.fail_all(error)
@@ -423,6 +479,16 @@ class Scheduler:
 
     # ================================================================ handles
 
+    def _dead_letter(self, raw: tuple) -> None:
+        """A task ran out of attempts: log it, then resolve its handles."""
+        task_id, pool, key, attempt, message = raw[1], raw[2], raw[3], raw[5], raw[7]
+        log.warning("task %d (pool %s) dead-lettered after attempt %d: %s", task_id, pool, attempt, message,
+                    extra={"action": "dead_letter", "task_id": task_id, "pool": pool, "key": key,
+                           "attempt": attempt, "error": message})
+        handle = self._handles.pop(task_id, None)
+        if handle is not None:
+            self._resolve(handle, task_id, DEAD_LETTERED, message)
+
     def _resolve(self, handle, task_id: int, status: str, message: str | None) -> None:
         for h in handle if isinstance(handle, list) else (handle,):
             if status is SUCCEEDED:
@@ -457,30 +523,62 @@ class Scheduler:
         self._check()
         if self._log is not None:
             encoded_payload(spec, self.codec)   # TypeError now, before anything is stored
-        while True:
-            core = self._check()
+
+        def attempt(core: Core):
             try:
                 return core.submit(self.clock.now_ns(), spec)
-            except QueueFull:
-                if core.overflow_policy(spec.pool) != "wait":
+            except QueueFull as exc:
+                if core.overflow_policy(spec.pool) != "wait" or getattr(exc, "never", False):
                     raise
-            await self._wait_room()
+                return None
 
-    async def _wait_room(self) -> None:
-        waiter = self._loop.create_future()
-        self._room.append(waiter)
+        return await self._with_room(attempt, (spec.pool, spec.priority))
+
+    async def _with_room(self, attempt, line):
+        """Run ``attempt(core)`` until it fits; while it returns None (a full
+        queue with the "wait" policy), wait for room.
+
+        Waiters queue per (pool, class) line, in arrival order: a submitter
+        keeps its place across retries, and one line's full bound does not
+        hold up another's. ``line`` is that key, or a one-item list holding
+        it when the attempt updates it (batches).
+        """
+        turn = None
         try:
-            await waiter
+            while True:
+                result = attempt(self._check())
+                if result is not None:
+                    return result
+                key = line[0] if isinstance(line, list) else line
+                if turn is None or turn.key != key:
+                    if turn is not None:
+                        self._leave_line(turn)
+                    turn = _Turn(key)
+                    self._room.setdefault(key, deque()).append(turn)
+                turn.future = self._loop.create_future()
+                await turn.future
         finally:
-            if waiter in self._room:
-                self._room.remove(waiter)
+            if turn is not None:
+                self._leave_line(turn)
+                if self._state == _RUNNING:
+                    self._wake_room()   # the next in line may fit now
+
+    def _leave_line(self, turn: _Turn) -> None:
+        waiting = self._room.get(turn.key)
+        if waiting is not None:
+            try:
+                waiting.remove(turn)
+            except ValueError:
+                pass
+            if not waiting:
+                del self._room[turn.key]
 
     def _wake_room(self) -> None:
-        # The first waiter retries; if it fits, the next one is woken after it.
-        for waiter in self._room:
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        # The first in each line retries; the next is woken once it is admitted.
+        for waiting in self._room.values():
+            future = waiting[0].future
+            if future is not None and not future.done():
+                future.set_result(None)
 
     async def submit(self, payload: Any = None, **options: Any) -> TaskHandle:
         """Submit a task; returns its ``TaskHandle``. Options are those of
@@ -508,15 +606,19 @@ class Scheduler:
                 raise TypeError(f"submit_batch takes cronoq.Task objects; item {i} is {type(spec).__name__}")
             if self._log is not None:
                 encoded_payload(spec, self.codec)
-        while True:
-            core = self._check()
+
+        def attempt(core: Core):
             try:
                 return specs, core.submit_batch(self.clock.now_ns(), specs)
             except QueueFull as exc:
                 index = exc.index if exc.index is not None else 0
-                if core.overflow_policy(specs[index].pool) != "wait":
+                if core.overflow_policy(specs[index].pool) != "wait" or getattr(exc, "never", False):
                     raise
-            await self._wait_room()
+                line[0] = (specs[index].pool, specs[index].priority)
+                return None
+
+        line = [(specs[0].pool, specs[0].priority) if specs else None]
+        return await self._with_room(attempt, line)
 
     async def submit_batch(self, tasks: Iterable[TaskSpec]) -> list[TaskHandle]:
         """Submit ``cronoq.Task`` objects atomically: all or none. Tasks may
@@ -553,6 +655,8 @@ class Scheduler:
         """A handle on an existing task, live or finished (within retention)."""
         core = self._check()
         info = core.info(ref)
+        if info.status in TERMINAL and self._log is not None:
+            await self._log.durable()   # an ended task is reported only once its end is stored
         if info.status == SUCCEEDED and info.id not in self._outputs and self.store is not None:
             data = await self.store.load_output(info.id)
             if data is not None and info.id not in self._outputs:

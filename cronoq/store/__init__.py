@@ -1,4 +1,9 @@
-"""Durable state: the store contract, codecs, and the stores."""
+"""Durable state: the store contract, codecs, and the stores.
+
+``SqliteStore`` and ``PostgresStore`` load SQLAlchemy when first used, so
+importing cronoq stays light; ``PostgresStore`` needs psycopg 3 (the extra
+``cronoq[postgres]``) only when one is created.
+"""
 
 from .base import (
     Batch, Fenced, Recovered, ScheduleRow, StatusRow, Store, StoredSchedule, StoredTask,
@@ -9,4 +14,14 @@ from .memory import InMemoryStore, MemoryDatabase
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
            "StoredSchedule", "Fenced", "StoreUnavailable", "Codec", "JsonCodec", "InMemoryStore",
-           "MemoryDatabase"]
+           "MemoryDatabase", "SqliteStore", "PostgresStore"]
+
+
+def __getattr__(name: str):
+    if name == "SqliteStore":
+        from .sqlite import SqliteStore
+        return SqliteStore
+    if name == "PostgresStore":
+        from .postgres import PostgresStore
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,10 +18,12 @@ class JsonCodec:
     objects, NaN) raise ``TypeError``/``ValueError`` at submission. Decoding
     never runs code."""
 
+    # One encoder for all calls: json.dumps with options builds a new one each time.
+    _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode
+
     def encode(self, value: Any) -> bytes:
         try:
-            return json.dumps(value, allow_nan=False, separators=(",", ":"),
-                              ensure_ascii=False).encode("utf-8")
+            return self._encode(value).encode("utf-8")
         except ValueError as exc:
             raise TypeError(f"the payload cannot be stored as JSON: {exc}") from exc
         except TypeError as exc:

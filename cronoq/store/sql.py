@@ -1,0 +1,565 @@
+"""What the SQLite and PostgreSQL stores share: the write path, recovery,
+outputs, pruning, and running blocking database work off the event loop.
+
+All database work of a store runs on one dedicated worker thread (so the
+event loop never blocks on I/O, and one connection serves the commits, one at
+a time, as the group-commit runtime issues them). The dialects differ only in
+how leadership is held and how a commit checks it (``_check_fence``).
+
+Both stores write the same values: text columns never carry NUL (stored as
+U+FFFD) or unpaired surrogates, records are ASCII JSON text (NUL inside a
+record or payload is escaped by JSON), payloads and outputs are bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import math
+import os
+import queue
+import re
+import secrets
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import SQLAlchemyError
+
+from ..core.errors import SchedulerError
+from ..core.types import TERMINAL
+from .base import Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreUnavailable
+from .schema import Tables
+
+__all__ = ["SqlStore", "clean_text"]
+
+log = logging.getLogger("cronoq.store")
+
+NS = 1_000_000_000
+_CHUNK = 500   # ids or keys per IN (...) list
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(value: str | None) -> str | None:
+    """Text as both stores write it: NUL and unpaired surrogates become U+FFFD."""
+    if value is None:
+        return None
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = _SURROGATE.sub("\ufffd", value)
+    return value
+
+
+_record_text = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode   # ASCII JSON
+
+
+def _parse_record(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _seconds(value: object, name: str, *, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number of seconds {'> 0' if positive else '>= 0'}, "
+                         f"got {value!r}")
+    return float(value)
+
+
+def describe(exc: BaseException) -> str:
+    """A short description of a database error (without the statement and its parameters)."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip().splitlines()
+    text = text[0] if text else type(exc).__name__
+    return text[:300]
+
+
+def _resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
+    if not future.done():   # the caller may have given up (cancelled) meanwhile
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+
+class Worker:
+    """One thread that runs a store's blocking database calls, in order.
+
+    Lighter than a ``ThreadPoolExecutor`` round trip (the write path makes one
+    per commit): the thread hands the result straight back to the loop. It is a
+    daemon, so a store that was never closed does not hold up interpreter exit
+    (a transaction cut short there is rolled back by the database).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def _put(self, item) -> None:
+        if self._stopped:
+            raise RuntimeError(f"{self.name} is shut down")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name=self.name, daemon=True)
+            self._thread.start()
+        self._queue.put(item)
+
+    def call(self, fn: Callable, *args: Any) -> asyncio.Future:
+        """Run ``fn(*args)`` on the thread; an asyncio future of the running loop."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._put((loop, future, fn, args))
+        return future
+
+    def submit(self, fn: Callable, *args: Any) -> concurrent.futures.Future:
+        """Run ``fn(*args)`` on the thread, from any thread."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._put((None, future, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        """Stop the thread once the calls already queued are done."""
+        if not self._stopped:
+            self._stopped = True
+            if self._thread is not None:
+                self._queue.put(None)
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            loop, future, fn, args = item
+            try:
+                ok, value = True, fn(*args)
+            except BaseException as exc:
+                ok, value = False, exc
+            if loop is None:
+                if future.set_running_or_notify_cancel():
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+                continue
+            try:
+                loop.call_soon_threadsafe(_resolve, future, ok, value)
+            except RuntimeError:   # the loop is closed: nobody waits any more
+                pass
+            del item, future, value
+
+
+class SqlStore:
+    """The common part of ``SqliteStore`` and ``PostgresStore`` (not used directly)."""
+
+    dialect = "sql"
+
+    def __init__(self, *, lock_poll: float, retention: float, keep_finished: float,
+                 commit_timeout: float) -> None:
+        self.lock_poll = _seconds(lock_poll, "lock_poll")
+        self.retention = _seconds(retention, "retention", positive=False)
+        self.keep_finished = _seconds(keep_finished, "keep_finished", positive=False)
+        self.commit_timeout = _seconds(commit_timeout, "commit_timeout")
+        self.retention_ns = round(self.retention * NS)
+        self.keep_finished_ns = round(self.keep_finished * NS)
+        self.prune_every = max(1.0, min(self.keep_finished / 10, 600.0))
+        self.identity = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.epoch: int | None = None
+        self.engine = None            # the SQLAlchemy engine, created on first use
+        self._t: Tables | None = None
+        self._executor = Worker(f"cronoq-{self.dialect}")
+        self._closed = False
+        self._lost_callback: Callable[[str], None] | None = None
+        self._lost_reason: str | None = None
+        self._watch: asyncio.Task | None = None
+        self._last_prune = 0.0
+        self._sql: dict[str, str] = {}
+        self._wconn = None
+        self._db_errors: tuple = (SQLAlchemyError, OSError)
+
+    # ----------------------------------------------------------- plumbing
+
+    async def _call(self, fn: Callable, *args: Any) -> Any:
+        """Run ``fn(*args)`` on the store's worker thread; database errors
+        become ``StoreUnavailable``."""
+        if self._closed:
+            raise SchedulerError(f"the {self.dialect} store is closed")
+        try:
+            return await self._executor.call(fn, *args)
+        except SchedulerError:
+            raise
+        except self._db_errors as exc:
+            raise StoreUnavailable(f"the {self.dialect} store is unavailable: {describe(exc)}") from exc
+
+    def _ensure(self) -> None:
+        """Connect and migrate (on the worker thread, once)."""
+        if self.engine is None:
+            engine = self._create_engine()
+            try:
+                self._migrate(engine)
+            except BaseException:
+                engine.dispose()
+                raise
+            self.engine = engine
+            self._db_errors = (SQLAlchemyError, OSError, engine.dialect.loaded_dbapi.Error)
+            self._prepare()
+
+    def _create_engine(self):
+        raise NotImplementedError
+
+    def _migrate(self, engine) -> None:
+        raise NotImplementedError
+
+    def _begin(self):
+        """A write transaction (a context manager yielding a Connection)."""
+        return self.engine.begin()
+
+    def _begin_read(self):
+        return self.engine.begin()
+
+    def _insert_rows(self, cursor, rows: list[list]) -> None:
+        cursor.executemany(self._sql["insert"], rows)
+
+    # The columns of an inserted task row, in the order the write path builds them.
+    INSERT_COLUMNS = ("id", "pool", "kind", "priority", "key", "record", "payload", "status", "attempt",
+                      "message", "submitted_ns", "updated_ns", "finished_ns", "output")
+
+    def _prepare(self) -> None:
+        """The statements of the write path, for the raw DBAPI cursor with
+        positional parameters: the write path is the hot path, so it skips
+        SQLAlchemy's per-statement work. Names come from the table definitions."""
+        t = self._t
+        q = self.engine.dialect.identifier_preparer
+        p = self._placeholder
+        tasks, schedules, meta = (q.format_table(table) for table in (t.tasks, t.schedules, t.meta))
+        col = {name: q.quote(t.tasks.c[name].name) for name in self.INSERT_COLUMNS}
+        meta_col = {name: q.quote(t.meta.c[name].name) for name in ("id", "epoch", "holder", "high_water")}
+        sched_col = {name: q.quote(t.schedules.c[name].name) for name in ("name", "record", "payload")}
+        s = self._sql
+        s["insert"] = (f"INSERT INTO {tasks} ({', '.join(col.values())}) "
+                       f"VALUES ({', '.join([p] * len(col))}) ON CONFLICT ({col['id']}) DO NOTHING")
+        state = (f"{col['status']} = {p}, {col['attempt']} = {p}, {col['message']} = {p}, "
+                 f"{col['updated_ns']} = {p}, {col['finished_ns']} = {p}")
+        s["status"] = f"UPDATE {tasks} SET {state} WHERE {col['id']} = {p}"
+        s["status_output"] = f"UPDATE {tasks} SET {state}, {col['output']} = {p} WHERE {col['id']} = {p}"
+        s["output"] = f"UPDATE {tasks} SET {col['output']} = {p} WHERE {col['id']} = {p}"
+        s["schedule"] = (f"INSERT INTO {schedules} ({', '.join(sched_col.values())}) VALUES ({p}, {p}, {p}) "
+                         f"ON CONFLICT ({sched_col['name']}) DO UPDATE SET "
+                         f"{sched_col['record']} = excluded.{sched_col['record']}, "
+                         f"{sched_col['payload']} = excluded.{sched_col['payload']}")
+        s["unschedule"] = f"DELETE FROM {schedules} WHERE {sched_col['name']} = {p}"
+        s["fence"] = (f"SELECT {meta_col['epoch']}, {meta_col['holder']} FROM {meta} "
+                      f"WHERE {meta_col['id']} = 1{self._fence_suffix}")
+
+    _placeholder = "?"
+    _fence_suffix = ""
+
+    def _check_fence(self, row, epoch: int) -> None:
+        raise NotImplementedError
+
+    def _tx_begin(self, cursor) -> None:
+        """Open the write transaction on a raw cursor (PostgreSQL: implicit)."""
+
+    # ----------------------------------------------------------- the writer connection
+
+    def _writer(self):
+        """The raw DBAPI connection of the write path (checked out of the pool
+        while this store leads; returned on step-down, release and close)."""
+        conn = self._wconn
+        if conn is None:
+            conn = self._wconn = self.engine.raw_connection()
+        return conn
+
+    def _abandon_writer(self, conn) -> None:
+        """After a failed commit: roll back, or drop a broken connection."""
+        try:
+            conn.rollback()
+        except Exception:
+            try:
+                conn.invalidate()
+            except Exception:
+                pass
+            if self._wconn is conn:
+                self._wconn = None
+
+    def _drop_writer(self) -> None:
+        conn, self._wconn = self._wconn, None
+        if conn is not None:
+            try:
+                conn.close()   # back to the pool (rolled back there)
+            except Exception:
+                try:
+                    conn.invalidate()
+                except Exception:
+                    pass
+
+    def _drop_writer_later(self) -> None:
+        """Return the writer connection from any thread (on the worker thread)."""
+        if not self._closed:
+            try:
+                self._executor.submit(self._drop_writer)
+            except RuntimeError:   # the executor is shut down
+                pass
+
+    def on_lost(self, callback) -> None:
+        self._lost_callback = callback
+        if self._lost_reason is not None:
+            callback(self._lost_reason)
+
+    def _signal_lost(self, reason: str) -> None:
+        if self._lost_reason is not None:
+            return
+        self._lost_reason = reason
+        self.epoch = None
+        self._deposed()
+        log.error("%s store: leadership lost: %s", self.dialect, reason, extra={"action": "leader_lost"})
+        if self._lost_callback is not None:
+            self._lost_callback(reason)
+
+    def _stop_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is not None and not watch.done():
+            try:
+                watch.cancel()
+            except RuntimeError:   # its loop is closed
+                pass
+
+    # ----------------------------------------------------------- commit
+
+    async def commit(self, epoch: int, batch: Batch) -> None:
+        """Write ``batch`` in one transaction that first checks ``epoch``
+        (``Fenced`` if a newer leader exists, ``StoreUnavailable`` if the
+        database cannot be reached: the runtime retries the same batch)."""
+        try:
+            await self._call(self._commit_sync, epoch, batch)
+        except Fenced as exc:
+            self._stop_watch()
+            self._lost_reason = self._lost_reason or f"fenced: {exc}"
+            self.epoch = None
+            self._deposed()
+            raise
+
+    def _deposed(self) -> None:
+        """Let go of the connections a leader holds (any thread)."""
+        self._drop_writer_later()
+
+    def _commit_sync(self, epoch: int, batch: Batch) -> None:
+        self._ensure()
+        inserts: dict[int, list] = {}
+        for t in batch.tasks:   # in INSERT_COLUMNS order
+            inserts[t.id] = [t.id, clean_text(t.pool), clean_text(t.kind), t.priority, clean_text(t.key),
+                             _record_text(t.record), t.payload, "ready", 0, None, t.submitted_ns,
+                             t.submitted_ns, None, None]
+        updates: dict[int, list] = {}
+        for s in batch.statuses:
+            finished = s.at_ns if s.status in TERMINAL else None
+            message = clean_text(s.message)
+            row = inserts.get(s.id)
+            if row is not None:   # submitted in this batch: write its latest state at once
+                row[7] = s.status
+                row[8] = s.attempt
+                row[9] = message
+                row[11] = s.at_ns
+                row[12] = finished
+            else:
+                updates[s.id] = [s.status, s.attempt, message, s.at_ns, finished, s.id]
+        with_output: list[list] = []
+        outputs: list[tuple] = []
+        for task_id, data in batch.outputs:
+            row = inserts.get(task_id)
+            if row is not None:
+                row[13] = data
+                continue
+            row = updates.pop(task_id, None)
+            if row is not None:
+                row.insert(5, data)
+                with_output.append(row)
+            else:
+                outputs.append((data, task_id))
+        sql = self._sql
+        conn = self._writer()
+        try:
+            cursor = conn.cursor()
+            try:
+                self._tx_begin(cursor)
+                cursor.execute(sql["fence"])
+                self._check_fence(cursor.fetchone(), epoch)
+                if inserts:
+                    self._insert_rows(cursor, list(inserts.values()))
+                if updates:
+                    cursor.executemany(sql["status"], list(updates.values()))
+                if with_output:
+                    cursor.executemany(sql["status_output"], with_output)
+                if outputs:
+                    cursor.executemany(sql["output"], outputs)
+                if batch.schedules:
+                    latest = {s.name: s for s in batch.schedules}
+                    cursor.executemany(sql["schedule"], [
+                        (clean_text(s.name), _record_text(s.record), s.payload) for s in latest.values()])
+                if batch.removed_schedules:
+                    cursor.executemany(sql["unschedule"], [(clean_text(n),) for n in batch.removed_schedules])
+                # batch.high_water is the largest id inserted here: the rows carry it, and
+                # pruning folds the ids it deletes into the meta row (see _prune_sync).
+            finally:
+                cursor.close()
+            conn.commit()
+        except BaseException:
+            self._abandon_writer(conn)
+            raise
+        if self.keep_finished_ns and time.monotonic() - self._last_prune >= self.prune_every:
+            self._last_prune = time.monotonic()
+            try:
+                self._executor.submit(self._prune_quietly)   # after this commit is acknowledged
+            except RuntimeError:   # the store is closing
+                pass
+
+    def _prune_quietly(self) -> None:
+        try:
+            self._prune_sync(time.time_ns())
+        except SQLAlchemyError as exc:   # try again later
+            log.warning("%s store: pruning finished tasks failed: %s", self.dialect, describe(exc))
+
+    # ----------------------------------------------------------- pruning
+
+    async def prune(self, now_ns: int | None = None) -> int:
+        """Delete finished tasks older than ``keep_finished``; returns how many."""
+        return await self._call(self._prune_sync, time.time_ns() if now_ns is None else now_ns)
+
+    def _prune_sync(self, now_ns: int) -> int:
+        self._ensure()
+        self._last_prune = time.monotonic()
+        if not self.keep_finished_ns:
+            return 0
+        tasks = self._t.tasks
+        cutoff = now_ns - self.keep_finished_ns
+        total = 0
+        meta = self._t.meta
+        while True:   # in slices, so a large backlog never holds the write lock for long
+            with self._begin() as conn:
+                ids = [row[0] for row in conn.execute(
+                    select(tasks.c.id).where(tasks.c.finished_ns < cutoff).limit(5000))]
+                if ids:
+                    # The high-water mark of issued ids is max(meta.high_water, max(tasks.id)):
+                    # keep it when the largest ids go.
+                    top = conn.execute(select(func.max(tasks.c.id))).scalar() or 0
+                    conn.execute(update(meta).where(meta.c.id == 1, meta.c.high_water < top)
+                                 .values(high_water=top))
+                    conn.execute(delete(tasks).where(tasks.c.id.in_(ids)))
+            total += len(ids)
+            if len(ids) < 5000:
+                break
+        if total:
+            log.info("%s store: pruned %d finished tasks", self.dialect, total, extra={"action": "prune"})
+        return total
+
+    # ----------------------------------------------------------- recovery
+
+    async def recover(self, now_ns: int, retention_ns: int) -> Recovered:
+        return await self._call(self._recover_sync, now_ns, max(retention_ns, self.retention_ns))
+
+    def _recover_sync(self, now_ns: int, retention_ns: int) -> Recovered:
+        self._ensure()
+        t = self._t
+        c = t.tasks.c
+        columns = (c.id, c.pool, c.key, c.record, c.payload, c.status, c.attempt, c.message,
+                   c.submitted_ns, c.finished_ns)
+        cutoff = now_ns - retention_ns
+        tasks: dict[int, StoredTask] = {}
+        keys: set[str] = set()
+
+        def load(rows) -> None:
+            for row in rows:
+                if row[0] in tasks:
+                    continue
+                if row[2] is not None:
+                    keys.add(row[2])
+                tasks[row[0]] = StoredTask(row[0], row[1], _parse_record(row[3]), row[4], row[5], row[6],
+                                           row[7], row[8], row[9])
+
+        with self._begin_read() as conn:
+            load(conn.execute(select(*columns).where(c.finished_ns.is_(None))))      # live
+            load(conn.execute(select(*columns).where(c.finished_ns > cutoff)))        # recently ended
+            # Ended parents of live tasks, however old (their outcome decides the child).
+            want_ids: set[int] = set()
+            want_keys: set[str] = set()
+            for task in tasks.values():
+                if task.status in TERMINAL or not task.record:
+                    continue
+                for edge in task.record.get("edges") or ():
+                    ref = edge[0] if isinstance(edge, (list, tuple)) and edge else None
+                    if isinstance(ref, str):
+                        ref = clean_text(ref)
+                        if ref not in keys:
+                            want_keys.add(ref)
+                    elif isinstance(ref, int) and not isinstance(ref, bool) and ref not in tasks:
+                        want_ids.add(ref)
+            want = sorted(want_ids)
+            for i in range(0, len(want), _CHUNK):
+                load(conn.execute(select(*columns).where(c.id.in_(want[i:i + _CHUNK]))))
+            want = sorted(want_keys)
+            for i in range(0, len(want), _CHUNK):
+                load(conn.execute(select(*columns).where(c.key.in_(want[i:i + _CHUNK]))))
+            schedules = [StoredSchedule(row[0], _parse_record(row[1]), row[2])
+                         for row in conn.execute(select(t.schedules.c.name, t.schedules.c.record,
+                                                        t.schedules.c.payload).order_by(t.schedules.c.name))]
+            high_water = max(conn.execute(select(t.meta.c.high_water).where(t.meta.c.id == 1)).scalar_one(),
+                             conn.execute(select(func.max(c.id))).scalar() or 0)
+        return Recovered(sorted(tasks.values(), key=lambda task: task.id), schedules, high_water)
+
+    # ----------------------------------------------------------- outputs
+
+    async def load_output(self, task_id: int) -> bytes | None:
+        return await self._call(self._load_output_sync, task_id)
+
+    def _load_output_sync(self, task_id: int) -> bytes | None:
+        self._ensure()
+        tasks = self._t.tasks
+        with self._begin_read() as conn:
+            data = conn.execute(select(tasks.c.output).where(tasks.c.id == task_id)).scalar_one_or_none()
+        return None if data is None else bytes(data)
+
+    # ----------------------------------------------------------- closing
+
+    def checked_out(self) -> int:
+        """Connections of this store's pool in use right now (0 when idle)."""
+        engine = self.engine
+        pool = getattr(engine, "pool", None)
+        checkedout = getattr(pool, "checkedout", None)
+        return checkedout() if checkedout is not None else 0
+
+    async def close(self) -> None:
+        """Step down if leading, then release the connections and the worker thread."""
+        if self._closed:
+            return
+        try:
+            await self.release_leadership()
+        except SchedulerError as exc:
+            log.warning("%s store: could not release leadership on close: %s", self.dialect, exc)
+        self._closed = True
+        self._stop_watch()
+        await self._executor.call(self._dispose)
+        self._executor.shutdown()
+
+    def _dispose(self) -> None:
+        self._drop_writer()
+        if self.engine is not None:
+            self.engine.dispose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else (f"leading (epoch {self.epoch})" if self.epoch else "idle")
+        return f"<cronoq.{type(self).__name__} {self._where()} {state}>"
+
+    def _where(self) -> str:
+        return ""

@@ -1,0 +1,178 @@
+"""What only the SQLite store does: the file and its permissions, WAL and
+sync settings, the lease (renewal, expiry, takeover noticed by the deposed
+leader), argument checks; and the synchronous facade and the demo on it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import sqlite3
+import sys
+import time
+
+import pytest
+
+import cronoq
+from storekit import Work, eventually, pool, sqlite_backend  # noqa: F401  (a fixture)
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Unix permissions")
+@pytest.mark.asyncio
+async def test_the_file_is_created_owner_only(sqlite_backend):
+    old = os.umask(0o022)
+    try:
+        sched = cronoq.Scheduler([pool(Work(), capacity=0)], store=sqlite_backend.store())
+        await sched.start()
+        await sched.enqueue({"x": 1})
+        for suffix in ("", "-wal", "-shm"):
+            mode = stat.S_IMODE(os.stat(sqlite_backend.path + suffix).st_mode)
+            assert mode == 0o600, f"{suffix or 'the file'}: {oct(mode)}"
+        await sched.shutdown()
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("full_sync, expected", [(True, 2), (False, 1)])
+@pytest.mark.asyncio
+async def test_wal_and_synchronous_settings(sqlite_backend, full_sync, expected):
+    store = sqlite_backend.store(full_sync=full_sync)
+    await store.prune()   # connects
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == expected
+
+
+@pytest.mark.asyncio
+async def test_the_leader_renews_its_lease_and_a_standby_keeps_waiting(sqlite_backend):
+    a = cronoq.Scheduler([pool(Work(), capacity=0)], store=sqlite_backend.store())
+    await a.start()
+    b = cronoq.Scheduler([pool(Work(), capacity=0)], store=sqlite_backend.store())
+    starting = asyncio.create_task(b.start())
+    await asyncio.sleep(2.0)   # twice the 1 s lease
+    assert not starting.done()
+    assert a.running and a.lost_reason is None
+    holder, expires = sqlite_backend.sql("SELECT holder, lease_expires_ns FROM cronoq_meta")[0]
+    assert holder == a.store.identity and expires > time.time_ns()
+    await a.shutdown()
+    await asyncio.wait_for(starting, 2)
+    await b.shutdown()
+    assert sqlite_backend.sql("SELECT holder, lease_expires_ns FROM cronoq_meta") == [(None, None)]
+
+
+@pytest.mark.asyncio
+async def test_a_hung_leader_loses_its_lease_and_notices_when_it_wakes(sqlite_backend):
+    a_store = sqlite_backend.store()
+    a = cronoq.Scheduler([pool(Work(), capacity=0)], store=a_store)
+    await a.start()
+    await a.enqueue({"name": "kept"}, key="kept")
+    b = cronoq.Scheduler([pool(Work(), capacity=0)], store=sqlite_backend.store())
+    starting = asyncio.create_task(b.start())
+    loop = asyncio.get_running_loop()
+    hung = loop.time()
+    a_store._executor.submit(time.sleep, 2.5)   # a's database thread hangs: no renewal
+    await asyncio.wait_for(starting, 5)
+    took = loop.time() - hung
+    assert 0.6 < took < 2.3, f"the standby took over after {took:.2f} s; the lease lasts 1 s"
+    await eventually(lambda: not a.running, timeout=5, what="the deposed leader to stop")
+    assert "taken over" in a.lost_reason or "fenced" in a.lost_reason
+    with pytest.raises(cronoq.SchedulerError):
+        await a.enqueue({"name": "lost"})
+    assert (await b.info("kept")).status == "ready"
+    await b.shutdown()
+
+
+@pytest.mark.asyncio
+async def test_a_file_that_becomes_unavailable_fails_calls_and_is_not_recreated(sqlite_backend):
+    store = sqlite_backend.store(commit_timeout=0.5)
+    sched = cronoq.Scheduler([pool(Work(), capacity=0)], store=store)
+    await sched.start()
+    accepted = [await sched.enqueue({"n": i}, key=f"k{i}") for i in range(3)]
+
+    def reconnect_later() -> None:   # close every connection, as after a broken one
+        store._drop_writer()
+        store.engine.dispose()
+
+    await store._executor.call(reconnect_later)
+    path = sqlite_backend.path
+    os.rename(path, path + ".away")
+    try:
+        with pytest.raises(cronoq.SchedulerError, match="unable to open"):
+            await sched.enqueue({"n": 99}, key="during")
+        assert not os.path.exists(path), "the store must not create a new, empty database"
+    finally:
+        os.rename(path + ".away", path)
+    retry = await sched.submit({"n": 99}, key="during")   # the retried commit got through
+    accepted.append(retry.id)
+    await sched.shutdown()
+    assert [row[0] for row in sqlite_backend.rows()] == accepted
+
+
+@pytest.mark.asyncio
+async def test_invalid_options_are_refused(tmp_path):
+    for options in ({"lease_ttl": 1.0, "lease_renew": 1.0}, {"lock_poll": 0}, {"lease_ttl": -1},
+                    {"retention": float("nan")}, {"commit_timeout": "soon"}):
+        with pytest.raises(ValueError):
+            cronoq.SqliteStore(tmp_path / "x.db", **options)
+    for path in (":memory:", "", "file:x.db?mode=memory"):
+        with pytest.raises(ValueError):
+            cronoq.SqliteStore(path)
+    assert cronoq.SqliteStore(tmp_path / "x.db").path == str(tmp_path / "x.db")
+
+
+@pytest.mark.asyncio
+async def test_a_missing_directory_fails_start_clearly(tmp_path):
+    store = cronoq.SqliteStore(tmp_path / "missing" / "x.db")
+    sched = cronoq.Scheduler([pool(Work())], store=store)
+    with pytest.raises(cronoq.SchedulerError, match="cannot create the SQLite store"):
+        await sched.start()
+    await store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_second_run_of_a_scheduler_on_the_same_store_object(sqlite_backend):
+    store = sqlite_backend.store()
+    first = cronoq.Scheduler([pool(Work(), capacity=0)], store=store)
+    await first.start()
+    task_id = await first.enqueue({"name": "again"}, key="again")
+    await first.shutdown()
+    assert store.checked_out() == 0
+    second = cronoq.Scheduler([pool(Work())], store=store)
+    await second.start()
+    assert second.epoch == first.epoch + 1
+    assert (await (await second.handle("again"))) == {"done": "again"}
+    assert (await second.info("again")).id == task_id
+    await second.shutdown()
+
+
+def test_blocking_scheduler_on_a_sqlite_store(tmp_path):
+    path = str(tmp_path / "blocking.db")
+
+    def run(ctx, payload):
+        return {"twice": payload["n"] * 2}
+
+    with cronoq.BlockingScheduler([cronoq.Pool("default", run, min=1, max=2)],
+                                  store=cronoq.SqliteStore(path, lock_poll=0.05)) as sched:
+        handle = sched.submit({"n": 21}, key="answer")
+        assert handle.result(timeout=10) == {"twice": 42}
+    with cronoq.BlockingScheduler([cronoq.Pool("default", run)],
+                                  store=cronoq.SqliteStore(path, lock_poll=0.05)) as sched:
+        assert sched.handle("answer").result(timeout=10) == {"twice": 42}
+    rows = sqlite3.connect(path).execute("SELECT key, status FROM cronoq_tasks").fetchall()
+    assert rows == [("answer", "succeeded")]
+
+
+def test_the_demo_keeps_its_state_in_the_store_it_is_given(tmp_path, capsys):
+    from cronoq.__main__ import main
+
+    path = str(tmp_path / "demo.db")
+    assert main(["demo", "--seconds", "0.3", "--speed", "0.2", "--no-live", "--store", path]) == 0
+    out = capsys.readouterr().out
+    assert f"state kept in {path}" in out.replace("\n", "")   # rich wraps long lines
+    conn = sqlite3.connect(path)
+    try:
+        statuses = dict(conn.execute("SELECT status, count(*) FROM cronoq_tasks GROUP BY status"))
+        outputs = conn.execute("SELECT count(*) FROM cronoq_tasks WHERE output IS NOT NULL").fetchone()[0]
+    finally:
+        conn.close()
+    assert statuses.get("succeeded", 0) >= 5 and statuses.get("failed") == 1   # the pipeline's load step
+    assert outputs == statuses["succeeded"]   # every result was JSON and got stored

@@ -161,6 +161,13 @@ class ShedIndex:
 class PoolState:
     """The engine's state of one pool."""
 
+    # Slots keep attribute access fast on the hot paths (and the set closed).
+    __slots__ = ("name", "config", "queues", "unlabeled", "groups", "capacity", "busy", "held",
+                 "pending", "pending_total", "inactive", "due_n", "due", "hold_waiters",
+                 "label_waiters", "label_waiting", "calendar", "reservation_limit", "window", "runs",
+                 "scaler", "cost_rate", "max_class", "max_total", "bounded", "shed", "retry",
+                 "lease_ttl", "dirty", "started_fixed")
+
     def __init__(self, config: PoolConfig, core: Core, now: int) -> None:
         cfg = core.config
         self.name = config.name
@@ -203,6 +210,12 @@ class PoolState:
 class Core:
     """The scheduling engine. See the module docstring for the contract."""
 
+    __slots__ = ("config", "now", "pools", "default_pool", "resources", "tasks", "running", "keys",
+                 "retained", "_retain_order", "awaiting", "recurring", "timers", "actions", "pending",
+                 "_counts", "_submitted", "_dispatched", "_succeeded", "rng", "_next_id",
+                 "_next_lease", "_park_seq", "_dirty", "_frozen", "_emit_all", "_persist",
+                 "_max_total", "_retention", "_retain_max", "_retain_on", "_timer_heap")
+
     def __init__(self, config: CoreConfig | None = None, pools: Sequence[PoolConfig] = (),
                  resources: Sequence[ResourceConfig] = (), *, now: int = 0) -> None:
         self.config = config = config or CoreConfig()
@@ -234,7 +247,9 @@ class Core:
         self.timers = TimerHeap()
         self.actions: deque = deque()
         self.pending = 0
-        self.totals = dict.fromkeys(TOTAL_FIELDS, 0)
+        self._counts = dict.fromkeys(TOTAL_FIELDS, 0)
+        # The three counters every task moves are plain attributes (cheaper).
+        self._submitted = self._dispatched = self._succeeded = 0
         self.rng = random.Random(config.seed)
         self._next_id = (config.epoch << ID_BITS) + 1
         self._next_lease = (config.epoch << ID_BITS) + 1
@@ -316,7 +331,7 @@ class Core:
         p.pending[c] += 1
         p.pending_total += 1
         self.pending += 1
-        self.totals["submitted"] += 1
+        self._submitted += 1
         if self._persist:
             self.actions.append((act.PERSIST, (MUT_SUBMIT, task_id, p.name, spec, now)))
         e.where = W_QUEUE
@@ -351,7 +366,7 @@ class Core:
             self._enter(now)
         e = self.running.pop(lease, None)
         if e is None:
-            self.totals["stale_completions"] += 1
+            self._counts["stale_completions"] += 1
             return False
         ok = outcome == SUCCESS
         self._end_attempt(e, now, ok)
@@ -371,7 +386,7 @@ class Core:
                         self._expire_retained(now, True)
                 elif e.key is not None:
                     self._forget_key(e)
-                self.totals["succeeded"] += 1
+                self._succeeded += 1
                 self.actions.append((act.EVENT, task_id, p.name, e.key, SUCCEEDED, e.attempt, now, message))
                 if self._persist:
                     self.actions.append((act.PERSIST, (MUT_STATUS, task_id, SUCCEEDED, e.attempt, now, message)))
@@ -480,6 +495,15 @@ class Core:
         status, pool, key, kind, attempt, message = record
         return TaskInfo(task_id, status, pool, key, kind, attempt, message)
 
+    @property
+    def totals(self) -> dict[str, int]:
+        """Counters since start (a copy): submitted, dispatched, succeeded, ..."""
+        totals = dict(self._counts)
+        totals["submitted"] = self._submitted
+        totals["dispatched"] = self._dispatched
+        totals["succeeded"] = self._succeeded
+        return totals
+
     def pool_names(self) -> list[str]:
         return list(self.pools)
 
@@ -540,7 +564,7 @@ class Core:
         if kind == tm.RETRY:
             self._to_ready(obj, now)
         elif kind == tm.TIMEOUT:
-            self.totals["timeouts"] += 1
+            self._counts["timeouts"] += 1
             self._abort_attempt(obj, now, "timeout", "attempt timed out")
         elif kind == tm.LEASE:
             x = obj.x
@@ -548,7 +572,7 @@ class Core:
             if x.hb + ttl > now:
                 self.timers.push(x.hb + ttl, tm.LEASE, obj, token)
             else:
-                self.totals["lease_expiries"] += 1
+                self._counts["lease_expiries"] += 1
                 self._abort_attempt(obj, now, "lease expired", "lease expired (no heartbeat)")
         elif kind == tm.AWAIT:
             if obj.x.awaits:
@@ -596,7 +620,7 @@ class Core:
         p.pending[e.cls] += 1
         p.pending_total += 1
         self.pending += 1
-        self.totals["submitted"] += 1
+        self._submitted += 1
         if self._persist:
             self.actions.append((act.PERSIST, (MUT_SUBMIT, task_id, p.name, spec, now)))
         return e
@@ -1103,7 +1127,7 @@ class Core:
         p.pending[c] -= 1
         p.pending_total -= 1
         self.pending -= 1
-        self.totals["dispatched"] += 1
+        self._dispatched += 1
         spec = e.spec
         if spec is not None:
             x = e.x
@@ -1163,8 +1187,8 @@ class Core:
                 if r.semaphore:
                     r.give(units)
                     self._reoffer(r, now)
-        if not p.dirty:
-            p.dirty = True
+        if not p.dirty and (p.queues.total or p.due or p.label_waiting or p.hold_waiters):
+            p.dirty = True   # a slot freed and work waits for one
             self._dirty.append(p)
 
     def _abort_attempt(self, e: Entry, now: int, reason: str, message: str) -> None:
@@ -1189,7 +1213,7 @@ class Core:
         p.pending[e.cls] += 1
         p.pending_total += 1
         self.pending += 1
-        self.totals["retries"] += 1
+        self._counts["retries"] += 1
         self.timers.push(now + delay, tm.RETRY, e, e.attempt)
         if self._persist:
             self.actions.append((act.PERSIST, (MUT_STATUS, e.id, RETRYING, e.attempt, now, message)))
@@ -1263,8 +1287,10 @@ class Core:
             e.where = W_NONE
             del self.tasks[e.id]
             self._retain(e, status, now, message)
-            totals = self.totals
-            totals[status] += 1
+            if status is SUCCEEDED:
+                self._succeeded += 1
+            else:
+                self._counts[status] += 1
             self.actions.append((act.EVENT, e.id, p.name, e.key, status, e.attempt, now, message))
             if self._persist:
                 self.actions.append((act.PERSIST, (MUT_STATUS, e.id, status, e.attempt, now, message)))
@@ -1765,7 +1791,7 @@ class Core:
                     delay = policy.backoff_ns(e.attempt + 1)
                     if policy.jitter and delay:
                         delay = int(self.rng.random() * delay)
-                    self.totals["retries"] += 1
+                    self._counts["retries"] += 1
                     if self._persist:
                         self.actions.append((act.PERSIST, (MUT_STATUS, e.id, RETRYING, e.attempt, now,
                                                            "interrupted by a scheduler restart")))
@@ -1797,12 +1823,12 @@ class Core:
             elif template.resources and any(name not in self.resources for name in template.resources):
                 problem = "a resource of its template is not configured"
         if problem is not None or template is None:
-            self.totals["recurring_invalid"] += 1
+            self._counts["recurring_invalid"] += 1
             return
         try:
             cron = CronSchedule(s.cron, s.tz)
         except ValueError:
-            self.totals["recurring_invalid"] += 1
+            self._counts["recurring_invalid"] += 1
             return
         rec = Recurring(s.name, cron, template, s.overlap, s.tolerance_ns, s.on_miss, s.key)
         rec.last_task = s.last_task
@@ -1889,7 +1915,7 @@ class Core:
         if now > start + rec.tolerance_ns:
             # Skipped ahead (downtime): one late occurrence at most, then resume.
             if rec.on_miss != "run_late":
-                self.totals["missed"] += 1
+                self._counts["missed"] += 1
                 start = None
         if start is not None:
             self._create_occurrence(rec, p, start, now)
@@ -1928,10 +1954,10 @@ class Core:
         try:
             task_id, duplicate = self._admit(now, (spec,), False)[0]
         except ReservationConflict:
-            self.totals["recurring_conflicts"] += 1
+            self._counts["recurring_conflicts"] += 1
             return
         except AdmissionError:
-            self.totals["recurring_invalid"] += 1
+            self._counts["recurring_invalid"] += 1
             return
         if duplicate:
             return
@@ -1951,7 +1977,7 @@ class Core:
         now = self._enter(now)
         self._flush(now)
         pools = [self._pool_snapshot(p, now) for p in self.pools.values()]
-        return Snapshot(pools, dict(self.totals), len(self.tasks), len(self.running), self.pending,
+        return Snapshot(pools, self.totals, len(self.tasks), len(self.running), self.pending,
                         now / NS)
 
     def _pool_snapshot(self, p: PoolState, now: int) -> PoolSnapshot:

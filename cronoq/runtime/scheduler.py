@@ -88,6 +88,7 @@ class Scheduler:
             raise ValueError("codec must have encode(value) -> bytes and decode(bytes) -> value")
         self.codec = codec if codec is not None else JsonCodec()
         self.clock: Clock = clock or SystemClock()
+        self._now_ns = self.clock.now_ns
         if config is None:
             config = CoreConfig(emit_transitions=emit_transitions, max_pending_total=max_pending_total,
                                 seed=0 if seed is None else seed)
@@ -431,6 +432,8 @@ class Scheduler:
         self.lost_reason = reason
 
     def _arm(self) -> None:
+        if self._timer_at is None and not self._core._timer_heap:
+            return   # no timer armed and none wanted: the common case, kept cheap
         at = self._core.next_wakeup()
         if at == self._timer_at:
             return
@@ -455,7 +458,7 @@ class Scheduler:
         core = self._core
         if self._state is _STOPPED:
             return
-        if core.complete(self.clock.now_ns(), lease, outcome, output, message, retry_after_ns) \
+        if core.complete(self._now_ns(), lease, outcome, output, message, retry_after_ns) \
                 and outcome is SUCCESS and self._output_limit:
             self._outputs[entry.id] = output
             order = self._output_order

@@ -170,7 +170,7 @@ class ElasticPriorityScheduler:
         pool = cronoq.Pool(
             LEGACY_POOL, self._run, min=min_workers, max=max_workers, initial=initial_workers,
             autoscale=cronoq.AutoscaleConfig(cost_per_worker_second=cost_per_worker_second),
-            overflow="wait")
+            overflow="wait", retry=cronoq.RetryPolicy.none())   # a sleep has nothing to retry
         self._native_pools = list(native_pools)
         self._scheduler = BlockingScheduler([pool, *self._native_pools], resources,
                                             shutdown_grace=shutdown_grace, **scheduler_options)
@@ -207,17 +207,17 @@ class ElasticPriorityScheduler:
         """
         if not isinstance(task, Task):
             raise TypeError(f"submit takes a cronoq_compat.Task, got {type(task).__name__}")
-        options: dict[str, Any] = {
-            "pool": LEGACY_POOL, "key": task.id, "kind": "legacy",
-            "priority": task.priority.cronoq_class, "duration_hint": float(task.duration),
-            "retry": cronoq.RetryPolicy.none(),
-        }
+        options: dict[str, Any] = {"pool": LEGACY_POOL, "key": task.id, "kind": "legacy",
+                                   "priority": task.priority.cronoq_class}
         if task.dependencies:
             options["after"] = list(task.dependencies)
-        if task.fixed_start is not None:
-            options["start_at"] = float(task.fixed_start)
-        if task.deadline is not None:
-            options["deadline_at"] = float(task.deadline)
+        if task.fixed_start is not None or task.deadline is not None:
+            # The duration sizes the reservation and the latest start time.
+            options["duration_hint"] = float(task.duration)
+            if task.fixed_start is not None:
+                options["start_at"] = float(task.fixed_start)
+            if task.deadline is not None:
+                options["deadline_at"] = float(task.deadline)
         job = _Job(float(task.duration), task.deadline, task.fixed_start)
         # The task may run before submit returns: register what it is judged on first.
         with self._lock:

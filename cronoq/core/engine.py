@@ -279,7 +279,15 @@ class Core:
         heap = self._timer_heap
         if heap and heap[0][0] <= now or self._retain_order and self._retain_order[0][0] <= now:
             self._enter(now)
-        if type(spec) is TaskSpec and spec.plain and spec.key is None:
+        if type(spec) is TaskSpec and spec.plain and (
+                (key := spec.key) is None or key not in self.awaiting):
+            # No option beyond pool, kind, priority and key: nothing to plan.
+            if key is not None:
+                existing = self._key_id(key, now)
+                if existing is not None:
+                    if self._dirty:
+                        self._flush(now)
+                    return (existing, True)
             p = self.default_pool if spec.pool is None else self._pool(spec.pool)
             if p.bounded or self._max_total is not None:
                 self._make_room(p, spec.priority, now)
@@ -321,13 +329,16 @@ class Core:
         return results
 
     def _admit_plain(self, p: PoolState, spec: TaskSpec, now: int) -> int:
-        """Admit a task with no option beyond pool, kind and priority, whose
-        bounds were checked: it goes straight to its queue."""
+        """Admit a task with no option beyond pool, kind, priority and a new
+        key, whose bounds were checked: it goes straight to its queue."""
         c = spec.priority
         task_id = self._next_id
         self._next_id = task_id + 1
-        e = Entry(task_id, p, c, now, spec.payload, None, spec.kind, None)
+        key = spec.key
+        e = Entry(task_id, p, c, now, spec.payload, key, spec.kind, None)
         self.tasks[task_id] = e
+        if key is not None:
+            self.keys[key] = task_id
         p.pending[c] += 1
         p.pending_total += 1
         self.pending += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import inspect
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -327,9 +328,19 @@ class TaskSpec:
     tags: dict[str, str] | None = None
     plain = True  # no option beyond pool, kind and priority
 
-    def __init__(
+    def __init__(self, payload: Any = None, **options: Any) -> None:
+        self.payload = payload
+        if options:
+            # Options are checked by _configure; a task without any (the
+            # common case in bulk submissions) costs one attribute.
+            unknown = options.keys() - _TASK_OPTIONS
+            if unknown:
+                raise TypeError(f"unknown task option{'s' if len(unknown) > 1 else ''}: "
+                                f"{', '.join(sorted(unknown))}")
+            self._configure(**options)
+
+    def _configure(
         self,
-        payload: Any = None,
         *,
         pool: str | None = None,
         kind: str | None = None,
@@ -351,7 +362,6 @@ class TaskSpec:
         labels: Mapping[str, str] | None = None,
         tags: Mapping[str, str] | None = None,
     ) -> None:
-        self.payload = payload
         if pool is not None:
             self.pool = check_name(pool, "pool")
         if kind is not None:
@@ -447,6 +457,20 @@ class TaskSpec:
         if not self.plain:
             fields.append("...")
         return f"Task({', '.join(fields)})"
+
+
+def _task_signature() -> inspect.Signature:
+    configure = inspect.signature(TaskSpec._configure)
+    payload = inspect.Parameter("payload", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                annotation="Any")
+    params = [p for name, p in configure.parameters.items() if name != "self"]
+    return configure.replace(parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
+                                         payload, *params])
+
+
+_TASK_OPTIONS = frozenset(name for name in inspect.signature(TaskSpec._configure).parameters
+                          if name != "self")
+TaskSpec.__init__.__signature__ = _task_signature()   # help() and docs show every option
 
 
 # ---------------------------------------------------------------- configuration

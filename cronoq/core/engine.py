@@ -349,16 +349,7 @@ class Core:
         p.queues.push(e)
         if p.shed is not None:
             self._index_shed(p, e)
-        scaler = p.scaler
-        if scaler is not None:
-            scaler.arrivals += 1
-            if scaler.armed is None:
-                self._arm_scaler(p, now)
-        if self._emit_all:
-            self._event(e, READY, now, None)
-        if p.capacity - p.busy - p.held > 0 and not p.dirty:
-            p.dirty = True
-            self._dirty.append(p)
+        self._arrived(p, e, now)
         return task_id
 
     def complete(self, now: int, lease: int, outcome: str = SUCCESS, output=None,
@@ -514,9 +505,6 @@ class Core:
         totals["dispatched"] = self._dispatched
         totals["succeeded"] = self._succeeded
         return totals
-
-    def pool_names(self) -> list[str]:
-        return list(self.pools)
 
     def overflow_policy(self, pool: str | None) -> str:
         return self._pool(pool).config.overflow
@@ -1013,6 +1001,11 @@ class Core:
             p.queues.push(e)
             if p.shed is not None:
                 self._index_shed(p, e)
+        self._arrived(p, e, now)
+
+    def _arrived(self, p: PoolState, e: Entry, now: int) -> None:
+        """``e`` just became ready: an arrival for the autoscaler, and work
+        to dispatch if a slot is free (or, for a due fixed start, held)."""
         scaler = p.scaler
         if scaler is not None:
             scaler.arrivals += 1

@@ -68,9 +68,13 @@ class Scheduler:
         pools = list(pools)
         if not pools:
             raise ValueError("pools must name at least one Pool")
+        names = set()
         for pool in pools:
             if not isinstance(pool, Pool):
                 raise ValueError(f"pools must be cronoq.Pool objects, got {type(pool).__name__}")
+            if pool.name in names:
+                raise ValueError(f"duplicate pool name {pool.name!r}")
+            names.add(pool.name)
         self.pools = pools
         self.resources = list(resources or ())
         if isinstance(shutdown_grace, bool) or not isinstance(shutdown_grace, (int, float)) \

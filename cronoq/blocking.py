@@ -17,10 +17,11 @@ from collections import deque
 from typing import Any, Iterable, Sequence
 
 from .core.actions import StatusEvent
-from .core.errors import EventsLagged, QueueFull, SchedulerError
+from .core.errors import QueueFull, SchedulerError
 from .core.snapshot import Snapshot, TaskInfo
 from .core.types import ResourceConfig, TaskSpec
 from .runtime.durability import encoded_payload
+from .runtime.events import EventBuffer
 from .runtime.handle import TaskHandle
 from .runtime.pool import Pool
 from .runtime.scheduler import Scheduler
@@ -69,30 +70,19 @@ class BlockingHandle:
         return f"BlockingHandle(id={self.id}, key={self.key!r}, {self.status or 'pending'})"
 
 
-class BlockingEventStream:
+class BlockingEventStream(EventBuffer):
     """A blocking iterator of ``StatusEvent`` (same buffering rules as the
     async ``EventStream``). Use it in a ``with`` block or close it."""
 
     def __init__(self, capacity: int, on_lag: str, owner: BlockingScheduler) -> None:
-        if on_lag not in ("drop", "raise"):
-            raise ValueError(f"on_lag must be 'drop' or 'raise', got {on_lag!r}")
-        self._buffer: deque[StatusEvent] = deque()
-        self._capacity = capacity
-        self._raise = on_lag == "raise"
-        self._unreported = 0
+        super().__init__(capacity, on_lag)
         self._cond = threading.Condition()
         self._owner = owner
-        self.lagged = 0
-        self.closed = False
 
     # called on the loop thread, as a subscriber of the async scheduler
     def _push(self, event: StatusEvent) -> None:
         with self._cond:
-            if len(self._buffer) >= self._capacity:
-                self._buffer.popleft()
-                self.lagged += 1
-                self._unreported += 1
-            self._buffer.append(event)
+            self._store(event)
             self._cond.notify()
 
     def _end(self) -> None:
@@ -115,11 +105,9 @@ class BlockingEventStream:
         """The next event; ``TimeoutError`` if none arrives within ``timeout``."""
         with self._cond:
             while True:
-                if self._unreported and self._raise:
-                    skipped, self._unreported = self._unreported, 0
-                    raise EventsLagged(skipped)
-                if self._buffer:
-                    return self._buffer.popleft()
+                event = self._take()
+                if event is not None:
+                    return event
                 if self.closed:
                     raise StopIteration
                 if not self._cond.wait(timeout):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cronoq.core import NS, Abort, Core, CoreConfig, Dispatch, PoolConfig, StatusEvent
+from cronoq.core import NS, Abort, Core, CoreConfig, Dispatch, PoolConfig, StatusEvent, TaskSpec
 
 S = NS  # one second in engine time
 
@@ -32,3 +32,36 @@ def events(actions) -> list[StatusEvent]:
 
 def aborts(actions) -> list[Abort]:
     return [a for a in actions if isinstance(a, Abort)]
+
+
+def occupy(core: Core, now: int = 0) -> int:
+    """Submit a critical task that takes the only slot; returns its lease."""
+    core.submit(now, TaskSpec("busy", priority="critical"))
+    [d] = dispatches(drain(core))
+    core.check_invariants()
+    return d.lease
+
+
+def free_slot_at(core: Core, now: int, lease: int) -> Dispatch:
+    """Complete ``lease`` at ``now`` and return the one task dispatched instead."""
+    assert core.complete(now, lease)
+    core.check_invariants()
+    [d] = dispatches(drain(core))
+    return d
+
+
+def run_to(core: Core, until: int) -> list:
+    """Fire every timer up to ``until`` one at a time, as a driver would, then
+    stand at ``until``. Returns [(time, action)]."""
+    out = []
+    while True:
+        wake = core.next_wakeup()
+        if wake is None or wake > until:
+            break
+        core.advance(wake)
+        core.check_invariants()
+        out.extend((wake, a) for a in drain(core))
+    core.advance(until)
+    core.check_invariants()
+    out.extend((until, a) for a in drain(core))
+    return out

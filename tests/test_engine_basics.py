@@ -1,5 +1,5 @@
 from cronoq.core import (
-    PoolConfig, Priority, TaskSpec, UnknownPool, InvalidTask,
+    Priority, TaskSpec, UnknownPool, InvalidTask,
 )
 from enginekit import S, dispatches, drain, events, make_core
 

@@ -3,26 +3,12 @@
 import pytest
 
 from cronoq.core import PoolConfig, TaskSpec, UrgencyConfig
-from enginekit import S, dispatches, drain, make_core
+from enginekit import S, dispatches, drain, make_core, free_slot_at, occupy
 
 
 def one_slot(default_duration=1.0, **config):
     pool = PoolConfig("default", max=1, initial=1, autoscale=False, default_duration=default_duration)
     return make_core(pool, **config)
-
-
-def occupy(core, now=0):
-    core.submit(now, TaskSpec("busy", priority="critical"))
-    [d] = dispatches(drain(core))
-    core.check_invariants()
-    return d.lease
-
-
-def free_slot_at(core, now, lease):
-    assert core.complete(now, lease)
-    core.check_invariants()
-    [d] = dispatches(drain(core))
-    return d
 
 
 def entry(core, task_id):

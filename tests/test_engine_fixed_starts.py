@@ -7,7 +7,7 @@ from cronoq.core import (
     Dep, PoolConfig, QueueFull, ReservationConflict, ResourceConfig, RetryPolicy, TaskSpec,
 )
 from cronoq.core.metrics import bucket_mid, bucket_of
-from enginekit import S, dispatches, drain, events, make_core
+from enginekit import S, dispatches, drain, events, make_core, run_to
 
 MS = S // 1000
 
@@ -15,23 +15,6 @@ MS = S // 1000
 def fixed_pool(max=4, initial=None, **kw):
     return PoolConfig("default", min=1, max=max, initial=max if initial is None else initial,
                       autoscale=False, **kw)
-
-
-def run_to(core, until):
-    """Fire every timer up to ``until`` one at a time, as a driver would, then stand at
-    ``until``. Returns [(time, action)]."""
-    out = []
-    while True:
-        wake = core.next_wakeup()
-        if wake is None or wake > until:
-            break
-        core.advance(wake)
-        core.check_invariants()
-        out.extend((wake, a) for a in drain(core))
-    core.advance(until)
-    core.check_invariants()
-    out.extend((until, a) for a in drain(core))
-    return out
 
 
 def submit(core, now, spec):

@@ -3,27 +3,11 @@
 import pytest
 
 from cronoq.core import PoolConfig, Priority, PriorityConfig, RetryPolicy, TaskSpec
-from enginekit import S, dispatches, drain, make_core
+from enginekit import S, dispatches, drain, make_core, free_slot_at, occupy
 
 
 def one_slot(**config):
     return make_core(PoolConfig("default", max=1, initial=1, autoscale=False), **config)
-
-
-def occupy(core, now=0):
-    """Submit a task that takes the only slot; returns its lease."""
-    core.submit(now, TaskSpec("busy", priority="critical"))
-    [d] = dispatches(drain(core))
-    core.check_invariants()
-    return d.lease
-
-
-def free_slot_at(core, now, lease):
-    """Complete ``lease`` at ``now`` and return the one task dispatched instead."""
-    assert core.complete(now, lease)
-    core.check_invariants()
-    [d] = dispatches(drain(core))
-    return d
 
 
 def entry_score(core, task_id, now):

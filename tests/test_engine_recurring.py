@@ -12,7 +12,7 @@ from cronoq.core import (
 from cronoq.core.metrics import bucket_mid, bucket_of
 from cronoq.core.recurring import CronSchedule, rfc3339
 from cronoq.simulation import Run, Simulator
-from enginekit import S, dispatches, drain
+from enginekit import S, dispatches, drain, run_to
 
 
 def utc(text: str) -> int:
@@ -33,22 +33,6 @@ def occurrences(expr, tz, after, n):
     for _ in range(n):
         t = schedule.next_after(t)
         out.append(rfc3339(t))
-    return out
-
-
-def run_to(core, until):
-    """Fire every timer up to ``until`` one at a time, then stand at ``until``."""
-    out = []
-    while True:
-        wake = core.next_wakeup()
-        if wake is None or wake > until:
-            break
-        core.advance(wake)
-        core.check_invariants()
-        out.extend((wake, a) for a in drain(core))
-    core.advance(until)
-    core.check_invariants()
-    out.extend((until, a) for a in drain(core))
     return out
 
 

@@ -144,7 +144,13 @@ class ResourceExceedsCapacity(AdmissionError):
 
 
 class QueueFull(AdmissionError):
-    """A pending-task bound is reached and the pool's overflow policy refuses."""
+    """A pending-task bound is reached and the pool's overflow policy refuses.
+
+    ``never`` is true when the submission by itself exceeds the bound, so
+    waiting for room cannot help.
+    """
+
+    never = False
 
 
 class InvalidTask(AdmissionError, ValueError):

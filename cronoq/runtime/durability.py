@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..core.engine import MUT_OUTPUT, MUT_RECURRING, MUT_RECURRING_REMOVED, MUT_STATUS, MUT_SUBMIT
 from ..core.errors import SchedulerError

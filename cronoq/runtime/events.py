@@ -8,10 +8,43 @@ from collections import deque
 from ..core.actions import StatusEvent
 from ..core.errors import EventsLagged
 
-__all__ = ["EventStream"]
+__all__ = ["EventBuffer", "EventStream"]
 
 
-class EventStream:
+class EventBuffer:
+    """The buffering rules every event stream shares: at most ``capacity``
+    events, the oldest dropped (and counted in ``lagged``) when full; with
+    ``on_lag="raise"`` the next read after a loss raises ``EventsLagged``."""
+
+    def __init__(self, capacity: int, on_lag: str) -> None:
+        if on_lag not in ("drop", "raise"):
+            raise ValueError(f"on_lag must be 'drop' or 'raise', got {on_lag!r}")
+        self._buffer: deque[StatusEvent] = deque()
+        self._capacity = capacity
+        self._raise = on_lag == "raise"
+        self._unreported = 0
+        self.lagged = 0
+        self.closed = False
+
+    def _store(self, event: StatusEvent) -> None:
+        buffer = self._buffer
+        if len(buffer) >= self._capacity:
+            buffer.popleft()
+            self.lagged += 1
+            self._unreported += 1
+        buffer.append(event)
+
+    def _take(self) -> StatusEvent | None:
+        """The next buffered event, or None; raises EventsLagged first if due."""
+        if self._unreported and self._raise:
+            skipped, self._unreported = self._unreported, 0
+            raise EventsLagged(skipped)
+        if self._buffer:
+            return self._buffer.popleft()
+        return None
+
+
+class EventStream(EventBuffer):
     """An async iterator of ``StatusEvent``.
 
     It buffers up to ``capacity`` events; a consumer that falls behind loses
@@ -22,24 +55,12 @@ class EventStream:
     """
 
     def __init__(self, capacity: int, on_lag: str, detach) -> None:
-        if on_lag not in ("drop", "raise"):
-            raise ValueError(f"on_lag must be 'drop' or 'raise', got {on_lag!r}")
-        self._buffer: deque[StatusEvent] = deque()
-        self._capacity = capacity
-        self._raise = on_lag == "raise"
-        self._unreported = 0
+        super().__init__(capacity, on_lag)
         self._waiter: asyncio.Future | None = None
         self._detach = detach
-        self.lagged = 0
-        self.closed = False
 
     def _push(self, event: StatusEvent) -> None:
-        buffer = self._buffer
-        if len(buffer) >= self._capacity:
-            buffer.popleft()
-            self.lagged += 1
-            self._unreported += 1
-        buffer.append(event)
+        self._store(event)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -64,11 +85,9 @@ class EventStream:
 
     async def __anext__(self) -> StatusEvent:
         while True:
-            if self._unreported and self._raise:
-                skipped, self._unreported = self._unreported, 0
-                raise EventsLagged(skipped)
-            if self._buffer:
-                return self._buffer.popleft()
+            event = self._take()
+            if event is not None:
+                return event
             if self.closed:
                 raise StopAsyncIteration
             self._waiter = asyncio.get_running_loop().create_future()

@@ -17,10 +17,10 @@ from typing import Any, Iterable, Sequence
 
 from ..core import actions as act
 from ..core.engine import Core
-from ..core.errors import QueueFull, SchedulerError, UnknownTask
+from ..core.errors import QueueFull, SchedulerError
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
-    DEAD_LETTERED, NS, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
+    DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
@@ -535,7 +535,7 @@ class Scheduler:
             try:
                 return core.submit(self.clock.now_ns(), spec)
             except QueueFull as exc:
-                if core.overflow_policy(spec.pool) != "wait" or getattr(exc, "never", False):
+                if core.overflow_policy(spec.pool) != "wait" or exc.never:
                     raise
                 return None
 
@@ -619,7 +619,7 @@ class Scheduler:
                 return specs, core.submit_batch(self.clock.now_ns(), specs)
             except QueueFull as exc:
                 index = exc.index if exc.index is not None else 0
-                if core.overflow_policy(specs[index].pool) != "wait" or getattr(exc, "never", False):
+                if core.overflow_policy(specs[index].pool) != "wait" or exc.never:
                     raise
                 line[0] = (specs[index].pool, specs[index].priority)
                 return None

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cronoq.core import PoolConfig, TaskSpec, UnknownTask
+from cronoq.core import PoolConfig, TaskSpec, UnknownPool, UnknownTask
 from enginekit import S, dispatches, drain, events, make_core
 
 HOUR = 3600 * S
@@ -200,3 +200,15 @@ def test_terminal_event_carries_the_key():
     [e] = events(drain(core))
     assert (e.id, e.key) == (tid, "my-key")
     core.check_invariants()
+
+
+def test_an_unknown_pool_is_refused_even_for_a_key_that_exists():
+    # The plain-task fast path answered "duplicate" here while the planning
+    # path raised UnknownPool (found by the differential test): both raise.
+    core = make_core()
+    core.submit(0, TaskSpec("first", key="k"))
+    with pytest.raises(UnknownPool):
+        core.submit(0, TaskSpec("again", key="k", pool="nope"))
+    with pytest.raises(UnknownPool):
+        core.submit(0, TaskSpec("again", key="k", pool="nope", tags={"planned": "yes"}))
+    assert core.submit(0, TaskSpec("again", key="k"))[1] is True

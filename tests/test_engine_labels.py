@@ -4,7 +4,7 @@ waiting without blocking the pool."""
 import pytest
 
 from cronoq.core import PoolConfig, TaskSpec
-from enginekit import S, aborts, dispatches, drain, make_core
+from enginekit import S, aborts, dispatches, drain, make_core, run_to
 
 GPU = {"gpu": "a100"}
 GPU_EU = {"gpu": "a100", "zone": "eu"}
@@ -199,4 +199,24 @@ def test_a_labelled_fixed_start_runs_on_time_in_a_matching_group():
             assert (d.task_id, d.group, wake) == (task, GPU, 10 * S)
         wake = core.next_wakeup()
     assert core.status(task) == "running"
+    assert core.snapshot(10 * S).pool("default").fixed_start_hit_rate == 1.0
+
+
+def test_a_held_fixed_start_behind_an_unheld_label_waiter_still_starts():
+    # Regression (issue 19, seeds 2296 and 6210 of the simulation): label
+    # waiters were served head-first per label set, and a head without a held
+    # slot was skipped while the pool had no free slot, so a held fixed start
+    # queued behind it in the same label set never started: a free matching
+    # slot, a ready task, and no dispatch ever again.
+    core = labelled_core(unlabeled=1)
+    plain = submit(core, 0, "plain gpu", labels=GPU)       # no gpu group yet: waits
+    fixed = submit(core, 0, "fixed gpu", labels=GPU, start_at=10, tolerance=1.0)
+    assert dispatches(drain(core)) == []
+    run_to(core, 10 * S)                  # held at 9 s, due at 10 s, waits for a gpu slot
+    assert core.status(fixed) == "ready" and core.snapshot(10 * S).pool("default").held == 1
+    core.set_capacity(10 * S, "default", 0)
+    core.check_invariants()
+    [d] = dispatches(set_group(core, 10 * S, GPU, 1))
+    assert d.task_id == fixed             # it starts on the slot held for it
+    assert core.status(plain) == "ready"
     assert core.snapshot(10 * S).pool("default").fixed_start_hit_rate == 1.0

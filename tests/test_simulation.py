@@ -32,8 +32,8 @@ from cronoq.core import (
 from cronoq.core import actions as act
 from cronoq.core.engine import W_DUE, W_LABEL
 
-CI_SEEDS = 300
-SLOW_SEEDS = 3000
+CI_SEEDS = 1000
+SLOW_SEEDS = 10_000
 
 LABEL_SETS = ({"gpu": "x"}, {"zone": "a"}, {"gpu": "x", "zone": "a"})
 FULL_LABELS = {"gpu": "x", "zone": "a"}
@@ -87,7 +87,7 @@ class Behaviour:
 class World:
     """One seeded simulation: configuration, workload, driver and checks."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, core_class: type[Core] = Core) -> None:
         self.seed = seed
         self.rng = rng = random.Random(seed)
         self.t0 = rng.choice((0, 1_767_225_600 * NS))
@@ -143,7 +143,7 @@ class World:
             metrics_window=rng.choice((1.0, 60.0)), metrics_buckets=rng.choice((1, 12)),
             max_hold=rng.choice((300.0, 2.0)),
             max_pending_total=rng.choice((None, None, None, None, rng.randint(10, 40))))
-        self.core = Core(self.config, pools, resources, now=self.t0)
+        self.core = core_class(self.config, pools, resources, now=self.t0)
 
         # ------------------------------------------------------------ driver state
         self.running: list[tuple] = []          # heap (end, seq, lease)

@@ -129,6 +129,10 @@ class Entry:
         return f"<Entry {self.id} {self.status} pool={self.pool.name} class={CLASSES[self.cls]}>"
 
 
+def _pool_order(p: PoolState) -> int:
+    return p.index
+
+
 class Group:
     __slots__ = ("labels", "capacity", "busy")
 
@@ -162,15 +166,16 @@ class PoolState:
     """The engine's state of one pool."""
 
     # Slots keep attribute access fast on the hot paths (and the set closed).
-    __slots__ = ("name", "config", "queues", "unlabeled", "groups", "capacity", "busy", "held",
+    __slots__ = ("name", "index", "config", "queues", "unlabeled", "groups", "capacity", "busy", "held",
                  "pending", "pending_total", "inactive", "due_n", "due", "hold_waiters",
-                 "label_waiters", "label_waiting", "calendar", "reservation_limit", "window", "runs",
+                 "label_waiters", "label_waiting", "held_label_waiters", "calendar", "reservation_limit", "window", "runs",
                  "scaler", "cost_rate", "max_class", "max_total", "bounded", "shed", "retry",
                  "lease_ttl", "dirty", "started_fixed")
 
     def __init__(self, config: PoolConfig, core: Core, now: int) -> None:
         cfg = core.config
         self.name = config.name
+        self.index = len(core.pools)      # declaration order: the order pools dispatch in
         self.config = config
         self.queues = ReadyQueues(cfg.priority, cfg.urgency, config.fair_share, config.tenant_weights)
         self.unlabeled = Group(frozenset(), config.initial)
@@ -186,6 +191,9 @@ class PoolState:
         self.hold_waiters: deque = deque()
         self.label_waiters: dict[frozenset, deque] = {}
         self.label_waiting = 0
+        # Label waiters that hold a slot: they may start ahead of their label
+        # set's head (which may have no slot). Few, and checked lazily.
+        self.held_label_waiters: list = []
         self.calendar = Calendar()
         self.reservation_limit = max(1, math.floor(config.max * config.reservable_fraction))
         self.window = PoolWindow(cfg.metrics_window_ns, cfg.metrics_buckets, now, config.initial)
@@ -282,13 +290,15 @@ class Core:
         if type(spec) is TaskSpec and spec.plain and (
                 (key := spec.key) is None or key not in self.awaiting):
             # No option beyond pool, kind, priority and key: nothing to plan.
+            # (The pool is checked first, as _admit does: an unknown pool is
+            # an error even for a key that exists.)
+            p = self.default_pool if spec.pool is None else self._pool(spec.pool)
             if key is not None:
                 existing = self._key_id(key, now)
                 if existing is not None:
                     if self._dirty:
                         self._flush(now)
                     return (existing, True)
-            p = self.default_pool if spec.pool is None else self._pool(spec.pool)
             if p.bounded or self._max_total is not None:
                 self._make_room(p, spec.priority, now)
             task_id = self._admit_plain(p, spec, now)
@@ -1053,6 +1063,11 @@ class Core:
                 p.dirty = False
             dirty.clear()
             return
+        if len(dirty) > 1:
+            # Pools that compete for shared resources dispatch in declaration
+            # order, whichever became dirty first (the run must not depend on
+            # which path marked them).
+            dirty.sort(key=_pool_order, reverse=True)
         while dirty:
             p = dirty.pop()
             p.dirty = False
@@ -1461,28 +1476,49 @@ class Core:
             waiters.append(e)
         else:
             waiters.insert(bisect.bisect_left(waiters, e.id, key=lambda item: item.id), e)
+        if e.x is not None and e.x.hold:
+            p.held_label_waiters.append(e)
 
     def _serve_labels(self, p: PoolState, now: int) -> None:
-        """Label waiters take free matching slots first, oldest first."""
+        """Label waiters take free matching slots first, oldest first. A waiter
+        holding a slot competes whether or not a slot is free, wherever it
+        stands in its label set's line."""
         while p.label_waiting:
             best = None
             best_group = None
-            for labels, waiters in p.label_waiters.items():
-                while waiters and (waiters[0].status is not READY or waiters[0].where != W_LABEL):
-                    waiters.popleft()
-                if not waiters:
-                    continue
-                head = waiters[0]
-                held = head.x is not None and head.x.hold
-                if not held and p.capacity - p.busy - p.held <= 0:
-                    continue
-                group = self._group_for(p, labels)
-                if group is not None and (best is None or head.id < best.id):
-                    best = head
-                    best_group = group
+            if p.capacity - p.busy - p.held > 0:
+                for labels, waiters in p.label_waiters.items():
+                    while waiters and (waiters[0].status is not READY or waiters[0].where != W_LABEL):
+                        waiters.popleft()
+                    if not waiters:
+                        continue
+                    head = waiters[0]
+                    if best is not None and head.id > best.id:
+                        continue
+                    group = self._group_for(p, labels)
+                    if group is not None:
+                        best = head
+                        best_group = group
+            if p.held_label_waiters:
+                held = [e for e in p.held_label_waiters
+                        if e.status is READY and e.where == W_LABEL and e.x.hold]
+                p.held_label_waiters = held
+                for e in held:
+                    if best is not None and e.id > best.id:
+                        continue
+                    group = self._group_for(p, e.spec.labels)
+                    if group is not None:
+                        best = e
+                        best_group = group
             if best is None:
                 return
-            p.label_waiters[best.spec.labels].popleft()
+            waiters = p.label_waiters[best.spec.labels]
+            if waiters[0] is best:
+                waiters.popleft()
+            else:
+                waiters.remove(best)   # a held waiter from the middle of its line
+            if best.x is not None and best.x.hold:
+                p.held_label_waiters.remove(best)
             p.label_waiting -= 1
             best.where = W_NONE
             if best.spec.resources and not self._acquire(best, now):
@@ -1518,10 +1554,15 @@ class Core:
             return
         p = e.pool
         if p.capacity - p.busy - p.held > 0:
-            x.hold = True
-            p.held += 1
+            self._grant_hold(p, e)
         else:
             p.hold_waiters.append(e)
+
+    def _grant_hold(self, p: PoolState, e: Entry) -> None:
+        e.x.hold = True
+        p.held += 1
+        if e.status is READY and e.where == W_LABEL:
+            p.held_label_waiters.append(e)   # already waiting for a labelled slot
 
     def _release_hold(self, p: PoolState, e: Entry) -> None:
         x = e.x
@@ -1574,8 +1615,7 @@ class Core:
                 continue
             if self.tasks.get(e.id) is not e:
                 continue
-            x.hold = True
-            p.held += 1
+            self._grant_hold(p, e)
         due = p.due
         if not due:
             return
@@ -2096,9 +2136,8 @@ class Core:
             live_queue = sum(1 for _ in p.queues.live_entries())
             check(live_queue == sum(queued), f"pool {p.name}: queues hold {live_queue} live entries")
             pending += sum(counts)
-            if self._dirty == [] and p.queues.total:
-                check(p.capacity - p.busy - p.held <= 0,
-                      f"pool {p.name}: {p.queues.total} tasks queued with free slots")
+            if not self._dirty and not self._frozen:
+                self._check_liveness(p, check)
         check(self.pending == pending, f"pending {self.pending} != {pending}")
         for lease, e in self.running.items():
             check(e.status is RUNNING and e.lease == lease, f"lease {lease} maps to {e}")
@@ -2120,6 +2159,35 @@ class Core:
             for child, _ in waiting:
                 check(child.status in TERMINAL or key in (child.x.awaits or ()),
                       f"{child} awaits {key!r} without knowing it")
+
+
+    def _check_liveness(self, p: PoolState, check) -> None:
+        """Nothing waits while a slot it may take is free (between calls).
+
+        A ready task may take a slot when the pool has one free, or when one
+        is held for it; it fits a group whose labels include its own and
+        whose busy count is under its capacity. Tasks parked on a resource
+        wait for the resource, not for a slot, and are not checked here.
+        """
+        free = p.capacity - p.busy - p.held
+        open_groups = [g for g in p.groups.values() if g.busy < g.capacity]
+        if free > 0:
+            check(not p.queues.total, f"pool {p.name}: {p.queues.total} tasks queued with free slots")
+            for e in p.hold_waiters:
+                check(self.tasks.get(e.id) is not e or e.attempt > 0 or e.status is RUNNING or e.x.hold,
+                      f"pool {p.name}: {e} waits for a hold while {free} slots are free")
+        for e in self.tasks.values():
+            if e.pool is not p or e.status is not READY:
+                continue
+            if not (free > 0 or (e.x is not None and e.x.hold)):
+                continue
+            if e.where == W_DUE:
+                check(False, f"pool {p.name}: {e} is due and may take a slot, but waits")
+            elif e.where == W_LABEL:
+                labels = e.spec.labels or frozenset()   # (a held unlabeled task can wait here too)
+                fits = [dict(g.labels) for g in open_groups if labels <= g.labels]
+                check(not fits, f"pool {p.name}: {e} waits for labels {dict(labels)} "
+                                f"while matching groups {fits} have free slots")
 
 
 class _Plan:

@@ -302,3 +302,52 @@ def test_a_bucket_and_a_semaphore_together():
     wake = core.next_wakeup()
     assert S <= wake <= S + 2
     assert payloads(step(core, wake)) == ["t2"]
+
+
+def _offered_then(end_offered):
+    """A semaphore of one permit; "holder" runs on it. "first" (pool a) and
+    "second" (pool b) park on it, in that order. The holder ends: the permit
+    is offered to "first", which goes back to its queue; pool a has no slot
+    any more, so it waits there with the permit in view. ``end_offered``
+    then takes "first" out of the running; "second" must get the permit."""
+    core = make_core(PoolConfig("a", min=0, max=2, initial=2, autoscale=False),
+                     PoolConfig("b", min=0, max=1, initial=1, autoscale=False),
+                     resources=[ResourceConfig.semaphore("s", 1)])
+    submit(core, 0, "holder", pool="a", resources={"s": 1})
+    [holder] = dispatches(drain(core))
+    first = submit(core, 0, "first", pool="a", resources={"s": 1})
+    second = submit(core, 0, "second", pool="b", resources={"s": 1})
+    assert dispatches(drain(core)) == []                   # both parked on "s"
+    core.set_capacity(0, "a", 0)
+    core.check_invariants()
+    assert dispatches(finish(core, 1 * MS, holder.lease)) == []
+    assert core.status(first) == "ready" and core.status(second) == "ready"
+    end_offered(core, first)
+    core.check_invariants()
+    [started] = dispatches(drain(core))
+    assert started.task_id == second
+    return core
+
+
+def test_a_cancelled_task_gives_back_the_permit_it_was_offered():
+    # Regression (seed 6794 of the simulation sweep): the offered task was
+    # cancelled in its queue and the free permit stayed promised to nobody,
+    # with the next waiter parked for good.
+    _offered_then(lambda core, first: core.cancel(2 * MS, first))
+
+
+def test_an_offered_task_that_parks_elsewhere_gives_back_the_permit():
+    # "first" needs s and t. Offered s, it finds t taken and parks on t: the
+    # permit of s goes to "second", parked behind it on s.
+    core = make_core(PoolConfig("a", min=0, max=2, initial=2, autoscale=False),
+                     PoolConfig("b", min=0, max=2, initial=2, autoscale=False),
+                     resources=[ResourceConfig.semaphore("s", 1), ResourceConfig.semaphore("t", 1)])
+    submit(core, 0, "s-holder", pool="a", resources={"s": 1})
+    submit(core, 0, "t-holder", pool="b", resources={"t": 1})
+    [s_holder, _] = dispatches(drain(core))
+    first = submit(core, 0, "first", pool="a", resources={"s": 1, "t": 1})
+    second = submit(core, 0, "second", pool="b", resources={"s": 1})
+    assert dispatches(drain(core)) == []                   # both parked on s
+    [started] = dispatches(finish(core, 1 * MS, s_holder.lease))
+    assert started.task_id == second
+    assert core.status(first) == "ready"                    # now parked on t

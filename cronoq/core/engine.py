@@ -1302,6 +1302,9 @@ class Core:
                     # The waiters behind it may fit now (free units, or a bucket
                     # timer that was set for this task's larger need).
                     self._reoffer(parked, now)
+                elif x.reoffered:
+                    # It was offered units it never took: offer them again.
+                    self._give_up_offer(e, None, now)
             e.status = status
             e.where = W_NONE
             del self.tasks[e.id]
@@ -1420,7 +1423,9 @@ class Core:
                 resources[name].take(units)
             return True
         x = e.extra()
-        x.reoffered = False
+        if reoffered:
+            # Parked on ``short``: the units offered on the others go back to their lines.
+            self._give_up_offer(e, short, now)
         if x.park_seq is None:
             self._park_seq += 1
             x.park_seq = self._park_seq
@@ -1433,6 +1438,16 @@ class Core:
             # Units are free but earlier waiters come first: let them go now.
             self._reoffer(short, now)
         return False
+
+    def _give_up_offer(self, e: Entry, keep: ResourceState | None, now: int) -> None:
+        """``e`` was sent back to its queue with units in view and will not
+        take them (it ended, or parked on another resource): the waiters of
+        those resources may use them."""
+        e.x.reoffered = False
+        for name in e.spec.resources:
+            r = self.resources[name]
+            if r is not keep and r.waiters:
+                self._reoffer(r, now)
 
     def _arm_refill(self, r: ResourceState, now: int, promised: float = 0.0) -> None:
         """Wake up when the head waiter's tokens (beyond ``promised`` ones) are there."""
@@ -2153,6 +2168,16 @@ class Core:
                                  if e.spec is not None and e.spec.resources)
                 check(r.available + held_units == r.capacity,
                       f"resource {r.name}: {r.available} free + {held_units} held != {r.capacity}")
+                head = r.head()
+                if head is not None and not self._frozen:
+                    # Liveness: free permits are either offered to tasks on their way
+                    # to a slot, or too few for the first waiter.
+                    offered = sum(e.spec.resources.get(r.name, 0) for e in self.tasks.values()
+                                  if e.status is READY and e.where != W_PARKED and e.x is not None
+                                  and e.x.reoffered and e.spec is not None and e.spec.resources)
+                    check(r.available - offered < head.spec.resources[r.name],
+                          f"resource {r.name}: {r.available} permits free ({offered} offered) while "
+                          f"{head} waits for {head.spec.resources[r.name]}")
             else:
                 check(r.tokens <= r.capacity + 1e-9, f"resource {r.name}: bucket over its burst")
         for key, waiting in self.awaiting.items():

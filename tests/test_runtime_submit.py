@@ -718,6 +718,31 @@ def test_exception_hierarchy():
     assert lagged.skipped == 4
 
 
+def _all_subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _all_subclasses(sub)
+
+
+def test_every_exception_is_in_cronoq_and_in_cronoq_errors():
+    import cronoq.errors
+
+    exported = {name for name in cronoq.__all__
+                if isinstance(getattr(cronoq, name), type) and issubclass(getattr(cronoq, name), BaseException)}
+    assert exported == set(cronoq.errors.__all__)
+    for name in exported:
+        assert getattr(cronoq.errors, name) is getattr(cronoq, name), name
+    # Every error class cronoq defines is exported (not only the ones listed above).
+    defined = {cls.__name__ for cls in _all_subclasses(cronoq.CronoqError)
+               if cls.__module__.startswith("cronoq.")}
+    assert defined <= exported, defined - exported
+    assert {"StoreUnavailable", "Fenced"} <= exported
+    for exc in (cronoq.errors.StoreUnavailable("the store is unavailable"),
+                cronoq.errors.Fenced("epoch 3 was replaced by epoch 4")):
+        assert isinstance(exc, cronoq.SchedulerError)
+        test_exceptions_pickle_with_type_and_fields(exc)
+
+
 @pytest.mark.asyncio
 async def test_task_failed_raised_by_a_handle_pickles():
     async def run(ctx, payload):

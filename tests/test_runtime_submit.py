@@ -253,18 +253,20 @@ async def test_handle_on_a_failed_or_cancelled_task_raises_its_failure():
 
 
 @pytest.mark.asyncio
-async def test_output_unavailable_with_output_cache_zero():
+async def test_output_cache_zero_still_delivers_to_handles_held_while_the_task_ran():
     async with cronoq.Scheduler([fixed("default", echo)], output_cache=0) as sched:
         live = await sched.submit(5, key="k")
-        # a handle held while the task ran gets nothing either: the output is not kept
-        err = await failure(live)
+        # a handle held while the task ran gets the output: the cache is only for later handles
+        assert await live == 5
         later = await failure(await sched.handle("k"))
+        dup = await sched.submit(6, key="k")
+        err_dup = await failure(dup)
         info = await sched.info("k")
-    for e in (err, later):
+    for e in (later, err_dup):
         assert e.status == "succeeded"
-        assert "output" in e.message and "no longer available" in e.message
+        assert "output" in e.message and "no longer available" in e.message and "output_cache" in e.message
         assert e.task_id == live.id
-    assert info.status == "succeeded"
+    assert dup.duplicate and info.status == "succeeded"
 
 
 @pytest.mark.asyncio

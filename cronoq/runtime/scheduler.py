@@ -40,6 +40,7 @@ _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
 _STATUS = {status: status for status in STATUSES}
 # Terminal statuses the event path handles without logging (dead letters are logged).
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
+_NO_OUTPUT: Any = object()   # "no output at hand" (None is a valid output)
 
 
 class _Turn:
@@ -104,6 +105,8 @@ class Scheduler:
         self._handles: dict[int, Any] = {}          # task id -> handle or [handles]
         self._outputs: dict[int, Any] = {}           # recent outputs, oldest first
         self._output_order: deque[int] = deque()
+        self._delivering: dict[int, Any] = {}        # outputs whose success event is not out yet
+        self._loading: dict[int, asyncio.Task] = {}  # task id -> load of its stored output
         self._streams: list[EventStream] = []
         self._room: dict[Any, deque[_Turn]] = {}     # submitters waiting for queue room, per line
         self._timer = None
@@ -268,6 +271,10 @@ class Scheduler:
             self._timer = None
         handles = self._handles
         self._handles = {}
+        self._delivering.clear()
+        for load in list(self._loading.values()):
+            load.cancel()
+        self._loading.clear()
         for value in handles.values():
             for handle in value if isinstance(value, list) else (value,):
                 handle._fail("shutdown", "the scheduler shut down before the task finished")
@@ -323,7 +330,9 @@ class Scheduler:
                 runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
             elif kind == 3:   # EVENT
                 status = raw[4]
-                if status in _QUIET_ENDS:
+                if status is SUCCEEDED:
+                    self._deliver(raw[1])
+                elif status in _QUIET_ENDS:
                     if handles:
                         handle = handles.pop(raw[1], None)
                         if handle is not None:
@@ -365,7 +374,9 @@ class Scheduler:
             self._runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
         elif kind == 3:
             status = raw[4]
-            if status in _QUIET_ENDS:
+            if status is SUCCEEDED:
+                self._deliver(raw[1])
+            elif status in _QUIET_ENDS:
                 handle = self._handles.pop(raw[1], None)
                 if handle is not None:
                     self._resolve(handle, raw[1], status, raw[7])
@@ -463,13 +474,21 @@ class Scheduler:
         if self._state is _STOPPED:
             return
         if core.complete(self._now_ns(), lease, outcome, output, message, retry_after_ns) \
-                and outcome is SUCCESS and self._output_limit:
-            self._outputs[entry.id] = output
-            order = self._output_order
-            order.append(entry.id)
-            if len(order) > self._output_limit:
-                self._outputs.pop(order.popleft(), None)
+                and outcome is SUCCESS:
+            # Kept until its success event goes out (with a store, once committed):
+            # then it goes to the handles waiting for it, whatever the cache holds.
+            self._delivering[entry.id] = output
         self._pump()
+
+    def _deliver(self, task_id: int) -> None:
+        """A success event goes out: hand the output to the waiting handles
+        and keep it in the cache for handles attached later."""
+        output = self._delivering.pop(task_id, _NO_OUTPUT)
+        if output is not _NO_OUTPUT and self._output_limit:
+            self._remember_output(task_id, output)
+        handle = self._handles.pop(task_id, None)
+        if handle is not None:
+            self._resolve(handle, task_id, SUCCEEDED, None, output)
 
     def _remember_output(self, task_id: int, output: Any) -> None:
         if not self._output_limit:
@@ -496,33 +515,68 @@ class Scheduler:
         if handle is not None:
             self._resolve(handle, task_id, DEAD_LETTERED, message)
 
-    def _resolve(self, handle, task_id: int, status: str, message: str | None) -> None:
+    def _resolve(self, handle, task_id: int, status: str, message: str | None,
+                 output: Any = _NO_OUTPUT) -> None:
+        """Resolve ``handle`` (one or a list). For a success, ``output`` if given,
+        else the cached output; ``message`` then says why there is none."""
+        if status is SUCCEEDED and output is _NO_OUTPUT:
+            output = self._outputs.get(task_id, _NO_OUTPUT)
+            if output is _NO_OUTPUT and message is None:
+                message = ("the task succeeded but its output is no longer available (no store, and "
+                           f"output_cache keeps only the last {self._output_limit} outputs)"
+                           if self.store is None else
+                           "the task succeeded but its output is no longer available (the store has "
+                           "none: it could not be encoded, or was pruned)")
         for h in handle if isinstance(handle, list) else (handle,):
-            if status is SUCCEEDED:
-                outputs = self._outputs
-                if task_id in outputs:
-                    h._succeed(outputs[task_id])
-                else:
-                    h._fail(SUCCEEDED, "the task succeeded but its output is no longer available")
-            else:
+            if status is not SUCCEEDED:
                 h._fail(status, message)
+            elif output is _NO_OUTPUT:
+                h._fail(SUCCEEDED, message)
+            else:
+                h._succeed(output)
 
     def _attach(self, task_id: int, key: str | None, duplicate: bool) -> TaskHandle:
+        """A handle on a known task. Of a finished task whose output is not at
+        hand (not cached), it resolves once the output is loaded from the store."""
         handle = TaskHandle(task_id, key, duplicate, self._loop)
         core = self._core
-        if task_id in core.tasks:
-            existing = self._handles.get(task_id)
-            if existing is None:
-                self._handles[task_id] = handle
-            elif isinstance(existing, list):
-                existing.append(handle)
-            else:
-                self._handles[task_id] = [existing, handle]
-        else:
+        if task_id not in core.tasks and task_id not in self._delivering:
             info = core.info(task_id)
-            if info.status in TERMINAL:
+            if info.status not in TERMINAL:
+                return handle
+            if info.status is not SUCCEEDED or self.store is None or task_id in self._outputs:
                 self._resolve(handle, task_id, info.status, info.message)
+                return handle
+            if task_id not in self._loading:
+                self._loading[task_id] = self._loop.create_task(self._load_output(task_id))
+        existing = self._handles.get(task_id)
+        if existing is None:
+            self._handles[task_id] = handle
+        elif isinstance(existing, list):
+            existing.append(handle)
+        else:
+            self._handles[task_id] = [existing, handle]
         return handle
+
+    async def _load_output(self, task_id: int) -> None:
+        """Resolve the handles of a finished task with its stored output."""
+        output = _NO_OUTPUT
+        message = None
+        try:
+            data = await self.store.load_output(task_id)
+            if data is not None:
+                output = self.codec.decode(data)
+        except asyncio.CancelledError:
+            raise   # shutdown: it fails the handles itself
+        except Exception as exc:
+            message = f"the task succeeded but its output could not be loaded from the store: {exc}"
+        finally:
+            self._loading.pop(task_id, None)
+        if output is not _NO_OUTPUT and self._output_limit:
+            self._remember_output(task_id, output)
+        handle = self._handles.pop(task_id, None)
+        if handle is not None:
+            self._resolve(handle, task_id, SUCCEEDED, message, output)
 
     # ================================================================ submission
 
@@ -664,11 +718,13 @@ class Scheduler:
         info = core.info(ref)
         if info.status in TERMINAL and self._log is not None:
             await self._log.durable()   # an ended task is reported only once its end is stored
-        if info.status == SUCCEEDED and info.id not in self._outputs and self.store is not None:
-            data = await self.store.load_output(info.id)
-            if data is not None and info.id not in self._outputs:
-                self._remember_output(info.id, self.codec.decode(data))
-        return self._attach(info.id, info.key, True)
+        handle = self._attach(info.id, info.key, True)
+        if info.status in TERMINAL and not handle.done():
+            # Its output is being loaded from the store: return the handle resolved.
+            loaded = self._loop.create_future()
+            handle._on_done(lambda _: loaded.done() or loaded.set_result(None))
+            await loaded
+        return handle
 
     async def info(self, ref: int | str) -> TaskInfo:
         """What the scheduler knows of a task (status, attempt, message...)."""

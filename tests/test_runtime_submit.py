@@ -505,7 +505,8 @@ async def test_snapshot_pools_and_totals():
 @pytest.mark.asyncio
 async def test_set_capacity_starts_more_tasks_at_once():
     gate = Gate()
-    async with cronoq.Scheduler([fixed("default", gate)]) as sched:
+    pool = cronoq.Pool("default", gate, min=1, max=3, initial=1, autoscale=False)
+    async with cronoq.Scheduler([pool]) as sched:
         handles = [await sched.submit({"block": True, "i": i}) for i in range(5)]
         assert (await sched.snapshot()).pool("default").busy == 1
         await sched.set_capacity("default", 3)
@@ -531,7 +532,7 @@ async def test_set_group_capacity_with_labels():
         ran.append((payload, ctx.group))
         return payload
 
-    pool = fixed("gpu", run)
+    pool = cronoq.Pool("gpu", run, min=1, max=3, initial=1, autoscale=False)
     async with cronoq.Scheduler([pool]) as sched:
         labelled = await sched.submit("needs a100", labels={"model": "a100"})
         plain = await sched.submit("anywhere")
@@ -559,7 +560,7 @@ async def test_every_task_option_is_accepted_by_submit_enqueue_and_task():
         seen.append((payload, ctx.kind, ctx.key, ctx.tags, ctx.timeout, ctx.group, clock.now()))
         return payload
 
-    pools = [cronoq.Pool("default", run, min=4, max=4, autoscale=False)]
+    pools = [cronoq.Pool("default", run, min=4, max=5, initial=4, autoscale=False)]
     resources = [cronoq.Resource.semaphore("llm-api", 2)]
     async with cronoq.Scheduler(pools, resources, clock=clock) as sched:
         await sched.set_group_capacity("default", {"zone": "eu"}, 1)
@@ -730,7 +731,7 @@ def test_every_exception_is_in_cronoq_and_in_cronoq_errors():
     import cronoq.errors
 
     exported = {name for name in cronoq.__all__
-                if isinstance(getattr(cronoq, name), type) and issubclass(getattr(cronoq, name), BaseException)}
+                if isinstance(obj := getattr(cronoq, name), type) and issubclass(obj, BaseException)}
     assert exported == set(cronoq.errors.__all__)
     for name in exported:
         assert getattr(cronoq.errors, name) is getattr(cronoq, name), name

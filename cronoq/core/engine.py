@@ -452,6 +452,7 @@ class Core:
         p = self._pool_by_name(pool)
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"capacity must be an integer >= 0, got {capacity!r}")
+        self._check_max(p, p.unlabeled, capacity)
         self._set_group(p, p.unlabeled, capacity, now)
         self._flush(now)
 
@@ -466,10 +467,19 @@ class Core:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"capacity must be an integer >= 0, got {capacity!r}")
         group = p.groups.get(key)
+        self._check_max(p, group, capacity)
         if group is None:
             group = p.groups[key] = Group(key, 0)
         self._set_group(p, group, capacity, now)
         self._flush(now)
+
+    def _check_max(self, p: PoolState, group: Group | None, capacity: int) -> None:
+        """The pool's max bounds its workers over all groups, labelled or not."""
+        others = p.capacity - (group.capacity if group is not None else 0)
+        if others + capacity > p.config.max:
+            held = f" ({others} in its other worker groups)" if others else ""
+            raise ValueError(f"capacity {capacity} would give pool {p.name!r} {others + capacity} workers"
+                             f"{held}, above its max of {p.config.max}")
 
     def advance(self, now: int) -> None:
         """Fire every timer due at ``now`` and dispatch what can run."""

@@ -12,18 +12,20 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import os
 from collections import deque
 from typing import Any, Iterable, Sequence
 
 from ..core import actions as act
 from ..core.engine import Core
-from ..core.errors import QueueFull, SchedulerError
+from ..core.errors import InvalidTask, QueueFull, SchedulerError
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
     DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
+from ..store.base import Store
 from ..store.codec import JsonCodec
 from .clock import Clock, SystemClock
 from .durability import DurableLog, encoded_payload
@@ -41,6 +43,7 @@ _STATUS = {status: status for status in STATUSES}
 # Terminal statuses the event path handles without logging (dead letters are logged).
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
 _NO_OUTPUT: Any = object()   # "no output at hand" (None is a valid output)
+_STORE_METHODS = ("acquire_leadership", "recover", "commit", "load_output", "release_leadership", "on_lost")
 
 
 class _Turn:
@@ -78,6 +81,13 @@ class Scheduler:
             names.add(pool.name)
         self.pools = pools
         self.resources = list(resources or ())
+        resource_names = set()
+        for resource in self.resources:
+            if not isinstance(resource, ResourceConfig):
+                raise ValueError(f"resources must be cronoq.Resource objects, got {type(resource).__name__}")
+            if resource.name in resource_names:
+                raise ValueError(f"duplicate resource name {resource.name!r}")
+            resource_names.add(resource.name)
         if isinstance(shutdown_grace, bool) or not isinstance(shutdown_grace, (int, float)) \
                 or not shutdown_grace >= 0:
             raise ValueError(f"shutdown_grace must be a number of seconds >= 0, got {shutdown_grace!r}")
@@ -88,6 +98,13 @@ class Scheduler:
         if isinstance(output_cache, bool) or not isinstance(output_cache, int) or output_cache < 0:
             raise ValueError(f"output_cache must be an integer >= 0, got {output_cache!r}")
         self._output_limit = output_cache
+        if store is not None and not isinstance(store, Store):
+            if isinstance(store, (str, os.PathLike)):
+                raise ValueError(f"store must be a store object, not a path: "
+                                 f"use store=cronoq.SqliteStore({os.fspath(store)!r})")
+            missing = [name for name in _STORE_METHODS if not callable(getattr(store, name, None))]
+            raise ValueError(f"store must be a cronoq store (SqliteStore, PostgresStore, or one with "
+                             f"the Store methods); {type(store).__name__} lacks {', '.join(missing)}")
         self.store = store
         if codec is not None and not (hasattr(codec, "encode") and hasattr(codec, "decode")):
             raise ValueError("codec must have encode(value) -> bytes and decode(bytes) -> value")
@@ -97,6 +114,15 @@ class Scheduler:
         if config is None:
             config = CoreConfig(emit_transitions=emit_transitions, max_pending_total=max_pending_total,
                                 seed=0 if seed is None else seed)
+        else:
+            if not isinstance(config, CoreConfig):
+                raise ValueError(f"config must be a cronoq.core.CoreConfig, got {type(config).__name__}")
+            beside = [name for name, given in (("emit_transitions", emit_transitions),
+                                               ("max_pending_total", max_pending_total is not None),
+                                               ("seed", seed is not None)) if given]
+            if beside:
+                raise ValueError(f"{', '.join(beside)} would be ignored beside config=: set "
+                                 f"{'it' if len(beside) == 1 else 'them'} in the CoreConfig instead")
         self._config = config
         self._state = _NEW
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -666,7 +692,10 @@ class Scheduler:
             if not isinstance(spec, TaskSpec):
                 raise TypeError(f"submit_batch takes cronoq.Task objects; item {i} is {type(spec).__name__}")
             if self._log is not None:
-                encoded_payload(spec, self.codec)
+                try:
+                    encoded_payload(spec, self.codec)
+                except InvalidTask as exc:
+                    raise exc.at_index(i) from None
 
         def attempt(core: Core):
             try:

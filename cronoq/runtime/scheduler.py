@@ -105,7 +105,7 @@ class Scheduler:
             missing = [name for name in _STORE_METHODS if not callable(getattr(store, name, None))]
             raise ValueError(f"store must be a cronoq store (SqliteStore, PostgresStore, or one with "
                              f"the Store methods); {type(store).__name__} lacks {', '.join(missing)}")
-        self.store = store
+        self.store: Any = store   # a Store, or None
         if codec is not None and not (hasattr(codec, "encode") and hasattr(codec, "decode")):
             raise ValueError("codec must have encode(value) -> bytes and decode(bytes) -> value")
         self.codec = codec if codec is not None else JsonCodec()
@@ -574,7 +574,7 @@ class Scheduler:
                 self._resolve(handle, task_id, info.status, info.message)
                 return handle
             if task_id not in self._loading:
-                self._loading[task_id] = self._loop.create_task(self._load_output(task_id))
+                self._loading[task_id] = asyncio.get_running_loop().create_task(self._load_output(task_id))
         existing = self._handles.get(task_id)
         if existing is None:
             self._handles[task_id] = handle
@@ -750,7 +750,7 @@ class Scheduler:
         handle = self._attach(info.id, info.key, True)
         if info.status in TERMINAL and not handle.done():
             # Its output is being loaded from the store: return the handle resolved.
-            loaded = self._loop.create_future()
+            loaded = asyncio.get_running_loop().create_future()
             handle._on_done(lambda _: loaded.done() or loaded.set_result(None))
             await loaded
         return handle

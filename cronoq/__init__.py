@@ -17,6 +17,7 @@ from .core.types import ResourceConfig as Resource
 from .core.types import TaskSpec as Task
 from .runtime import EventStream, Pool, Scheduler, TaskContext, TaskHandle, VirtualClock
 from .blocking import BlockingEventStream, BlockingHandle, BlockingScheduler
+from .store.base import Fenced, StoreUnavailable
 from .store.codec import JsonCodec
 
 __all__ = [
@@ -25,7 +26,8 @@ __all__ = [
     "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock",
     "SqliteStore", "PostgresStore", "JsonCodec",
     "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo",
-    "CronoqError", "SchedulerError", "TaskFailed", "Retryable", "Permanent", "EventsLagged",
+    "CronoqError", "SchedulerError", "StoreUnavailable", "Fenced", "TaskFailed", "Retryable",
+    "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
     "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",
 ]

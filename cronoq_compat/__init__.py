@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 
 import cronoq
 from cronoq.blocking import BlockingHandle, BlockingScheduler
+from cronoq.core.types import time_to_ns, to_ns
 
 __all__ = [
     "ElasticPriorityScheduler", "Task", "Priority", "QualityMetrics", "CompatError",
@@ -53,14 +54,15 @@ class Task:
     """A legacy task: it runs by sleeping ``duration`` seconds.
 
     ``fixed_start`` and ``deadline`` are Unix times in seconds;
-    ``dependencies`` are ids of other legacy tasks that must succeed first.
+    ``dependencies`` are ids of other legacy tasks that must succeed first
+    (None means none).
     """
 
     id: str
     duration: float
     priority: Priority = Priority.NORMAL
     fixed_start: float | None = None
-    dependencies: Sequence[str] = ()
+    dependencies: Sequence[str] | None = ()
     deadline: float | None = None
 
     def __post_init__(self) -> None:
@@ -74,14 +76,20 @@ class Task:
                     or (name == "duration" and value < 0):
                 raise ValueError(f"Task {name} must be a finite number of seconds"
                                  f"{' >= 0' if name == 'duration' else ''}, got {value!r}")
+            # The engine's bounds, checked here so a legacy ``except ValueError`` sees them.
+            if name == "duration":
+                to_ns(value, "Task duration", error=ValueError)
+            else:
+                time_to_ns(value, f"Task {name}", error=ValueError)
         if not isinstance(self.priority, Priority):
             try:
                 object.__setattr__(self, "priority", Priority(self.priority))
             except ValueError:
                 raise ValueError(f"Task priority must be a Priority, got {self.priority!r}") from None
-        if isinstance(self.dependencies, str):
-            raise ValueError("Task dependencies must be a list of task ids, not a single string")
-        object.__setattr__(self, "dependencies", tuple(self.dependencies))
+        dependencies = () if self.dependencies is None else self.dependencies
+        if isinstance(dependencies, str) or not isinstance(dependencies, Iterable):
+            raise ValueError(f"Task dependencies must be a list of task ids, got {dependencies!r}")
+        object.__setattr__(self, "dependencies", tuple(dependencies))
 
 
 @dataclass

@@ -230,7 +230,8 @@ def test_enqueue_batches_cancel_handle_info_snapshot_capacity(gate):
             raise cronoq.Permanent("no")
         return x
 
-    with cronoq.BlockingScheduler([fixed("default", run)]) as bs:
+    pool = cronoq.Pool("default", run, min=1, max=4, initial=1, autoscale=False)   # room for set_capacity
+    with cronoq.BlockingScheduler([pool]) as bs:
         blocker = bs.submit("block")
         task_id = bs.enqueue("queued", key="q")
         assert isinstance(task_id, int) and task_id > blocker.id

@@ -122,3 +122,28 @@ def test_fast_paths_match_the_general_paths(seed):
     assert len(fast) == len(general)
     for i, (a, b) in enumerate(zip(fast, general)):
         assert a == b, f"seed {seed}: the runs part at step {i}: fast {a} general {b}"
+
+
+class CompactingCore(Core):
+    """The engine compacting its timer heap at every chance, and checking that
+    it drops only timers that are not live."""
+
+    __slots__ = ()
+
+    def _flush(self, now):
+        self._timers_ended = len(self._timer_heap) + 1_000   # always past the threshold
+        return Core._flush(self, now)
+
+    def _timer_gone(self, kind, obj, token):
+        gone = Core._timer_gone(self, kind, obj, token)
+        assert not (gone and self._timer_live(kind, obj, token)), (kind, obj, token)
+        return gone
+
+
+@pytest.mark.parametrize("seed", range(0, SEEDS, 4))
+def test_timer_compaction_changes_nothing(seed):
+    plain = World(seed).run()
+    compacting = World(seed, CompactingCore).run()
+    assert len(plain) == len(compacting)
+    for i, (a, b) in enumerate(zip(plain, compacting)):
+        assert a == b, f"seed {seed}: the runs part at step {i}: plain {a} compacting {b}"

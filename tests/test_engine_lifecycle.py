@@ -1,9 +1,12 @@
 """The task lifecycle and its status events."""
 
+import gc
+import weakref
+
 import pytest
 
 from cronoq.core import TERMINAL, PoolConfig, RetryPolicy, StatusEvent, TaskSpec
-from enginekit import S, aborts, dispatches, drain, events, make_core
+from enginekit import S, aborts, dispatches, drain, events, make_core, run_to
 
 NO_JITTER = RetryPolicy(max_attempts=3, initial_backoff=1.0, jitter=False)
 
@@ -238,3 +241,88 @@ def test_time_going_backwards_counts_as_the_latest_time():
     core.check_invariants()
     [e] = events(drain(core))
     assert e.at == 10.0
+
+
+# ---------------------------------------------------------------- stale timers
+
+
+class Payload:
+    """A payload that can be watched (weakref) to see whether anything keeps it."""
+
+
+def _finished_workload(core, n, **options):
+    """Run ``n`` tasks with ``options`` to success, 100 at a time; weak references to their payloads."""
+    watched = []
+    for start in range(0, n, 100):
+        specs = []
+        for _ in range(100):
+            payload = Payload()
+            watched.append(weakref.ref(payload))
+            specs.append(TaskSpec(payload, **options))
+        core.submit_batch(core.now, specs)
+        while leases := [d.lease for d in dispatches(drain(core))]:
+            for lease in leases:
+                assert core.complete(core.now, lease)
+    return watched
+
+
+def test_finished_tasks_leave_no_timers_or_payloads_behind():
+    # An hour-long timeout and a lease check per attempt: both timers go stale
+    # when the attempt ends. The heap must follow the live tasks, not keep every
+    # finished task (and its payload) for an hour.
+    core = make_core(PoolConfig("default", max=100, initial=100, autoscale=False, lease_ttl=60.0))
+    watched = _finished_workload(core, 20_000, timeout=3600.0)
+    core.check_invariants()
+    assert not core.tasks and not core.running
+    assert len(core.timers) <= 2 * 100 + 64
+    gc.collect()
+    assert sum(ref() is not None for ref in watched) <= 200
+    # The same with nothing else happening afterwards: the last calls compacted.
+    assert core.next_wakeup() is None
+
+
+def test_cancelled_and_retrying_tasks_leave_no_timers_behind():
+    core = make_core(PoolConfig("default", max=1, initial=0, autoscale=False))
+    watched = []
+    for i in range(5_000):
+        payload = Payload()
+        watched.append(weakref.ref(payload))
+        tid, _ = core.submit(i, TaskSpec(payload, start_in=3600.0 + i))   # start, hold and miss timers
+        assert core.cancel(i, tid)
+    core.set_capacity(10_000, "default", 1)
+    retry = RetryPolicy(max_attempts=5, initial_backoff=3600.0, jitter=False)
+    for i in range(2_000):
+        payload = Payload()
+        watched.append(weakref.ref(payload))
+        tid, _ = core.submit(10_000 + i, TaskSpec(payload, retry=retry))
+        [d] = dispatches(drain(core))
+        core.complete(10_000 + i, d.lease, "retryable", message="later")   # a retry timer, an hour away
+        assert core.cancel(10_000 + i, tid)
+    drain(core)
+    core.check_invariants()
+    assert not core.tasks
+    assert len(core.timers) <= 64
+    gc.collect()
+    assert sum(ref() is not None for ref in watched) <= 64
+
+
+def test_live_timers_survive_compaction():
+    # Many stale timers next to live ones: compaction keeps every live timer,
+    # and each still fires at its time.
+    core = make_core(PoolConfig("default", max=1, initial=1, autoscale=False),
+                     retention=100_000.0)
+    core.submit(0, TaskSpec("late", key="late", start_at=7200.0))
+    _finished_workload(core, 1_000, timeout=3600.0)
+    blocker = core.submit(S, TaskSpec("blocker", timeout=10.0, retry=RetryPolicy.none()))[0]
+    [d] = dispatches(drain(core))
+    assert d.task_id == blocker
+    for i in range(1_000):   # more stale timers: each cancelled task had start, hold and miss timers
+        tid, _ = core.submit(2 * S, TaskSpec(i, start_at=3600.0 + i))
+        assert core.cancel(2 * S, tid)
+    assert len(core.timers) <= 64
+    assert core.next_wakeup() == 11 * S          # the blocker's timeout
+    core.advance(11 * S)
+    assert core.info(blocker).message == "gave up after 1 attempt: attempt timed out"
+    drain(core)
+    run_to(core, 7200 * S)
+    assert core.status("late") == "running"

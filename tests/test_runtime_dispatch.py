@@ -203,7 +203,8 @@ async def test_capacity_increase_dispatches_immediately():
         await clock.sleep(10.0)
         return payload
 
-    async with cronoq.Scheduler([fixed("default", run)], clock=clock) as sched:
+    pool = cronoq.Pool("default", run, min=1, max=3, initial=1, autoscale=False)
+    async with cronoq.Scheduler([pool], clock=clock) as sched:
         t0 = clock.now()
         handles = [await sched.submit(i) for i in range(3)]
         await clock.advance(1.0)

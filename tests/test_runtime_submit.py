@@ -253,18 +253,20 @@ async def test_handle_on_a_failed_or_cancelled_task_raises_its_failure():
 
 
 @pytest.mark.asyncio
-async def test_output_unavailable_with_output_cache_zero():
+async def test_output_cache_zero_still_delivers_to_handles_held_while_the_task_ran():
     async with cronoq.Scheduler([fixed("default", echo)], output_cache=0) as sched:
         live = await sched.submit(5, key="k")
-        # a handle held while the task ran gets nothing either: the output is not kept
-        err = await failure(live)
+        # a handle held while the task ran gets the output: the cache is only for later handles
+        assert await live == 5
         later = await failure(await sched.handle("k"))
+        dup = await sched.submit(6, key="k")
+        err_dup = await failure(dup)
         info = await sched.info("k")
-    for e in (err, later):
+    for e in (later, err_dup):
         assert e.status == "succeeded"
-        assert "output" in e.message and "no longer available" in e.message
+        assert "output" in e.message and "no longer available" in e.message and "output_cache" in e.message
         assert e.task_id == live.id
-    assert info.status == "succeeded"
+    assert dup.duplicate and info.status == "succeeded"
 
 
 @pytest.mark.asyncio
@@ -503,7 +505,8 @@ async def test_snapshot_pools_and_totals():
 @pytest.mark.asyncio
 async def test_set_capacity_starts_more_tasks_at_once():
     gate = Gate()
-    async with cronoq.Scheduler([fixed("default", gate)]) as sched:
+    pool = cronoq.Pool("default", gate, min=1, max=3, initial=1, autoscale=False)
+    async with cronoq.Scheduler([pool]) as sched:
         handles = [await sched.submit({"block": True, "i": i}) for i in range(5)]
         assert (await sched.snapshot()).pool("default").busy == 1
         await sched.set_capacity("default", 3)
@@ -529,7 +532,7 @@ async def test_set_group_capacity_with_labels():
         ran.append((payload, ctx.group))
         return payload
 
-    pool = fixed("gpu", run)
+    pool = cronoq.Pool("gpu", run, min=1, max=3, initial=1, autoscale=False)
     async with cronoq.Scheduler([pool]) as sched:
         labelled = await sched.submit("needs a100", labels={"model": "a100"})
         plain = await sched.submit("anywhere")
@@ -557,7 +560,7 @@ async def test_every_task_option_is_accepted_by_submit_enqueue_and_task():
         seen.append((payload, ctx.kind, ctx.key, ctx.tags, ctx.timeout, ctx.group, clock.now()))
         return payload
 
-    pools = [cronoq.Pool("default", run, min=4, max=4, autoscale=False)]
+    pools = [cronoq.Pool("default", run, min=4, max=5, initial=4, autoscale=False)]
     resources = [cronoq.Resource.semaphore("llm-api", 2)]
     async with cronoq.Scheduler(pools, resources, clock=clock) as sched:
         await sched.set_group_capacity("default", {"zone": "eu"}, 1)
@@ -716,6 +719,31 @@ def test_exception_hierarchy():
     assert (err.status, err.message, err.task_id) == ("failed", "boom", 3)
     lagged = cronoq.EventsLagged(4)
     assert lagged.skipped == 4
+
+
+def _all_subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _all_subclasses(sub)
+
+
+def test_every_exception_is_in_cronoq_and_in_cronoq_errors():
+    import cronoq.errors
+
+    exported = {name for name in cronoq.__all__
+                if isinstance(obj := getattr(cronoq, name), type) and issubclass(obj, BaseException)}
+    assert exported == set(cronoq.errors.__all__)
+    for name in exported:
+        assert getattr(cronoq.errors, name) is getattr(cronoq, name), name
+    # Every error class cronoq defines is exported (not only the ones listed above).
+    defined = {cls.__name__ for cls in _all_subclasses(cronoq.CronoqError)
+               if cls.__module__.startswith("cronoq.")}
+    assert defined <= exported, defined - exported
+    assert {"StoreUnavailable", "Fenced"} <= exported
+    for exc in (cronoq.errors.StoreUnavailable("the store is unavailable"),
+                cronoq.errors.Fenced("epoch 3 was replaced by epoch 4")):
+        assert isinstance(exc, cronoq.SchedulerError)
+        test_exceptions_pickle_with_type_and_fields(exc)
 
 
 @pytest.mark.asyncio

@@ -566,10 +566,27 @@ class World:
     def op_capacity(self) -> None:
         rng = self.rng
         name = rng.choice(list(self.pool_configs))
+        limit = self.pool_configs[name].max
+        p = self.core.pools[name]
         if rng.random() < 0.7:
-            self.call(self.core.set_capacity, name, rng.randint(0, self.pool_configs[name].max))
+            labels, capacity = None, rng.randint(0, limit)
         else:
-            self.call(self.core.set_group_capacity, name, dict(rng.choice(LABEL_SETS)), rng.randint(0, 2))
+            labels, capacity = rng.choice(LABEL_SETS), rng.randint(0, 2)
+        group = p.groups.get(frozenset(labels.items()) if labels else frozenset())
+        others = p.capacity - (group.capacity if group is not None else 0)
+        if others + capacity > limit:
+            # The pool's max bounds all its groups together: refused, nothing changes.
+            capacity = max(0, limit - others) if rng.random() < 0.8 else capacity
+        call = (self.core.set_capacity, name) if labels is None else \
+            (self.core.set_group_capacity, name, dict(labels))
+        if others + capacity > limit:
+            before = {key: g.capacity for key, g in p.groups.items()}
+            with pytest.raises(ValueError, match=f"above its max of {limit}"):
+                self.call(*call, capacity)
+            assert {key: g.capacity for key, g in p.groups.items()} == before
+            self.trace.append(("capacity refused", name, capacity, self.now))
+        else:
+            self.call(*call, capacity)
 
     def op_heartbeat(self) -> None:
         rng = self.rng
@@ -599,10 +616,18 @@ class World:
         and run until the engine has nothing left to do."""
         core = self.core
         self.run_until(self.now + NS)
-        for name in self.pool_configs:
-            if core.pools[name].unlabeled.capacity == 0:
-                self.call(core.set_capacity, name, 1)
+        full = frozenset(FULL_LABELS.items())
+        for name, config in self.pool_configs.items():
+            p = core.pools[name]
+            # One slot in the group with every label serves any task; make room
+            # for it under the pool's max, taking slots from the other groups.
+            for labels, group in list(p.groups.items()):
+                excess = p.capacity - (p.groups[full].capacity if full in p.groups else 0) + 1 - config.max
+                if excess > 0 and labels != full and group.capacity:
+                    self.call(core.set_group_capacity, name, dict(labels), max(0, group.capacity - excess))
             self.call(core.set_group_capacity, name, dict(FULL_LABELS), 1)
+            if p.unlabeled.capacity == 0 and p.capacity < config.max:
+                self.call(core.set_capacity, name, 1)
         for key in sorted(self.awaiting):
             for _ in range(100):
                 if not any(edge[0] not in self.terminal for edge in self.awaiting.get(key, ())):

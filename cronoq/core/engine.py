@@ -49,6 +49,7 @@ W_LABEL = 3     # waiting for a slot in a worker group with its labels
 W_DUE = 4       # the pool's due queue (fixed starts and their retries)
 
 ID_BITS = 44    # ids carry the store's epoch above these bits
+_COMPACT_SLACK = 32   # stale timers tolerated beyond half the heap (small heaps are not scanned)
 
 _FAILURES = (RETRYABLE, PERMANENT, CANCELLED_OUTCOME)   # outcomes of complete() besides success
 
@@ -222,7 +223,8 @@ class Core:
                  "retained", "_retain_order", "awaiting", "recurring", "timers", "actions", "pending",
                  "_counts", "_submitted", "_dispatched", "_succeeded", "rng", "_next_id",
                  "_next_lease", "_park_seq", "_dirty", "_frozen", "_emit_all", "_persist",
-                 "_max_total", "_retention", "_retain_max", "_retain_on", "_timer_heap")
+                 "_max_total", "_retention", "_retain_max", "_retain_on", "_timer_heap",
+                 "_timers_ended")
 
     def __init__(self, config: CoreConfig | None = None, pools: Sequence[PoolConfig] = (),
                  resources: Sequence[ResourceConfig] = (), *, now: int = 0) -> None:
@@ -271,6 +273,7 @@ class Core:
         self._retain_max = config.retention_max
         self._retain_on = config.retention_ns > 0 and config.retention_max > 0
         self._timer_heap = self.timers.entries()
+        self._timers_ended = 0   # timers made stale since the last compaction (an estimate)
         for p in self.pools.values():
             if p.scaler is not None:
                 self._arm_scaler(p, now)
@@ -414,6 +417,8 @@ class Core:
             raise ValueError(f"outcome must be success, retryable, permanent or cancelled, got {outcome!r}")
         if self._dirty:
             self._flush(now)
+        elif self._timers_ended > (len(heap) >> 1) + _COMPACT_SLACK:
+            self._compact_timers()
         return True
 
     def heartbeat(self, now: int, lease: int) -> bool:
@@ -437,6 +442,8 @@ class Core:
         self._finish(e, CANCELLED, now, "cancelled")
         if self._dirty:
             self._flush(now)
+        elif self._timers_ended > (len(self._timer_heap) >> 1) + _COMPACT_SLACK:
+            self._compact_timers()
         return True
 
     def set_capacity(self, now: int, pool: str, capacity: int) -> None:
@@ -445,6 +452,7 @@ class Core:
         p = self._pool_by_name(pool)
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"capacity must be an integer >= 0, got {capacity!r}")
+        self._check_max(p, p.unlabeled, capacity)
         self._set_group(p, p.unlabeled, capacity, now)
         self._flush(now)
 
@@ -459,10 +467,19 @@ class Core:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
             raise ValueError(f"capacity must be an integer >= 0, got {capacity!r}")
         group = p.groups.get(key)
+        self._check_max(p, group, capacity)
         if group is None:
             group = p.groups[key] = Group(key, 0)
         self._set_group(p, group, capacity, now)
         self._flush(now)
+
+    def _check_max(self, p: PoolState, group: Group | None, capacity: int) -> None:
+        """The pool's max bounds its workers over all groups, labelled or not."""
+        others = p.capacity - (group.capacity if group is not None else 0)
+        if others + capacity > p.config.max:
+            held = f" ({others} in its other worker groups)" if others else ""
+            raise ValueError(f"capacity {capacity} would give pool {p.name!r} {others + capacity} workers"
+                             f"{held}, above its max of {p.config.max}")
 
     def advance(self, now: int) -> None:
         """Fire every timer due at ``now`` and dispatch what can run."""
@@ -542,6 +559,23 @@ class Core:
             # a free slot idle with no wakeup armed.
             self._flush(now)
         return now
+
+    def _compact_timers(self) -> None:
+        self._timers_ended = 0
+        self.timers.compact(self._timer_gone)
+
+    def _timer_gone(self, kind: int, obj, token) -> bool:
+        """True for a timer that can never matter again (unlike ``_timer_live``,
+        which may be false for a while: a held task's hold timer)."""
+        if kind == tm.TIMEOUT or kind == tm.LEASE:
+            return self.running.get(token) is not obj     # leases are never reused
+        if kind == tm.RECUR:
+            return self.recurring.get(obj.name) is not obj
+        if kind == tm.REFILL or kind == tm.AUTOSCALE:
+            return False   # one per resource or pool, and due soon
+        if self.tasks.get(obj.id) is not obj:
+            return True    # the task ended
+        return kind == tm.RETRY and obj.attempt != token   # attempts only grow
 
     def _timer_live(self, kind: int, obj, token) -> bool:
         if kind == tm.TIMEOUT or kind == tm.LEASE:
@@ -1057,6 +1091,8 @@ class Core:
         self._frozen = True
 
     def _flush(self, now: int) -> None:
+        if self._timers_ended > (len(self._timer_heap) >> 1) + _COMPACT_SLACK:
+            self._compact_timers()
         dirty = self._dirty
         if self._frozen:
             for p in dirty:
@@ -1199,7 +1235,11 @@ class Core:
             p.started_fixed.discard(e.id)
         if p.scaler is not None:
             p.scaler.observe_run(run)
+        if p.lease_ttl is not None:
+            self._timers_ended += 1
         spec = e.spec
+        if spec is not None and spec.timeout_ns is not None:
+            self._timers_ended += 1
         if spec is not None and spec.resources:
             for name, units in spec.resources.items():
                 r = self.resources[name]
@@ -1276,9 +1316,13 @@ class Core:
                     self.actions.append((act.ABORT, e.lease, e.id, status))
                     self._end_attempt(e, now, False)
             else:
+                if e.status is RETRYING:
+                    self._timers_ended += 1
                 self._leave_waiting(e)
             x = e.x
             if x is not None:
+                # Its start, hold and miss timers, or its await timeout, are stale now.
+                self._timers_ended += 3 if x.start is not None else 1
                 if x.hold:
                     x.hold = False
                     p.held -= 1
@@ -1933,6 +1977,7 @@ class Core:
         old = self.recurring.get(name)
         after = now
         if old is not None:
+            self._timers_ended += 1   # the replaced schedule's timer
             rec.last_task = old.last_task
             rec.last_start = old.last_start
             if old.last_start is not None:
@@ -1951,6 +1996,7 @@ class Core:
         if rec is None:
             return False
         rec.timer_at = None
+        self._timers_ended += 1
         if self._persist:
             self.actions.append((act.PERSIST, (MUT_RECURRING_REMOVED, name)))
         return True

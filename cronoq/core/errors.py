@@ -7,6 +7,8 @@ boundaries.
 
 from __future__ import annotations
 
+import math
+
 __all__ = [
     "CronoqError",
     "SchedulerError",
@@ -25,6 +27,10 @@ __all__ = [
     "QueueFull",
     "InvalidTask",
 ]
+
+
+# types.MAX_SECONDS (types imports this module, so the value is repeated here).
+_MAX_RETRY_AFTER = 100 * 365 * 86_400
 
 
 class CronoqError(Exception):
@@ -66,10 +72,16 @@ class TaskFailed(CronoqError):
 class Retryable(CronoqError):
     """Raised by an executor: the attempt failed and may be retried.
 
-    ``retry_after`` (seconds) makes the next attempt wait at least that long.
+    ``retry_after`` (seconds) makes the next attempt wait at least that long
+    (a negative value counts as 0).
     """
 
     def __init__(self, message: str = "", retry_after: float | None = None) -> None:
+        if retry_after is not None and (
+                isinstance(retry_after, bool) or not isinstance(retry_after, (int, float))
+                or not math.isfinite(retry_after) or retry_after > _MAX_RETRY_AFTER):
+            raise ValueError(f"retry_after must be a finite number of seconds up to {_MAX_RETRY_AFTER} "
+                             f"(100 years), got {retry_after!r}")
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after

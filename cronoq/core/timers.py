@@ -1,10 +1,12 @@
 """One heap of timers for everything time-driven in the engine.
 
-Entries are never removed when they stop mattering (a retry that was
+Entries are not removed when they stop mattering (a retry that was
 cancelled, a timeout of an attempt that already ended): each carries a token
 that its handler checks against the current state, and stale entries are
 dropped when they reach the top. That keeps arming and disarming O(log n) and
-O(1).
+O(1). So that stale entries (and the tasks they reference) do not pile up
+until their time comes, the engine compacts the heap once they may be the
+majority (``compact``, amortised O(1) per ended timer).
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ class TimerHeap:
         if heap and heap[0][0] <= now:
             return heapq.heappop(heap)
         return None
+
+    def compact(self, gone) -> None:
+        """Drop every entry for which ``gone(kind, obj, token)`` is true. The
+        list is changed in place: the engine keeps a reference to it."""
+        heap = self._heap
+        heap[:] = [t for t in heap if not gone(t[2], t[3], t[4])]
+        heapq.heapify(heap)
 
     def __len__(self) -> int:
         return len(self._heap)

@@ -2,8 +2,9 @@
 
 Everything here validates on construction, so a bad value raises where it is
 written, with the field's name in the message. Durations are given in seconds
-(finite, >= 0) and stored as integer nanoseconds; absolute times accept an
-aware ``datetime`` (a naive one means UTC) or Unix seconds.
+(finite, >= 0, at most ``MAX_SECONDS``) and stored as integer nanoseconds;
+absolute times accept an aware ``datetime`` (a naive one means UTC) or Unix
+seconds within the years a ``datetime`` holds (1 to 9999).
 """
 
 from __future__ import annotations
@@ -48,12 +49,16 @@ __all__ = [
     "PoolConfig",
     "CoreConfig",
     "NS",
+    "MAX_SECONDS",
     "to_ns",
     "time_to_ns",
     "check_name",
 ]
 
 NS = 1_000_000_000
+MAX_SECONDS = 100 * 365 * 86_400   # the longest duration accepted (100 years): keeps times in 64 bits
+_MIN_UNIX = -62_135_596_800        # 0001-01-01T00:00:00Z, the earliest datetime
+_MAX_UNIX = 253_402_300_799        # 9999-12-31T23:59:59Z, the latest
 
 
 class Priority(enum.IntEnum):
@@ -129,6 +134,8 @@ def to_ns(value: object, field: str, *, error: type[Exception] = InvalidTask) ->
         raise error(f"{field} must be a number of seconds, got {type(value).__name__}")
     if not math.isfinite(value) or value < 0:
         raise error(f"{field} must be a finite number of seconds >= 0, got {value!r}")
+    if value > MAX_SECONDS:
+        raise error(f"{field} must be at most {MAX_SECONDS} seconds (100 years), got {value!r}")
     if isinstance(value, int):
         return value * NS
     return round(value * NS)
@@ -145,6 +152,9 @@ def time_to_ns(value: object, field: str, *, error: type[Exception] = InvalidTas
         raise error(f"{field} must be a datetime or Unix seconds, got {type(value).__name__}")
     if not math.isfinite(value):
         raise error(f"{field} must be finite, got {value!r}")
+    if not _MIN_UNIX <= value <= _MAX_UNIX:
+        raise error(f"{field} must be a Unix time within the years 1 to 9999 "
+                    f"({_MIN_UNIX} to {_MAX_UNIX} seconds), got {value!r}")
     if isinstance(value, int):
         return value * NS
     return round(value * NS)
@@ -156,6 +166,14 @@ def _positive_number(value: object, field: str, *, allow_zero: bool = False,
         raise error(f"{field} must be a finite number, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise error(f"{field} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return value
+
+
+def _seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
+    """A configured duration in seconds: positive (or zero) and at most MAX_SECONDS."""
+    value = _positive_number(value, field, allow_zero=allow_zero)
+    if value > MAX_SECONDS:
+        raise ValueError(f"{field} must be at most {MAX_SECONDS} seconds (100 years), got {value!r}")
     return value
 
 
@@ -260,7 +278,10 @@ class RetryPolicy:
 
     def backoff_ns(self, attempt: int) -> int:
         """The delay (before jitter) preceding attempt number ``attempt`` (>= 2)."""
-        delay = self._initial_ns * self.multiplier ** (attempt - 2)
+        try:
+            delay = self._initial_ns * self.multiplier ** (attempt - 2)
+        except OverflowError:   # a float multiplier to a large power: far past the cap
+            return self._max_ns
         return int(min(delay, self._max_ns))
 
     def __repr__(self) -> str:
@@ -384,6 +405,9 @@ class TaskSpec:
             plain = False
         if timeout is not None:
             self.timeout_ns = to_ns(timeout, "timeout")
+            if not self.timeout_ns:
+                raise InvalidTask("timeout must be > 0 (an attempt with no time can only time out); "
+                                  "leave it None for no timeout")
             plain = False
         if retry is not None:
             if not isinstance(retry, RetryPolicy):
@@ -502,7 +526,7 @@ class UrgencyConfig:
     def __init__(self, peak: float = 5000.0, window: float = 5.0, overdue_rate: float = 100.0,
                  overdue_cap: float = 3000.0) -> None:
         self.peak = float(_positive_number(peak, "peak", allow_zero=True))
-        self.window = float(_positive_number(window, "window"))
+        self.window = float(_seconds(window, "window"))
         self.overdue_rate = float(_positive_number(overdue_rate, "overdue_rate", allow_zero=True))
         self.overdue_cap = float(_positive_number(overdue_cap, "overdue_cap", allow_zero=True))
 
@@ -520,21 +544,19 @@ class AutoscaleConfig:
                  max_step_up_abs: int = 4, stabilization_window: float = 60.0,
                  cooldown: float = 30.0, max_step_down: int = 1,
                  cost_per_worker_second: float = 0.0) -> None:
-        self.interval = _positive_number(interval, "interval")
+        self.interval = _seconds(interval, "interval")
         target = _positive_number(target_utilization, "target_utilization")
         if target > 1:
             raise ValueError(f"target_utilization must be in (0, 1], got {target}")
         self.target_utilization = target
-        self.drain_time = _positive_number(drain_time, "drain_time")
-        self.slo = tuple(_class_table(slo, "slo", lambda v, f: _positive_number(v, f)))
-        self.reservation_horizon = _positive_number(reservation_horizon, "reservation_horizon",
-                                                    allow_zero=True)
+        self.drain_time = _seconds(drain_time, "drain_time")
+        self.slo = tuple(_class_table(slo, "slo", lambda v, f: _seconds(v, f)))
+        self.reservation_horizon = _seconds(reservation_horizon, "reservation_horizon", allow_zero=True)
         self.max_step_up_ratio = _positive_number(max_step_up_ratio, "max_step_up_ratio",
                                                   allow_zero=True)
         self.max_step_up_abs = _int_at_least(max_step_up_abs, "max_step_up_abs", 0)
-        self.stabilization_window = _positive_number(stabilization_window, "stabilization_window",
-                                                     allow_zero=True)
-        self.cooldown = _positive_number(cooldown, "cooldown", allow_zero=True)
+        self.stabilization_window = _seconds(stabilization_window, "stabilization_window", allow_zero=True)
+        self.cooldown = _seconds(cooldown, "cooldown", allow_zero=True)
         self.max_step_down = _int_at_least(max_step_down, "max_step_down", 1)
         self.cost_per_worker_second = _positive_number(cost_per_worker_second,
                                                        "cost_per_worker_second", allow_zero=True)
@@ -556,6 +578,8 @@ class ResourceConfig:
         elif kind == "token_bucket":
             self.permits = None
             self.rate = float(_positive_number(rate, "rate"))
+            if self.rate * MAX_SECONDS < 1:   # one token must come within the longest duration
+                raise ValueError(f"rate must be at least one token per {MAX_SECONDS} seconds, got {rate!r}")
             self.burst = _int_at_least(burst, "burst", 1)
         else:
             raise ValueError(f"resource kind must be 'semaphore' or 'token_bucket', got {kind!r}")

@@ -18,7 +18,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ..core.engine import MUT_OUTPUT, MUT_RECURRING, MUT_RECURRING_REMOVED, MUT_STATUS, MUT_SUBMIT
-from ..core.errors import SchedulerError
+from ..core.errors import InvalidTask, SchedulerError
 from ..core.persist import schedule_record, spec_record
 from ..store.base import Batch, Fenced, ScheduleRow, StatusRow, TaskRow
 from .runner import clean_message
@@ -35,7 +35,10 @@ def encoded_payload(spec, codec) -> bytes:
     """The payload as the codec writes it (cached on the spec at submission)."""
     data = spec.__dict__.get("_encoded")
     if data is None:
-        data = codec.encode(spec.payload)
+        try:
+            data = codec.encode(spec.payload)
+        except RecursionError:
+            raise InvalidTask("payload is nested too deeply for the codec to store it") from None
         spec._encoded = data
     return data
 
@@ -79,7 +82,7 @@ class DurableLog:
             _, task_id, output = mutation
             try:
                 data = self.codec.encode(output)
-            except (TypeError, ValueError) as exc:
+            except Exception as exc:   # any codec failure (even too deep a value) must not stop the worker
                 log.warning("the output of task %d cannot be stored: %s", task_id, exc,
                             extra={"task_id": task_id, "action": "output"})
             else:

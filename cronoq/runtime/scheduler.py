@@ -12,18 +12,20 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import os
 from collections import deque
 from typing import Any, Iterable, Sequence
 
 from ..core import actions as act
 from ..core.engine import Core
-from ..core.errors import QueueFull, SchedulerError
+from ..core.errors import InvalidTask, QueueFull, SchedulerError
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
     DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
+from ..store.base import Store
 from ..store.codec import JsonCodec
 from .clock import Clock, SystemClock
 from .durability import DurableLog, encoded_payload
@@ -40,6 +42,8 @@ _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
 _STATUS = {status: status for status in STATUSES}
 # Terminal statuses the event path handles without logging (dead letters are logged).
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
+_NO_OUTPUT: Any = object()   # "no output at hand" (None is a valid output)
+_STORE_METHODS = ("acquire_leadership", "recover", "commit", "load_output", "release_leadership", "on_lost")
 
 
 class _Turn:
@@ -77,6 +81,13 @@ class Scheduler:
             names.add(pool.name)
         self.pools = pools
         self.resources = list(resources or ())
+        resource_names = set()
+        for resource in self.resources:
+            if not isinstance(resource, ResourceConfig):
+                raise ValueError(f"resources must be cronoq.Resource objects, got {type(resource).__name__}")
+            if resource.name in resource_names:
+                raise ValueError(f"duplicate resource name {resource.name!r}")
+            resource_names.add(resource.name)
         if isinstance(shutdown_grace, bool) or not isinstance(shutdown_grace, (int, float)) \
                 or not shutdown_grace >= 0:
             raise ValueError(f"shutdown_grace must be a number of seconds >= 0, got {shutdown_grace!r}")
@@ -87,7 +98,14 @@ class Scheduler:
         if isinstance(output_cache, bool) or not isinstance(output_cache, int) or output_cache < 0:
             raise ValueError(f"output_cache must be an integer >= 0, got {output_cache!r}")
         self._output_limit = output_cache
-        self.store = store
+        if store is not None and not isinstance(store, Store):
+            if isinstance(store, (str, os.PathLike)):
+                raise ValueError(f"store must be a store object, not a path: "
+                                 f"use store=cronoq.SqliteStore({os.fspath(store)!r})")
+            missing = [name for name in _STORE_METHODS if not callable(getattr(store, name, None))]
+            raise ValueError(f"store must be a cronoq store (SqliteStore, PostgresStore, or one with "
+                             f"the Store methods); {type(store).__name__} lacks {', '.join(missing)}")
+        self.store: Any = store   # a Store, or None
         if codec is not None and not (hasattr(codec, "encode") and hasattr(codec, "decode")):
             raise ValueError("codec must have encode(value) -> bytes and decode(bytes) -> value")
         self.codec = codec if codec is not None else JsonCodec()
@@ -96,6 +114,15 @@ class Scheduler:
         if config is None:
             config = CoreConfig(emit_transitions=emit_transitions, max_pending_total=max_pending_total,
                                 seed=0 if seed is None else seed)
+        else:
+            if not isinstance(config, CoreConfig):
+                raise ValueError(f"config must be a cronoq.core.CoreConfig, got {type(config).__name__}")
+            beside = [name for name, given in (("emit_transitions", emit_transitions),
+                                               ("max_pending_total", max_pending_total is not None),
+                                               ("seed", seed is not None)) if given]
+            if beside:
+                raise ValueError(f"{', '.join(beside)} would be ignored beside config=: set "
+                                 f"{'it' if len(beside) == 1 else 'them'} in the CoreConfig instead")
         self._config = config
         self._state = _NEW
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -104,6 +131,8 @@ class Scheduler:
         self._handles: dict[int, Any] = {}          # task id -> handle or [handles]
         self._outputs: dict[int, Any] = {}           # recent outputs, oldest first
         self._output_order: deque[int] = deque()
+        self._delivering: dict[int, Any] = {}        # outputs whose success event is not out yet
+        self._loading: dict[int, asyncio.Task] = {}  # task id -> load of its stored output
         self._streams: list[EventStream] = []
         self._room: dict[Any, deque[_Turn]] = {}     # submitters waiting for queue room, per line
         self._timer = None
@@ -268,6 +297,10 @@ class Scheduler:
             self._timer = None
         handles = self._handles
         self._handles = {}
+        self._delivering.clear()
+        for load in list(self._loading.values()):
+            load.cancel()
+        self._loading.clear()
         for value in handles.values():
             for handle in value if isinstance(value, list) else (value,):
                 handle._fail("shutdown", "the scheduler shut down before the task finished")
@@ -323,7 +356,9 @@ class Scheduler:
                 runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
             elif kind == 3:   # EVENT
                 status = raw[4]
-                if status in _QUIET_ENDS:
+                if status is SUCCEEDED:
+                    self._deliver(raw[1])
+                elif status in _QUIET_ENDS:
                     if handles:
                         handle = handles.pop(raw[1], None)
                         if handle is not None:
@@ -365,7 +400,9 @@ class Scheduler:
             self._runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
         elif kind == 3:
             status = raw[4]
-            if status in _QUIET_ENDS:
+            if status is SUCCEEDED:
+                self._deliver(raw[1])
+            elif status in _QUIET_ENDS:
                 handle = self._handles.pop(raw[1], None)
                 if handle is not None:
                     self._resolve(handle, raw[1], status, raw[7])
@@ -463,13 +500,21 @@ class Scheduler:
         if self._state is _STOPPED:
             return
         if core.complete(self._now_ns(), lease, outcome, output, message, retry_after_ns) \
-                and outcome is SUCCESS and self._output_limit:
-            self._outputs[entry.id] = output
-            order = self._output_order
-            order.append(entry.id)
-            if len(order) > self._output_limit:
-                self._outputs.pop(order.popleft(), None)
+                and outcome is SUCCESS:
+            # Kept until its success event goes out (with a store, once committed):
+            # then it goes to the handles waiting for it, whatever the cache holds.
+            self._delivering[entry.id] = output
         self._pump()
+
+    def _deliver(self, task_id: int) -> None:
+        """A success event goes out: hand the output to the waiting handles
+        and keep it in the cache for handles attached later."""
+        output = self._delivering.pop(task_id, _NO_OUTPUT)
+        if output is not _NO_OUTPUT and self._output_limit:
+            self._remember_output(task_id, output)
+        handle = self._handles.pop(task_id, None)
+        if handle is not None:
+            self._resolve(handle, task_id, SUCCEEDED, None, output)
 
     def _remember_output(self, task_id: int, output: Any) -> None:
         if not self._output_limit:
@@ -496,33 +541,68 @@ class Scheduler:
         if handle is not None:
             self._resolve(handle, task_id, DEAD_LETTERED, message)
 
-    def _resolve(self, handle, task_id: int, status: str, message: str | None) -> None:
+    def _resolve(self, handle, task_id: int, status: str, message: str | None,
+                 output: Any = _NO_OUTPUT) -> None:
+        """Resolve ``handle`` (one or a list). For a success, ``output`` if given,
+        else the cached output; ``message`` then says why there is none."""
+        if status is SUCCEEDED and output is _NO_OUTPUT:
+            output = self._outputs.get(task_id, _NO_OUTPUT)
+            if output is _NO_OUTPUT and message is None:
+                message = ("the task succeeded but its output is no longer available (no store, and "
+                           f"output_cache keeps only the last {self._output_limit} outputs)"
+                           if self.store is None else
+                           "the task succeeded but its output is no longer available (the store has "
+                           "none: it could not be encoded, or was pruned)")
         for h in handle if isinstance(handle, list) else (handle,):
-            if status is SUCCEEDED:
-                outputs = self._outputs
-                if task_id in outputs:
-                    h._succeed(outputs[task_id])
-                else:
-                    h._fail(SUCCEEDED, "the task succeeded but its output is no longer available")
-            else:
+            if status is not SUCCEEDED:
                 h._fail(status, message)
+            elif output is _NO_OUTPUT:
+                h._fail(SUCCEEDED, message)
+            else:
+                h._succeed(output)
 
     def _attach(self, task_id: int, key: str | None, duplicate: bool) -> TaskHandle:
+        """A handle on a known task. Of a finished task whose output is not at
+        hand (not cached), it resolves once the output is loaded from the store."""
         handle = TaskHandle(task_id, key, duplicate, self._loop)
         core = self._core
-        if task_id in core.tasks:
-            existing = self._handles.get(task_id)
-            if existing is None:
-                self._handles[task_id] = handle
-            elif isinstance(existing, list):
-                existing.append(handle)
-            else:
-                self._handles[task_id] = [existing, handle]
-        else:
+        if task_id not in core.tasks and task_id not in self._delivering:
             info = core.info(task_id)
-            if info.status in TERMINAL:
+            if info.status not in TERMINAL:
+                return handle
+            if info.status is not SUCCEEDED or self.store is None or task_id in self._outputs:
                 self._resolve(handle, task_id, info.status, info.message)
+                return handle
+            if task_id not in self._loading:
+                self._loading[task_id] = asyncio.get_running_loop().create_task(self._load_output(task_id))
+        existing = self._handles.get(task_id)
+        if existing is None:
+            self._handles[task_id] = handle
+        elif isinstance(existing, list):
+            existing.append(handle)
+        else:
+            self._handles[task_id] = [existing, handle]
         return handle
+
+    async def _load_output(self, task_id: int) -> None:
+        """Resolve the handles of a finished task with its stored output."""
+        output = _NO_OUTPUT
+        message = None
+        try:
+            data = await self.store.load_output(task_id)
+            if data is not None:
+                output = self.codec.decode(data)
+        except asyncio.CancelledError:
+            raise   # shutdown: it fails the handles itself
+        except Exception as exc:
+            message = f"the task succeeded but its output could not be loaded from the store: {exc}"
+        finally:
+            self._loading.pop(task_id, None)
+        if output is not _NO_OUTPUT and self._output_limit:
+            self._remember_output(task_id, output)
+        handle = self._handles.pop(task_id, None)
+        if handle is not None:
+            self._resolve(handle, task_id, SUCCEEDED, message, output)
 
     # ================================================================ submission
 
@@ -612,7 +692,10 @@ class Scheduler:
             if not isinstance(spec, TaskSpec):
                 raise TypeError(f"submit_batch takes cronoq.Task objects; item {i} is {type(spec).__name__}")
             if self._log is not None:
-                encoded_payload(spec, self.codec)
+                try:
+                    encoded_payload(spec, self.codec)
+                except InvalidTask as exc:
+                    raise exc.at_index(i) from None
 
         def attempt(core: Core):
             try:
@@ -664,11 +747,13 @@ class Scheduler:
         info = core.info(ref)
         if info.status in TERMINAL and self._log is not None:
             await self._log.durable()   # an ended task is reported only once its end is stored
-        if info.status == SUCCEEDED and info.id not in self._outputs and self.store is not None:
-            data = await self.store.load_output(info.id)
-            if data is not None and info.id not in self._outputs:
-                self._remember_output(info.id, self.codec.decode(data))
-        return self._attach(info.id, info.key, True)
+        handle = self._attach(info.id, info.key, True)
+        if info.status in TERMINAL and not handle.done():
+            # Its output is being loaded from the store: return the handle resolved.
+            loaded = asyncio.get_running_loop().create_future()
+            handle._on_done(lambda _: loaded.done() or loaded.set_result(None))
+            await loaded
+        return handle
 
     async def info(self, ref: int | str) -> TaskInfo:
         """What the scheduler knows of a task (status, attempt, message...)."""

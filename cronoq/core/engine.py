@@ -38,6 +38,7 @@ from .types import (
     READY, RETRYABLE, RETRYING, RUNNING, SCHEDULED, SHED, SKIPPED, SUCCEEDED, SUCCESS, TERMINAL,
     CoreConfig, PoolConfig, ResourceConfig, TaskSpec, check_name, to_ns,
 )
+from .types import KEY_LIMIT, RECURRING_KEY_LIMIT, check_length
 
 __all__ = ["Core", "Entry"]
 
@@ -64,6 +65,7 @@ MUT_STATUS = "status"
 MUT_OUTPUT = "output"
 MUT_RECURRING = "recurring"
 MUT_RECURRING_REMOVED = "recurring_removed"
+MUT_WITHDRAWN = "withdrawn"   # a submission taken back: the store deletes any row of it
 
 
 class Extra:
@@ -438,6 +440,45 @@ class Core:
         if self._dirty:
             self._flush(now)
         return True
+
+    def withdraw(self, now: int, task_ids: Iterable[int], message: str) -> list[int]:
+        """Take back submissions that were never acknowledged (the store could
+        not make them durable), as if they had never been admitted.
+
+        Each task ends as a cancel would end it (an attempt the engine started
+        is aborted; dependents react as to a cancellation), then it is
+        forgotten: no event, no retained record, its key free again, and a
+        ``MUT_WITHDRAWN`` mutation asks the store to delete any row of it.
+        Returns the ids withdrawn (those still live).
+        """
+        now = self._enter(now)
+        actions = self.actions
+        withdrawn = []
+        for task_id in task_ids:
+            e = self.tasks.get(task_id)
+            if e is None:
+                continue
+            mark = len(actions)
+            self._finish(e, CANCELLED, now, message)
+            # Keep what its ending did to others (dependents skipped); drop its own traces.
+            tail = [actions.pop() for _ in range(len(actions) - mark)]
+            for raw in reversed(tail):
+                kind = raw[0]
+                if (kind == act.EVENT and raw[1] == task_id) or (kind == act.ABORT and raw[2] == task_id) or (
+                        kind == act.PERSIST and raw[1][0] == MUT_STATUS and raw[1][1] == task_id):
+                    continue
+                actions.append(raw)
+            self.retained.pop(task_id, None)
+            if e.key is not None:
+                self._forget_key(e)
+            self._counts[CANCELLED] -= 1
+            self._submitted -= 1
+            if self._persist:
+                actions.append((act.PERSIST, (MUT_WITHDRAWN, task_id)))
+            withdrawn.append(task_id)
+        if self._dirty:
+            self._flush(now)
+        return withdrawn
 
     def set_capacity(self, now: int, pool: str, capacity: int) -> None:
         """Set the capacity of a pool's unlabeled worker group."""
@@ -1889,6 +1930,9 @@ class Core:
         """Register (or replace) a recurring schedule of fixed-start occurrences."""
         now = self._enter(now)
         check_name(name, "schedule name", error=ValueError)
+        check_length(name, "schedule name", KEY_LIMIT)
+        if isinstance(template, TaskSpec) and template.key is not None:
+            check_length(template.key, "a recurring schedule's key", RECURRING_KEY_LIMIT)
         schedule = CronSchedule(cron, tz)
         if overlap not in OVERLAP_POLICIES:
             raise ValueError(f"overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {overlap!r}")

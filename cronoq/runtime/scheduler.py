@@ -20,7 +20,7 @@ from ..core.engine import Core
 from ..core.errors import QueueFull, SchedulerError
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
-    DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
+    CANCELLED, DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
@@ -40,6 +40,14 @@ _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
 _STATUS = {status: status for status in STATUSES}
 # Terminal statuses the event path handles without logging (dead letters are logged).
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
+
+
+def _claims(results) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """What a submitting call waits on: the ids it created (withdrawn if it
+    fails) and the ids of duplicates it returns (it fails if they are)."""
+    claims = tuple(task_id for task_id, duplicate in results if not duplicate)
+    needs = tuple(task_id for task_id, duplicate in results if duplicate)
+    return claims, needs
 
 
 class _Turn:
@@ -402,6 +410,23 @@ class Scheduler:
         if self._log is not None:
             await self._log.durable()
 
+    def _withdraw(self, task_ids, message: str) -> None:
+        """Submissions the store did not make durable, whose callers are told
+        so: the engine forgets them (see DurableLog)."""
+        if self._core is None:
+            return
+        for task_id in self._core.withdraw(self.clock.now_ns(), task_ids, message):
+            handle = self._handles.pop(task_id, None)
+            for h in handle if isinstance(handle, list) else (() if handle is None else (handle,)):
+                h._fail(CANCELLED, message)
+        self._pump()
+
+    def _drop_schedule(self, name: str) -> None:
+        """A schedule the store refused: remove it, so memory and store agree."""
+        if self._core is not None:
+            self._core.remove_recurring(self.clock.now_ns(), name)
+            self._pump()
+
     def _lost_threadsafe(self, reason: str) -> None:
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -595,15 +620,15 @@ class Scheduler:
         handle = self._attach(task_id, spec.key, duplicate)
         self._pump()
         if self._log is not None:
-            await self._log.durable()
+            await self._log.durable(*_claims(((task_id, duplicate),)))
         return handle
 
     async def enqueue(self, payload: Any = None, **options: Any) -> int:
         """Submit a task without a handle (cheaper); returns its id."""
-        task_id, _ = await self._admit(TaskSpec(payload, **options))
+        task_id, duplicate = await self._admit(TaskSpec(payload, **options))
         self._pump()
         if self._log is not None:
-            await self._log.durable()
+            await self._log.durable(*_claims(((task_id, duplicate),)))
         return task_id
 
     async def _admit_batch(self, tasks: Iterable[TaskSpec]) -> list:
@@ -635,7 +660,7 @@ class Scheduler:
                    for spec, (task_id, duplicate) in zip(specs, results)]
         self._pump()
         if self._log is not None:
-            await self._log.durable()
+            await self._log.durable(*_claims(results))
         return handles
 
     async def enqueue_batch(self, tasks: Iterable[TaskSpec]) -> list[int]:
@@ -643,7 +668,7 @@ class Scheduler:
         _, results = await self._admit_batch(tasks)
         self._pump()
         if self._log is not None:
-            await self._log.durable()
+            await self._log.durable(*_claims(results))
         return [task_id for task_id, _ in results]
 
     # ================================================================ other calls
@@ -721,7 +746,7 @@ class Scheduler:
                            tolerance=tolerance, on_miss=on_miss)
         self._pump()
         if self._log is not None:
-            await self._log.durable()
+            await self._log.durable(needs=(name,))
 
     async def remove_recurring(self, name: str) -> bool:
         """Stop a schedule (an occurrence already created still runs)."""

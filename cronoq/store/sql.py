@@ -32,7 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..core.errors import SchedulerError
 from ..core.types import TERMINAL
-from .base import Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreUnavailable
+from .base import Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable
 from .schema import Tables
 
 __all__ = ["SqlStore", "clean_text"]
@@ -201,7 +201,33 @@ class SqlStore:
         except SchedulerError:
             raise
         except self._db_errors as exc:
-            raise StoreUnavailable(f"the {self.dialect} store is unavailable: {describe(exc)}") from exc
+            raise StoreUnavailable(f"the {self.dialect} store is unavailable: {self._describe(exc)}") from exc
+
+    # SQLSTATE classes of errors about the data itself: data exception (22),
+    # integrity constraint violation (23), program limit exceeded (54: an index
+    # entry or a value too large). Everything else may pass: an outage.
+    _REFUSED_STATES = ("22", "23", "54")
+
+    def _refuses(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the database refuses the data (retrying the
+        same rows cannot help), rather than that it is unavailable."""
+        if isinstance(exc, (TypeError, ValueError, OverflowError)):
+            return True   # a value the driver cannot bind
+        orig = getattr(exc, "orig", None) or exc
+        state = getattr(orig, "sqlstate", None)
+        if isinstance(state, str) and state:
+            return state[:2] in self._REFUSED_STATES
+        dbapi = self.engine.dialect.loaded_dbapi if self.engine is not None else None
+        return dbapi is not None and isinstance(orig, (dbapi.IntegrityError, dbapi.DataError))
+
+    _secrets: tuple[str, ...] = ()   # text masked in error messages (a password)
+
+    def _describe(self, exc: BaseException) -> str:
+        """``describe(exc)`` with any secret of the connection masked."""
+        text = describe(exc)
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def _ensure(self) -> None:
         """Connect and migrate (on the worker thread, once)."""
@@ -260,6 +286,7 @@ class SqlStore:
                          f"{sched_col['record']} = excluded.{sched_col['record']}, "
                          f"{sched_col['payload']} = excluded.{sched_col['payload']}")
         s["unschedule"] = f"DELETE FROM {schedules} WHERE {sched_col['name']} = {p}"
+        s["withdraw"] = f"DELETE FROM {tasks} WHERE {col['id']} = {p}"
         s["fence"] = (f"SELECT {meta_col['epoch']}, {meta_col['holder']} FROM {meta} "
                       f"WHERE {meta_col['id']} = 1{self._fence_suffix}")
 
@@ -341,15 +368,26 @@ class SqlStore:
     async def commit(self, epoch: int, batch: Batch) -> None:
         """Write ``batch`` in one transaction that first checks ``epoch``
         (``Fenced`` if a newer leader exists, ``StoreUnavailable`` if the
-        database cannot be reached: the runtime retries the same batch)."""
+        database cannot be reached: the runtime retries the same batch;
+        ``StoreRejected`` if it refuses the data: the runtime isolates the
+        rows at fault)."""
+        if self._closed:
+            raise SchedulerError(f"the {self.dialect} store is closed")
         try:
-            await self._call(self._commit_sync, epoch, batch)
-        except Fenced as exc:
+            await self._executor.call(self._commit_sync, epoch, batch)
+        except SchedulerError as exc:
+            if not isinstance(exc, Fenced):
+                raise
             self._stop_watch()
             self._lost_reason = self._lost_reason or f"fenced: {exc}"
             self.epoch = None
             self._deposed()
             raise
+        except (*self._db_errors, TypeError, ValueError, OverflowError) as exc:
+            if self._refuses(exc):
+                raise StoreRejected(f"the {self.dialect} database refused the data: "
+                                    f"{self._describe(exc)}") from exc
+            raise StoreUnavailable(f"the {self.dialect} store is unavailable: {self._describe(exc)}") from exc
 
     def _deposed(self) -> None:
         """Let go of the connections a leader holds (any thread)."""
@@ -410,6 +448,8 @@ class SqlStore:
                         (clean_text(s.name), _record_text(s.record), s.payload) for s in latest.values()])
                 if batch.removed_schedules:
                     cursor.executemany(sql["unschedule"], [(clean_text(n),) for n in batch.removed_schedules])
+                if batch.withdrawn:   # last: a row of a withdrawn task written above goes too
+                    cursor.executemany(sql["withdraw"], [(task_id,) for task_id in batch.withdrawn])
                 # batch.high_water is the largest id inserted here: the rows carry it, and
                 # pruning folds the ids it deletes into the meta row (see _prune_sync).
             finally:
@@ -429,7 +469,7 @@ class SqlStore:
         try:
             self._prune_sync(time.time_ns())
         except SQLAlchemyError as exc:   # try again later
-            log.warning("%s store: pruning finished tasks failed: %s", self.dialect, describe(exc))
+            log.warning("%s store: pruning finished tasks failed: %s", self.dialect, self._describe(exc))
 
     # ----------------------------------------------------------- pruning
 

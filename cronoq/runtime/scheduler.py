@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import logging
 from collections import deque
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from ..core import actions as act
 from ..core.engine import Core
@@ -40,6 +41,18 @@ _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
 _STATUS = {status: status for status in STATUSES}
 # Terminal statuses the event path handles without logging (dead letters are logged).
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
+
+
+def _consume(rows: Iterable) -> Iterator:
+    """The items of ``rows``; a list is emptied as it is read (its rows freed)."""
+    if isinstance(rows, list):
+        for i in range(len(rows)):
+            row = rows[i]
+            rows[i] = None
+            yield row
+        rows.clear()
+    else:
+        yield from rows
 
 
 def _claims(results) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -184,15 +197,56 @@ class Scheduler:
         self._pump = self._pump_durable
         now = self.clock.now_ns()
         recovered = await store.recover(now, config.retention_ns)
-        tasks = [self._decode_task(row) for row in recovered.tasks]
-        schedules = [self._decode_schedule(row) for row in recovered.schedules]
-        quarantined = core.restore(now, tasks, schedules, recovered.high_water)
+        # Millions of objects are made here and all of them live on: the cyclic
+        # collector would scan the growing heap again and again for nothing.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            tasks = self._decode_tasks(recovered.tasks)
+            recovered.tasks = []   # the rows go as they are decoded
+            schedules = [self._decode_schedule(row) for row in recovered.schedules]
+            quarantined = core.restore(now, tasks, schedules, recovered.high_water)
+        finally:
+            if collecting:
+                gc.enable()
         if quarantined:
             log.warning("%d stored tasks were quarantined at recovery", len(quarantined),
                         extra={"action": "quarantine", "count": len(quarantined)})
         log.info("recovered %d live tasks and %d schedules", len(core.tasks), len(core.recurring),
                  extra={"action": "recovered", "epoch": epoch})
         store.on_lost(self._lost_threadsafe)
+
+    def _decode_tasks(self, rows: Iterable) -> Iterator[RestoredTask]:
+        """The stored rows as the engine restores them, one at a time (a row,
+        its record and its payload bytes are freed as the next is read).
+
+        Rows whose record is one shared dict (equal options: the store shares
+        them) share one read-only spec; each carries its own payload.
+        """
+        decode = self.codec.decode
+        shared: dict[int, tuple[dict, TaskSpec]] = {}
+        for row in _consume(rows):
+            record = row.record
+            hit = shared.get(id(record))
+            status = _STATUS.get(row.status)
+            if hit is not None and hit[0] is record and status is not None and row.payload is not None:
+                try:
+                    payload = decode(row.payload)
+                except Exception as exc:  # any decoding problem quarantines the row
+                    yield self._undecodable(row, status, exc)
+                    continue
+                yield RestoredTask(row.id, row.pool, hit[1], row.submitted_ns, status, row.attempt,
+                                   row.message, row.finished_ns, None, payload)
+                continue
+            task = self._decode_task(row)
+            if task.spec is not None and isinstance(record, dict) and "key" not in record \
+                    and len(shared) < 4096:
+                shared[id(record)] = (record, task.spec)
+            yield task
+
+    def _undecodable(self, row, status: str, exc: Exception) -> RestoredTask:
+        return RestoredTask(row.id, row.pool, None, row.submitted_ns, status, row.attempt,
+                            row.message, row.finished_ns, error=f"cannot decode the stored task: {exc}")
 
     def _decode_task(self, row) -> RestoredTask:
         # The engine compares statuses by identity: map the store's strings to its constants.
@@ -207,8 +261,7 @@ class Scheduler:
             return RestoredTask(row.id, row.pool, spec, row.submitted_ns, status, row.attempt,
                                 row.message, row.finished_ns)
         except Exception as exc:  # any decoding problem quarantines the row
-            return RestoredTask(row.id, row.pool, None, row.submitted_ns, status, row.attempt,
-                                row.message, row.finished_ns, error=f"cannot decode the stored task: {exc}")
+            return self._undecodable(row, status, exc)
 
     def _decode_schedule(self, row) -> RestoredSchedule:
         record = row.record or {}

@@ -10,7 +10,7 @@ codec and hands the result to ``Core.restore``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 from ..core.errors import SchedulerError
 
@@ -95,9 +95,9 @@ class Batch:
         self.high_water = max(self.high_water, other.high_water)
 
 
-@dataclass
+@dataclass(slots=True)
 class StoredTask:
-    """A task row as recovery reads it back."""
+    """A task row as recovery reads it back (equal records may be one shared dict: read-only)."""
 
     id: int
     pool: str
@@ -122,7 +122,7 @@ class Recovered:
     """What a new leader loads: live tasks, recently ended ones (and the ended
     parents of live tasks), recurring schedules, and the id high-water mark."""
 
-    tasks: list[StoredTask]
+    tasks: Iterable[StoredTask]     # live tasks in id order, then ended ones; possibly a one-pass stream
     schedules: list[StoredSchedule]
     high_water: int
 

@@ -30,7 +30,18 @@ class JsonCodec:
             raise TypeError(f"the payload cannot be stored as JSON: {exc} "
                             f"(pass codec= to the Scheduler for other types)") from exc
 
+    _decode_text = json.JSONDecoder().decode
+
     def decode(self, data: bytes) -> Any:
+        # Straight to the decoder for the UTF-8 this codec writes (recovery decodes
+        # millions); anything else goes through json.loads and its encoding detection.
+        if type(data) is bytes:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                return json.loads(data)
+            if not text.startswith("\ufeff"):
+                return self._decode_text(text)
         return json.loads(data)
 
     def __repr__(self) -> str:

@@ -1888,11 +1888,12 @@ class Core:
             if e.x is not None and e.x.awaits and e.pool.config.await_timeout_ns is not None:
                 self.timers.push(now + e.pool.config.await_timeout_ns, tm.AWAIT, e)
         for e in entries:
-            if e.status in TERMINAL:   # skipped meanwhile: a doomed parent ended it
-                continue
-            if e.id in doomed:
-                self._finish(e, SKIPPED, now, doomed[e.id])
-                continue
+            if doomed or interrupted:
+                if e.status in TERMINAL:   # skipped meanwhile: a parent that ended doomed it
+                    continue
+                if e.id in doomed:
+                    self._finish(e, SKIPPED, now, doomed[e.id])
+                    continue
             stored = interrupted.get(e.id) if interrupted else None
             if stored is not None:
                 policy = e.spec.retry if e.spec is not None and e.spec.retry is not None else e.pool.retry

@@ -355,9 +355,15 @@ class DurableLog:
                             self.outage = True
                             log.error("store unavailable, retrying the commit: %s", exc,
                                       extra={"action": "store_outage"})
+                        error = StoreUnavailable(f"the store is unavailable: {exc}")
+                        if getattr(exc, "uncertain", False):
+                            error = StoreUnavailable(
+                                f"the store is unavailable: {exc} (the connection failed during the commit, "
+                                f"which may have been written: such rows are deleted when the store returns, "
+                                f"and this scheduler never runs them)")
                         for waiter in self.inflight_waiters:
                             if not waiter.future.done():
-                                self._give_up(waiter, StoreUnavailable(f"the store is unavailable: {exc}"))
+                                self._give_up(waiter, error)
                         self.inflight_waiters = []
                         if not batch:   # all of it was withdrawn: nothing is left to write
                             refused = None

@@ -21,7 +21,13 @@ ID_EPOCH_BITS = 44   # task ids carry the leader's epoch above these bits
 
 
 class StoreUnavailable(SchedulerError):
-    """The store could not be reached, or a commit took longer than allowed."""
+    """The store could not be reached, or a commit took longer than allowed.
+
+    ``uncertain`` is true when the connection failed while the database
+    committed: the commit may have been written after all.
+    """
+
+    uncertain = False
 
 
 class StoreRejected(SchedulerError):

@@ -159,6 +159,7 @@ class PostgresStore(SqlStore):
             upgrade(conn, self.schema)
 
     _placeholder = "%s"
+    _commit_outcome_may_be_lost = True
     _fence_suffix = " FOR UPDATE"   # commits serialize on the meta row; a new leader's bump waits
 
     # Column types of the binary COPY of new task rows (in INSERT_COLUMNS order).

@@ -440,7 +440,13 @@ class SqlStore:
             if self._refuses(exc):
                 raise StoreRejected(f"the {self.dialect} database refused the data: "
                                     f"{self._describe(exc)}") from exc
-            raise StoreUnavailable(f"the {self.dialect} store is unavailable: {self._describe(exc)}") from exc
+            unavailable = StoreUnavailable(f"the {self.dialect} store is unavailable: {self._describe(exc)}")
+            unavailable.uncertain = bool(getattr(exc, "cronoq_uncertain", False))
+            raise unavailable from exc
+
+    # A commit whose connection fails while the server commits may have been
+    # written (PostgreSQL); SQLite's local commit either happened or did not.
+    _commit_outcome_may_be_lost = False
 
     def _deposed(self) -> None:
         """Let go of the connections a leader holds (any thread)."""
@@ -507,7 +513,12 @@ class SqlStore:
                 # pruning folds the ids it deletes into the meta row (see _prune_sync).
             finally:
                 cursor.close()
-            conn.commit()
+            try:
+                conn.commit()
+            except Exception as exc:
+                if self._commit_outcome_may_be_lost:
+                    exc.cronoq_uncertain = True   # type: ignore[attr-defined]
+                raise
         except BaseException:
             self._abandon_writer(conn)
             raise

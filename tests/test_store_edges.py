@@ -139,6 +139,26 @@ async def test_a_row_the_database_refuses_does_not_block_the_commits_after_it(ba
     assert all(row[2] == "succeeded" for row in rows)
 
 
+async def test_a_schedule_the_database_refuses_is_removed_and_the_others_are_written(sqlite_backend):  # noqa: F811
+    store = sqlite_backend.store()
+    sched = cronoq.Scheduler([pool(Work(), capacity=0)], store=store)
+    await sched.start()
+    sqlite_backend.sql("CREATE TRIGGER refuse_schedule BEFORE INSERT ON cronoq_schedules "
+                       "WHEN NEW.name = 'refused' BEGIN SELECT RAISE(ABORT, 'refused by a test'); END")
+    try:
+        refused, kept, task = await asyncio.gather(
+            sched.add_recurring("refused", "0 * * * *", {}), sched.add_recurring("kept", "0 * * * *", {}),
+            sched.enqueue({"name": "task"}, key="task"), return_exceptions=True)
+        assert isinstance(refused, StoreRejected) and "refused" in str(refused), refused
+        assert kept is None and isinstance(task, int)
+        assert sorted(sched._core.recurring) == ["kept"], "memory and store agree"
+        assert await sched.remove_recurring("refused") is False
+    finally:
+        await sched.shutdown()
+    assert [row[0] for row in sqlite_backend.sql("SELECT name FROM cronoq_schedules")] == ["kept"]
+    assert [row[1] for row in sqlite_backend.rows()] == ["task"]
+
+
 async def test_a_refused_task_never_runs_and_its_dependents_are_skipped():
     database = MemoryDatabase()
     database.reject = lambda row: "no" if row.kind == "poison" else None

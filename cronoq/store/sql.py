@@ -211,7 +211,10 @@ class _RowStream:
                 yield from rows
                 del rows
         finally:
-            store._executor.submit(slices.close)   # after any step under way: ends the read transaction
+            try:   # after any step under way: ends the read transaction
+                store._executor.submit(slices.close)
+            except RuntimeError:   # the store is closed: its connections are gone already
+                pass
 
 
 class SqlStore:

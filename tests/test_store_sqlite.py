@@ -69,7 +69,15 @@ async def test_a_hung_leader_loses_its_lease_and_notices_when_it_wakes(sqlite_ba
     starting = asyncio.create_task(b.start())
     loop = asyncio.get_running_loop()
     hung = loop.time()
-    a_store._executor.submit(time.sleep, 2.5)   # a's database thread hangs: no renewal
+    # a's process hangs: its database thread, and the thread that renews its lease.
+    renew = a_store._renew_sync
+
+    def hung_renew(epoch):
+        time.sleep(2.5)
+        return renew(epoch)
+
+    a_store._renew_sync = hung_renew
+    a_store._executor.submit(time.sleep, 2.5)
     await asyncio.wait_for(starting, 5)
     took = loop.time() - hung
     assert 0.6 < took < 2.3, f"the standby took over after {took:.2f} s; the lease lasts 1 s"
@@ -176,3 +184,46 @@ def test_the_demo_keeps_its_state_in_the_store_it_is_given(tmp_path, capsys):
         conn.close()
     assert statuses.get("succeeded", 0) >= 5 and statuses.get("failed") == 1   # the pipeline's load step
     assert outputs == statuses["succeeded"]   # every result was JSON and got stored
+
+
+@pytest.mark.asyncio
+async def test_the_lease_is_renewed_while_a_long_recovery_runs(sqlite_backend, monkeypatch):
+    """Recovering a large backlog keeps the store's worker thread (reading)
+    and then the event loop (decoding) busy for longer than the lease: a
+    standby must not take over meanwhile, or leadership would go back and
+    forth for ever."""
+    from cronoq.core.engine import Core
+
+    busy = 2.5   # seconds, against a lease of 1 s
+    store = sqlite_backend.store(lease_ttl=1.0, lease_renew=0.2)
+    read = store._recover_sync
+
+    def slow_read(*args):
+        time.sleep(busy)
+        return read(*args)
+
+    store._recover_sync = slow_read
+    restore = Core.restore
+
+    def slow_restore(self, *args, **options):
+        time.sleep(busy)   # the event loop itself is blocked
+        return restore(self, *args, **options)
+
+    monkeypatch.setattr(Core, "restore", slow_restore)
+    work = Work()
+    leader = cronoq.Scheduler([pool(work)], store=store)
+    leading = asyncio.ensure_future(leader.start())
+    await eventually(lambda: store.epoch is not None, what="the first scheduler to take the lease")
+    standby_store = sqlite_backend.store()
+    standby = cronoq.Scheduler([pool(Work())], store=standby_store)
+    waiting = asyncio.ensure_future(standby.start())
+    await leading
+    monkeypatch.undo()
+    try:
+        handle = await leader.submit({"name": "after recovery"})   # fenced if the lease was lost
+        assert await handle == {"done": "after recovery"}
+        assert leader.running and standby_store.epoch is None and not waiting.done()
+    finally:
+        await leader.shutdown()
+    await asyncio.wait_for(waiting, 10)   # released on shutdown: the standby leads now
+    await standby.shutdown()

@@ -27,7 +27,7 @@ from .errors import (
 )
 from .metrics import Histogram, PoolWindow, RunStats
 from .queues import ReadyQueues
-from .persist import RestoredSchedule, RestoredTask
+from .persist import _SPEC_PAYLOAD, RestoredSchedule, RestoredTask
 from .recurring import OVERLAP_POLICIES, CronSchedule, Recurring, rfc3339
 from .reservations import Calendar
 from .resources import ResourceState
@@ -38,6 +38,7 @@ from .types import (
     READY, RETRYABLE, RETRYING, RUNNING, SCHEDULED, SHED, SKIPPED, SUCCEEDED, SUCCESS, TERMINAL,
     CoreConfig, PoolConfig, ResourceConfig, TaskSpec, check_name, to_ns,
 )
+from .types import KEY_LIMIT, RECURRING_KEY_LIMIT, check_length
 
 __all__ = ["Core", "Entry"]
 
@@ -65,6 +66,7 @@ MUT_STATUS = "status"
 MUT_OUTPUT = "output"
 MUT_RECURRING = "recurring"
 MUT_RECURRING_REMOVED = "recurring_removed"
+MUT_WITHDRAWN = "withdrawn"   # a submission taken back: the store deletes any row of it
 
 
 class Extra:
@@ -445,6 +447,45 @@ class Core:
         elif self._timers_ended > (len(self._timer_heap) >> 1) + _COMPACT_SLACK:
             self._compact_timers()
         return True
+
+    def withdraw(self, now: int, task_ids: Iterable[int], message: str) -> list[int]:
+        """Take back submissions that were never acknowledged (the store could
+        not make them durable), as if they had never been admitted.
+
+        Each task ends as a cancel would end it (an attempt the engine started
+        is aborted; dependents react as to a cancellation), then it is
+        forgotten: no event, no retained record, its key free again, and a
+        ``MUT_WITHDRAWN`` mutation asks the store to delete any row of it.
+        Returns the ids withdrawn (those still live).
+        """
+        now = self._enter(now)
+        actions = self.actions
+        withdrawn = []
+        for task_id in task_ids:
+            e = self.tasks.get(task_id)
+            if e is None:
+                continue
+            mark = len(actions)
+            self._finish(e, CANCELLED, now, message)
+            # Keep what its ending did to others (dependents skipped); drop its own traces.
+            tail = [actions.pop() for _ in range(len(actions) - mark)]
+            for raw in reversed(tail):
+                kind = raw[0]
+                if (kind == act.EVENT and raw[1] == task_id) or (kind == act.ABORT and raw[2] == task_id) or (
+                        kind == act.PERSIST and raw[1][0] == MUT_STATUS and raw[1][1] == task_id):
+                    continue
+                actions.append(raw)
+            self.retained.pop(task_id, None)
+            if e.key is not None:
+                self._forget_key(e)
+            self._counts[CANCELLED] -= 1
+            self._submitted -= 1
+            if self._persist:
+                actions.append((act.PERSIST, (MUT_WITHDRAWN, task_id)))
+            withdrawn.append(task_id)
+        if self._dirty:
+            self._flush(now)
+        return withdrawn
 
     def set_capacity(self, now: int, pool: str, capacity: int) -> None:
         """Set the capacity of a pool's unlabeled worker group."""
@@ -1778,34 +1819,87 @@ class Core:
         is retried after a backoff, or dead-lettered. Rows that cannot run
         here (undecodable, or naming a pool or resource this configuration
         lacks) are quarantined as failed. Returns the quarantined ids.
+
+        ``tasks`` is consumed once, lazily: a recovery hands a generator, so
+        each row can be freed as soon as its task is built. Live tasks are
+        expected in id order (they are sorted otherwise).
         """
         now = self._enter(now)
-        tasks = sorted(tasks, key=lambda t: t.id)
         quarantined: list[int] = []
-        ended = []
-        live = []
+        ended: list[RestoredTask] = []
+        entries: list[Entry] = []            # live, in id order
+        interrupted: dict[int, str] = {}     # live ids stored as running or retrying
+        pools = self.pools
+        resources = self.resources
+        live_tasks = self.tasks
+        keys = self.keys
+        top = next_id
+        last = -1
+        ordered = True
         for t in tasks:
-            if t.status in TERMINAL:
+            task_id = t.id
+            if task_id > top:
+                top = task_id
+            status = t.status
+            if status in TERMINAL:
                 ended.append(t)
                 continue
+            spec = t.spec
+            p = pools.get(t.pool)
             problem = t.error
             if problem is None:
-                if t.pool not in self.pools:
+                if p is None:
                     problem = f"pool {t.pool!r} is not configured"
-                elif t.spec.resources:
-                    missing = [name for name in t.spec.resources if name not in self.resources]
+                elif spec.resources:
+                    missing = [name for name in spec.resources if name not in resources]
                     if missing:
                         problem = f"resource {missing[0]!r} is not configured"
             if problem is not None:
-                quarantined.append(t.id)
+                quarantined.append(task_id)
                 message = f"quarantined at recovery: {problem}"
-                ended.append(RestoredTask(t.id, t.pool, t.spec, t.submitted_ns, FAILED, t.attempt,
+                ended.append(RestoredTask(task_id, t.pool, spec, t.submitted_ns, FAILED, t.attempt,
                                           message, now))
-                self.actions.append((act.EVENT, t.id, t.pool, None, FAILED, t.attempt, now, message))
+                self.actions.append((act.EVENT, task_id, t.pool, None, FAILED, t.attempt, now, message))
                 if self._persist:
-                    self.actions.append((act.PERSIST, (MUT_STATUS, t.id, FAILED, t.attempt, now, message)))
+                    self.actions.append((act.PERSIST, (MUT_STATUS, task_id, FAILED, t.attempt, now, message)))
                 continue
-            live.append(t)
+            payload = t.payload
+            if payload is _SPEC_PAYLOAD:
+                payload = spec.payload
+            key = spec.key
+            e = Entry(task_id, p, spec.priority, t.submitted_ns, payload, key, spec.kind,
+                      None if spec.plain else spec)
+            e.attempt = t.attempt
+            live_tasks[task_id] = e
+            if key is not None:
+                keys[key] = task_id
+            p.pending[e.cls] += 1
+            p.pending_total += 1
+            self.pending += 1
+            if status == RUNNING or status == RETRYING:
+                interrupted[task_id] = RUNNING if status == RUNNING else RETRYING
+            if not spec.plain:
+                if spec.deadline_at_ns is not None:
+                    e.deadline = spec.deadline_at_ns
+                    e.est = self._estimate(p, spec)
+                    e.lst = e.deadline - e.est
+                if spec.start_at_ns is not None:
+                    x = e.extra()
+                    x.start = spec.start_at_ns
+                    x.tolerance = spec.tolerance_ns if spec.tolerance_ns is not None else NS
+                    x.on_miss = spec.on_miss
+                    if spec.tags and "cronoq.recurring" in spec.tags:
+                        x.recurring = spec.tags["cronoq.recurring"]
+                    est = self._estimate(p, spec)
+                    p.calendar.add(x.start - x.tolerance, x.start + est + x.tolerance, task_id)
+            if task_id < last:
+                ordered = False
+            last = task_id
+            entries.append(e)
+        if not ordered:
+            entries.sort(key=lambda e: e.id)
+            for e in entries:   # the task table in id order too
+                live_tasks[e.id] = live_tasks.pop(e.id)
         if self._retain_on:
             ended.sort(key=lambda t: (t.finished_ns or now, t.id))
             for t in ended:
@@ -1816,44 +1910,18 @@ class Core:
                 kind = t.spec.kind if t.spec is not None else None
                 self.retained[t.id] = (t.status, t.pool, key, kind, t.attempt, t.message)
                 self._retain_order.append((expires, t.id))
-                if key is not None:
-                    self.keys[key] = t.id
-        entries: list[tuple[Entry, RestoredTask]] = []
-        top = next_id
-        for t in tasks:
-            top = max(top, t.id)
-        for t in live:
-            p = self.pools[t.pool]
-            spec = t.spec
-            e = Entry(t.id, p, spec.priority, t.submitted_ns, spec.payload, spec.key, spec.kind,
-                      None if spec.plain else spec)
-            e.attempt = t.attempt
-            self.tasks[t.id] = e
-            if spec.key is not None:
-                self.keys[spec.key] = t.id
-            p.pending[e.cls] += 1
-            p.pending_total += 1
-            self.pending += 1
-            if spec.deadline_at_ns is not None:
-                e.deadline = spec.deadline_at_ns
-                e.est = self._estimate(p, spec)
-                e.lst = e.deadline - e.est
-            if spec.start_at_ns is not None:
-                x = e.extra()
-                x.start = spec.start_at_ns
-                x.tolerance = spec.tolerance_ns if spec.tolerance_ns is not None else NS
-                x.on_miss = spec.on_miss
-                if spec.tags and "cronoq.recurring" in spec.tags:
-                    x.recurring = spec.tags["cronoq.recurring"]
-                est = self._estimate(p, spec)
-                p.calendar.add(x.start - x.tolerance, x.start + est + x.tolerance, e.id)
-            entries.append((e, t))
+                if key is not None and keys.get(key) not in live_tasks:   # a live task keeps its key
+                    keys[key] = t.id
+        del ended
         doomed: dict[int, str] = {}
-        for e, t in entries:
+        for e in entries:
+            spec = e.spec
+            if spec is None or not spec.edges:
+                continue
             parents = []
-            for ref, cond in t.spec.edges:
-                task_id = self.keys.get(ref) if isinstance(ref, str) else ref
-                parent = self.tasks.get(task_id) if task_id is not None else None
+            for ref, cond in spec.edges:
+                task_id = keys.get(ref) if isinstance(ref, str) else ref
+                parent = live_tasks.get(task_id) if task_id is not None else None
                 if parent is not None and parent is not e:
                     e.unmet += 1
                     if parent.children is None:
@@ -1878,19 +1946,23 @@ class Core:
                 e.extra().parents = tuple(parents)
             if e.x is not None and e.x.awaits and e.pool.config.await_timeout_ns is not None:
                 self.timers.push(now + e.pool.config.await_timeout_ns, tm.AWAIT, e)
-        for e, t in entries:
-            if e.id in doomed:
-                self._finish(e, SKIPPED, now, doomed[e.id])
-                continue
-            if t.status == RUNNING or t.status == RETRYING:
+        for e in entries:
+            if doomed or interrupted:
+                if e.status in TERMINAL:   # skipped meanwhile: a parent that ended doomed it
+                    continue
+                if e.id in doomed:
+                    self._finish(e, SKIPPED, now, doomed[e.id])
+                    continue
+            stored = interrupted.get(e.id) if interrupted else None
+            if stored is not None:
                 policy = e.spec.retry if e.spec is not None and e.spec.retry is not None else e.pool.retry
-                if t.status == RUNNING and e.attempt >= policy.max_attempts:
+                if stored is RUNNING and e.attempt >= policy.max_attempts:
                     self._finish(e, DEAD_LETTERED, now,
                                  f"attempt {e.attempt} was interrupted by a scheduler restart and no "
                                  f"attempts remain")
                     continue
                 delay = 0
-                if t.status == RUNNING:
+                if stored is RUNNING:
                     delay = policy.backoff_ns(e.attempt + 1)
                     if policy.jitter and delay:
                         delay = int(self.rng.random() * delay)
@@ -1901,11 +1973,12 @@ class Core:
                 e.status = RETRYING
                 self.timers.push(now + delay, tm.RETRY, e, e.attempt)
                 continue
-            if e.x is not None and e.x.start is not None:
+            x = e.x
+            if x is not None and x.start is not None:
                 self._arm_fixed(e, now)
             if e.unmet:
                 self._set_inactive(e, BLOCKED, now)
-            elif e.x is not None and e.x.start is not None and e.x.start > now and e.attempt == 0:
+            elif x is not None and x.start is not None and x.start > now and e.attempt == 0:
                 self._set_inactive(e, SCHEDULED, now)
             else:
                 self._to_ready(e, now)
@@ -1948,6 +2021,9 @@ class Core:
         """Register (or replace) a recurring schedule of fixed-start occurrences."""
         now = self._enter(now)
         check_name(name, "schedule name", error=ValueError)
+        check_length(name, "schedule name", KEY_LIMIT)
+        if isinstance(template, TaskSpec) and template.key is not None:
+            check_length(template.key, "a recurring schedule's key", RECURRING_KEY_LIMIT)
         schedule = CronSchedule(cron, tz)
         if overlap not in OVERLAP_POLICIES:
             raise ValueError(f"overlap must be one of {', '.join(OVERLAP_POLICIES)}, got {overlap!r}")

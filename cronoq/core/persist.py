@@ -119,9 +119,16 @@ def _template_record(template: TaskSpec) -> dict[str, Any]:
     return record
 
 
-@dataclass
+_SPEC_PAYLOAD: Any = object()   # RestoredTask.payload: the spec's own
+
+
+@dataclass(slots=True)
 class RestoredTask:
-    """A task as a store recovered it."""
+    """A task as a store recovered it.
+
+    Tasks with the same options may share one ``spec`` (read-only); each then
+    carries its own ``payload``.
+    """
 
     id: int
     pool: str
@@ -132,6 +139,7 @@ class RestoredTask:
     message: str | None = None
     finished_ns: int | None = None
     error: str | None = None       # why the row could not be decoded
+    payload: Any = _SPEC_PAYLOAD   # the task's payload, when not ``spec.payload``
 
 
 @dataclass

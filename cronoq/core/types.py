@@ -53,6 +53,11 @@ __all__ = [
     "to_ns",
     "time_to_ns",
     "check_name",
+    "check_length",
+    "KEY_LIMIT",
+    "NAME_LIMIT",
+    "VALUE_LIMIT",
+    "RECURRING_KEY_LIMIT",
 ]
 
 NS = 1_000_000_000
@@ -117,6 +122,45 @@ def check_name(value: object, field: str, *, error: type[Exception] = InvalidTas
     if "\x00" in value:
         raise error(f"{field} must not contain NUL characters")
     return value
+
+
+# ---------------------------------------------------------------- length limits
+# In UTF-8 bytes, which is what database indexes limit: PostgreSQL refuses a
+# B-tree entry above about 2.7 kB, and a refused row must never reach a commit.
+# The same limits hold with any store, or none, so behaviour never depends on it.
+
+KEY_LIMIT = 1024      # a task's key, a key a dependency names, a recurring schedule's name
+NAME_LIMIT = 255      # pool, kind, tenant, resource, label and tag names
+VALUE_LIMIT = 1024    # label and tag values
+# Each occurrence of a recurring schedule gets the key "<key>@YYYY-MM-DDTHH:MM:SSZ".
+RECURRING_KEY_LIMIT = KEY_LIMIT - len("@2000-01-01T00:00:00Z")
+
+
+def check_length(value: str, field: str, limit: int, *, error: type[Exception] = InvalidTask) -> str:
+    """``value`` if it takes at most ``limit`` bytes in UTF-8."""
+    if len(value) * 4 > limit:   # shorter strings fit whatever their characters
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise error(f"{field} is {size} bytes long in UTF-8; the limit is {limit} bytes")
+    return value
+
+
+def _check_lengths(spec: TaskSpec) -> None:
+    """The length limits of a task's options (see KEY_LIMIT and friends)."""
+    for field, limit in (("pool", NAME_LIMIT), ("kind", NAME_LIMIT), ("tenant", NAME_LIMIT),
+                         ("key", KEY_LIMIT)):
+        value = spec.__dict__.get(field)
+        if value is not None:
+            check_length(value, field, limit)
+    for ref, _ in spec.edges:
+        if isinstance(ref, str):
+            check_length(ref, "a dependency's key", KEY_LIMIT)
+    for name in spec.resources or ():
+        check_length(name, "resource name", NAME_LIMIT)
+    for field, items in (("labels", spec.labels or ()), ("tags", (spec.tags or {}).items())):
+        for name, value in items:
+            check_length(name, f"{field} name", NAME_LIMIT)
+            check_length(value, f"{field}[{name!r}]", VALUE_LIMIT)
 
 
 def _check_text(value: object, field: str, error: type[Exception]) -> str:
@@ -463,6 +507,7 @@ class TaskSpec:
             plain = False
         if not plain:
             self.plain = False
+        _check_lengths(self)
 
     @property
     def fixed_start(self) -> bool:
@@ -570,7 +615,8 @@ class ResourceConfig:
 
     def __init__(self, name: str, kind: str, *, permits: int | None = None, rate: float | None = None,
                  burst: int | None = None) -> None:
-        self.name = check_name(name, "resource name", error=ValueError)
+        self.name = check_length(check_name(name, "resource name", error=ValueError), "resource name",
+                                 NAME_LIMIT, error=ValueError)
         if kind == "semaphore":
             self.permits = _int_at_least(permits, "permits", 1)
             self.rate = None
@@ -614,7 +660,8 @@ class PoolConfig:
                  await_timeout: float | None = None, default_duration: float = 1.0,
                  reservable_fraction: float = 0.5, tenant_weights: Mapping[str, float] | None = None,
                  fair_share: bool = False) -> None:
-        self.name = check_name(name, "pool name", error=ValueError)
+        self.name = check_length(check_name(name, "pool name", error=ValueError), "pool name", NAME_LIMIT,
+                                 error=ValueError)
         self.min = _int_at_least(min, "min", 0)
         self.max = _int_at_least(max, "max", 1)
         if self.min > self.max:

@@ -6,8 +6,22 @@ go out together in the next transaction (group commit), while the loop keeps
 running. Every effect (dispatch, abort, event, handle resolution) that the
 engine produced after a mutation waits for that mutation's commit, so a worker
 never runs a task a crash could "unsubmit", and an acknowledged call is on
-disk. A failed commit is retried with backoff, unchanged; callers waiting on
-it get ``SchedulerError`` after ``commit_timeout``.
+disk.
+
+The converse holds too: a submission whose call raises was not admitted.
+When a commit fails (the store is unavailable) or a caller's ``commit_timeout``
+passes, the submissions that call made are withdrawn: taken out of the
+batches, forgotten by the engine, and deleted from the store should an
+earlier attempt have written them after all. A caller whose rows are being
+written at that moment waits for that attempt's outcome instead: committed,
+the call succeeds; failed, it raises. Other changes (cancel, schedules) stay
+and are written when the store returns.
+
+A failed commit is retried with backoff. A commit the database refuses for
+its data (``StoreRejected``: a constraint, a value too large) is split until
+the rows at fault are isolated: those are refused (their submissions
+withdrawn, their callers told why, the refusal logged) and the rest is
+committed, so one bad row never blocks the commits after it.
 """
 
 from __future__ import annotations
@@ -15,12 +29,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
-from ..core.engine import MUT_OUTPUT, MUT_RECURRING, MUT_RECURRING_REMOVED, MUT_STATUS, MUT_SUBMIT
+from ..core.engine import (
+    MUT_OUTPUT, MUT_RECURRING, MUT_RECURRING_REMOVED, MUT_STATUS, MUT_SUBMIT, MUT_WITHDRAWN,
+)
 from ..core.errors import InvalidTask, SchedulerError
 from ..core.persist import schedule_record, spec_record
-from ..store.base import Batch, Fenced, ScheduleRow, StatusRow, TaskRow
+from ..store.base import Batch, Fenced, ScheduleRow, StatusRow, StoreRejected, StoreUnavailable, TaskRow
 from .runner import clean_message
 
 if TYPE_CHECKING:
@@ -43,6 +59,74 @@ def encoded_payload(spec, codec) -> bytes:
     return data
 
 
+class _Waiter:
+    """A call waiting until its changes are durable.
+
+    ``claims``: the ids of the tasks the call submitted (withdrawn if the call
+    fails); ``needs``: the ids and schedule names its answer vouches for (the
+    call fails if one of them is withdrawn or refused).
+    """
+
+    __slots__ = ("future", "claims", "needs", "deadline", "stage", "deferred")
+
+    def __init__(self, future: asyncio.Future, claims: tuple, needs: tuple, deadline: float,
+                 stage: int) -> None:
+        self.future = future
+        self.claims = claims
+        self.needs = needs
+        self.deadline = deadline
+        self.stage = stage                                # the batch it waits for
+        self.deferred: SchedulerError | None = None       # given up while its rows were being written
+
+
+def _effect_task(raw: tuple) -> int | None:
+    kind = raw[0]
+    if kind == 1:      # DISPATCH (entry, lease, ...)
+        return raw[1].id
+    if kind == 3:      # EVENT (task id, ...)
+        return raw[1]
+    if kind == 2:      # ABORT (lease, task id, ...)
+        return raw[2]
+    return None
+
+
+def _units(batch: Batch) -> list[Batch]:
+    """``batch`` split into independent parts: one per task, one per schedule."""
+    tasks: dict[int, Batch] = {}
+    schedules: dict[str, Batch] = {}
+
+    def task(task_id: int) -> Batch:
+        unit = tasks.get(task_id)
+        if unit is None:
+            unit = tasks[task_id] = Batch()
+        return unit
+
+    for t in batch.tasks:
+        unit = task(t.id)
+        unit.tasks.append(t)
+        unit.high_water = max(unit.high_water, t.id)
+    for s in batch.statuses:
+        task(s.id).statuses.append(s)
+    for output in batch.outputs:
+        task(output[0]).outputs.append(output)
+    for task_id in batch.withdrawn:
+        task(task_id).withdrawn.append(task_id)
+    for row in batch.schedules:
+        schedules.setdefault(row.name, Batch()).schedules.append(row)
+    for name in batch.removed_schedules:
+        schedules.setdefault(name, Batch()).removed_schedules.append(name)
+    return [*tasks.values(), *schedules.values()]
+
+
+def _merge(units: list[Batch]) -> Batch:
+    if len(units) == 1:
+        return units[0]
+    merged = Batch()
+    for unit in units:
+        merged.extend(unit)
+    return merged
+
+
 class DurableLog:
     def __init__(self, scheduler: Scheduler, store, codec, epoch: int, commit_timeout: float) -> None:
         self.scheduler = scheduler
@@ -52,14 +136,18 @@ class DurableLog:
         self.commit_timeout = commit_timeout
         self.open = Batch()
         self.open_effects: list[tuple] = []
-        self.open_waiters: list[asyncio.Future] = []
+        self.open_waiters: list[_Waiter] = []
+        self.open_stage = 1
         self.inflight: Batch | None = None
         self.inflight_effects: list[tuple] = []
-        self.inflight_waiters: list[asyncio.Future] = []
+        self.inflight_waiters: list[_Waiter] = []
+        self.inflight_stage = 0
+        self.sending = False      # an attempt to commit the batch in flight is under way
         self.task: asyncio.Task | None = None
         self.outage = False
         self.commits = 0
-        self.deadlines: deque[tuple[float, asyncio.Future]] = deque()
+        self.refused = 0          # changes the database refused (logged, callers told)
+        self.deadlines: deque[_Waiter] = deque()
         self.timer: asyncio.TimerHandle | None = None
 
     # -- filling the open batch (on the loop, inside the pump)
@@ -93,6 +181,8 @@ class DurableLog:
                                                encoded_payload(rec.template, self.codec)))
         elif kind == MUT_RECURRING_REMOVED:
             batch.removed_schedules.append(mutation[1])
+        elif kind == MUT_WITHDRAWN:
+            batch.withdrawn.append(mutation[1])
 
     def hold(self, raw: tuple) -> bool:
         """Keep an effect until the mutations before it are durable; False if
@@ -111,40 +201,96 @@ class DurableLog:
 
     # -- waiting for durability
 
-    async def durable(self) -> None:
-        """Return once everything produced so far is committed."""
+    async def durable(self, claims: tuple = (), needs: tuple = ()) -> None:
+        """Return once everything produced so far is committed. ``claims``:
+        ids of tasks this call submitted (withdrawn if it fails); ``needs``:
+        further ids or schedule names whose refusal fails it."""
         if self.open:
-            waiters = self.open_waiters
+            waiters, stage = self.open_waiters, self.open_stage
         elif self.inflight is not None:
-            waiters = self.inflight_waiters
+            waiters, stage = self.inflight_waiters, self.inflight_stage
         else:
             return
         loop = asyncio.get_running_loop()
-        waiter = loop.create_future()
+        waiter = _Waiter(loop.create_future(), claims, claims + needs if needs else claims,
+                         loop.time() + self.commit_timeout, stage)
         waiters.append(waiter)
         # One timer for all waiters (their deadlines come in order), instead of
         # a wait_for and a shield per call: this is on every durable call's path.
         deadlines = self.deadlines
-        while deadlines and deadlines[0][1].done():   # committed ones leave from the front
+        while deadlines and deadlines[0].future.done():   # committed ones leave from the front
             deadlines.popleft()
-        deadlines.append((loop.time() + self.commit_timeout, waiter))
+        deadlines.append(waiter)
         if self.timer is None:
-            self.timer = loop.call_at(self.deadlines[0][0], self._expire)
-        await waiter
+            self.timer = loop.call_at(deadlines[0].deadline, self._expire)
+        await waiter.future
 
     def _expire(self) -> None:
         self.timer = None
         deadlines = self.deadlines
         loop = asyncio.get_running_loop()
         now = loop.time()
-        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
-            _, waiter = deadlines.popleft()
-            if not waiter.done():
-                waiter.set_exception(SchedulerError(
-                    f"the store did not commit within {self.commit_timeout:g} s (unavailable); the "
-                    f"change will be written when it returns: retry with a key to be safe"))
+        while deadlines and (deadlines[0].future.done() or deadlines[0].deadline <= now):
+            waiter = deadlines.popleft()
+            if not waiter.future.done():
+                self._give_up(waiter, StoreUnavailable(
+                    f"the store did not commit within {self.commit_timeout:g} s (unavailable)"))
         if deadlines:
-            self.timer = loop.call_at(deadlines[0][0], self._expire)
+            self.timer = loop.call_at(deadlines[0].deadline, self._expire)
+
+    def _being_written(self, waiter: _Waiter) -> bool:
+        """Whether rows of ``waiter``'s submissions may be committing right now."""
+        return bool(waiter.claims) and self.sending and waiter.stage == self.inflight_stage
+
+    def _give_up(self, waiter: _Waiter, error: SchedulerError) -> None:
+        """Fail a waiting call; withdraw what it submitted (or, if that is being
+        written now, let the attempt's outcome decide)."""
+        if self._being_written(waiter):
+            waiter.deferred = error
+            return
+        if waiter.claims:
+            self._withdraw(waiter.claims, type(error)(
+                f"{error}; the task was not admitted (submit it again; a key makes that safe)"))
+        if not waiter.future.done():
+            waiter.future.set_exception(type(error)(
+                f"{error}; the change stays and is written when the store returns"))
+
+    def _withdraw(self, task_ids: Iterable[int], error: SchedulerError) -> None:
+        """Take submissions back: out of the batches and the held effects, out
+        of the engine (whose withdrawal deletes any row of them), and fail
+        every call that vouches for them."""
+        ids = set(task_ids)
+        attempted = self._strip(ids)
+        self.scheduler._withdraw(ids, str(error))
+        # A row only an attempt that failed may have written (its answer lost)
+        # needs the delete the engine asked for; one never sent does not.
+        open_batch = self.open
+        if open_batch.withdrawn:
+            open_batch.withdrawn = [i for i in open_batch.withdrawn if i not in ids or i in attempted]
+        for waiter in (*self.open_waiters, *self.inflight_waiters):
+            if not waiter.future.done() and waiter.needs and not ids.isdisjoint(waiter.needs):
+                waiter.future.set_exception(error)
+
+    def _strip(self, ids: set[int]) -> set[int]:
+        """Take ``ids`` out of the batches not being written and out of the
+        held effects; returns those that were in the batch in flight."""
+        batches = [self.open]
+        attempted: set[int] = set()
+        if self.inflight is not None and not self.sending:
+            batches.append(self.inflight)
+            attempted = {t.id for t in self.inflight.tasks if t.id in ids}
+        for batch in batches:
+            if batch.tasks:
+                batch.tasks = [t for t in batch.tasks if t.id not in ids]
+            if batch.statuses:
+                batch.statuses = [s for s in batch.statuses if s.id not in ids]
+            if batch.outputs:
+                batch.outputs = [o for o in batch.outputs if o[0] not in ids]
+        if self.open_effects:
+            self.open_effects = [raw for raw in self.open_effects if _effect_task(raw) not in ids]
+        if self.inflight_effects:
+            self.inflight_effects = [raw for raw in self.inflight_effects if _effect_task(raw) not in ids]
+        return attempted
 
     async def flush(self, timeout: float) -> bool:
         """Wait until nothing is pending (shutdown); False on timeout."""
@@ -160,11 +306,23 @@ class DurableLog:
         return True
 
     def fail_all(self, error: BaseException) -> None:
-        for waiter in self.open_waiters + self.inflight_waiters:
-            if not waiter.done():
-                waiter.set_exception(error)
-        self.open_waiters.clear()
-        self.inflight_waiters.clear()
+        """The scheduler stops: fail every waiting call. Their submissions are
+        taken out of the batches (nothing more is written for them); a call
+        whose rows are being written now gets that attempt's outcome."""
+        message = str(error)
+        for waiter in (*self.open_waiters, *self.inflight_waiters):
+            if waiter.future.done():
+                continue
+            if self._being_written(waiter):
+                waiter.deferred = SchedulerError(message)
+                continue
+            if waiter.claims:
+                self._strip(set(waiter.claims))
+                waiter.future.set_exception(SchedulerError(f"{message}; the task was not admitted"))
+            else:
+                waiter.future.set_exception(error)
+        self.open_waiters = [w for w in self.open_waiters if not w.future.done()]
+        self.inflight_waiters = [w for w in self.inflight_waiters if not w.future.done()]
         self.deadlines.clear()
         if self.timer is not None:
             self.timer.cancel()
@@ -176,36 +334,52 @@ class DurableLog:
         try:
             while self.open:
                 batch, self.open = self.open, Batch()
-                effects, self.open_effects = self.open_effects, []
-                waiters, self.open_waiters = self.open_waiters, []
                 self.inflight = batch
-                self.inflight_effects = effects
-                self.inflight_waiters = waiters
+                self.inflight_effects, self.open_effects = self.open_effects, []
+                self.inflight_waiters, self.open_waiters = self.open_waiters, []
+                self.inflight_stage = self.open_stage
+                self.open_stage += 1
                 delay = 0.05
+                refused: list | None = None
                 while True:
                     try:
-                        await self.store.commit(self.epoch, batch)
+                        refused = await self._write(batch)
                         break
                     except Fenced as exc:
+                        self._settle_deferred(exc)
                         self.scheduler._lost(f"fenced: {exc}")
                         return
-                    except Exception as exc:  # unavailable: keep the batch, retry it
+                    except Exception as exc:  # unavailable: not written; keep the rest, retry it
+                        error = exc if isinstance(exc, SchedulerError) else StoreUnavailable(str(exc))
                         if not self.scheduler._accepting_commits():
+                            self._settle_deferred(error)
                             return   # stopped meanwhile (leadership lost): nothing more to write
                         if not self.outage:
                             self.outage = True
                             log.error("store unavailable, retrying the commit: %s", exc,
                                       extra={"action": "store_outage"})
+                        error = StoreUnavailable(f"the store is unavailable: {exc}")
+                        if getattr(exc, "uncertain", False):
+                            error = StoreUnavailable(
+                                f"the store is unavailable: {exc} (the connection failed during the commit, "
+                                f"which may have been written: such rows are deleted when the store returns, "
+                                f"and this scheduler never runs them)")
                         for waiter in self.inflight_waiters:
-                            if not waiter.done():
-                                waiter.set_exception(SchedulerError(f"the store is unavailable: {exc}"))
+                            if not waiter.future.done():
+                                self._give_up(waiter, error)
                         self.inflight_waiters = []
+                        if not batch:   # all of it was withdrawn: nothing is left to write
+                            refused = None
+                            break
                         await asyncio.sleep(delay)
                         delay = min(delay * 2, 2.0)
-                if self.outage:
-                    self.outage = False
-                    log.warning("store available again", extra={"action": "store_recovered"})
-                self.commits += 1
+                if refused is not None:
+                    if self.outage:
+                        self.outage = False
+                        log.warning("store available again", extra={"action": "store_recovered"})
+                    self.commits += 1
+                    if refused:
+                        self._refuse(refused)
                 self.inflight = None
                 effects = self.inflight_effects
                 waiters = self.inflight_waiters
@@ -213,9 +387,78 @@ class DurableLog:
                 self.inflight_waiters = []
                 self.scheduler._release(effects)
                 for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
+                    if not waiter.future.done():
+                        waiter.future.set_result(None)
         finally:
             self.task = None
             if self.open and self.scheduler._accepting_commits():
                 self.kick()
+
+    def _settle_deferred(self, error: SchedulerError) -> None:
+        """The attempt failed: calls that waited for its outcome raise (their
+        rows were not written)."""
+        for waiter in self.inflight_waiters:
+            if waiter.deferred is not None and not waiter.future.done():
+                waiter.future.set_exception(type(waiter.deferred)(
+                    f"{waiter.deferred}; the task was not admitted ({error})"))
+
+    async def _write(self, batch: Batch) -> list[tuple[Batch, StoreRejected]]:
+        """Commit ``batch``; if the database refuses its data, commit it in
+        parts until the refused ones are isolated, and return those."""
+        self.sending = True
+        try:
+            try:
+                await self.store.commit(self.epoch, batch)
+                return []
+            except StoreRejected as exc:
+                units = _units(batch)
+                if len(units) == 1:
+                    return [(units[0], exc)]
+                log.warning("the store refused a commit of %d changes (%s); isolating the ones at fault",
+                            len(units), exc, extra={"action": "store_rejected"})
+                refused: list[tuple[Batch, StoreRejected]] = []
+                middle = len(units) // 2
+                await self._bisect(units[:middle], refused)
+                await self._bisect(units[middle:], refused)
+                return refused
+        finally:
+            self.sending = False
+
+    async def _bisect(self, units: list[Batch], refused: list) -> None:
+        try:
+            await self.store.commit(self.epoch, _merge(units))
+        except StoreRejected as exc:
+            if len(units) == 1:
+                refused.append((units[0], exc))
+                return
+            middle = len(units) // 2
+            await self._bisect(units[:middle], refused)
+            await self._bisect(units[middle:], refused)
+
+    def _refuse(self, refused: list[tuple[Batch, StoreRejected]]) -> None:
+        """The parts of a committed batch the database refused: withdraw the
+        submissions, drop the schedules, log it all; the callers are told."""
+        for unit, exc in refused:
+            self.refused += 1
+            submitted = [t.id for t in unit.tasks]
+            if submitted:
+                for task_id in submitted:
+                    log.error("the store refused task %d, which was not admitted: %s", task_id, exc,
+                              extra={"action": "store_rejected", "task_id": task_id})
+                self._withdraw(submitted, StoreRejected(
+                    f"the store refused the task, which was not admitted: {exc}"))
+            elif unit.statuses or unit.outputs or unit.withdrawn:
+                task_id = (unit.statuses[0].id if unit.statuses
+                           else unit.outputs[0][0] if unit.outputs else unit.withdrawn[0])
+                log.error("the store refused a change of task %d (it is not stored; after a restart the "
+                          "task may run again): %s", task_id, exc,
+                          extra={"action": "store_rejected", "task_id": task_id})
+            names = {row.name for row in unit.schedules} | set(unit.removed_schedules)
+            for name in names:
+                log.error("the store refused a change of schedule %r, which is removed: %s", name, exc,
+                          extra={"action": "store_rejected"})
+                self.scheduler._drop_schedule(name)
+                error = StoreRejected(f"the store refused schedule {name!r}, which is removed: {exc}")
+                for waiter in (*self.open_waiters, *self.inflight_waiters):
+                    if not waiter.future.done() and name in waiter.needs:
+                        waiter.future.set_exception(error)

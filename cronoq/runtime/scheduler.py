@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import logging
 import os
 from collections import deque
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from ..core import actions as act
 from ..core.engine import Core
 from ..core.errors import InvalidTask, QueueFull, SchedulerError
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
-    DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
+    CANCELLED, DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
@@ -44,6 +45,26 @@ _STATUS = {status: status for status in STATUSES}
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
 _NO_OUTPUT: Any = object()   # "no output at hand" (None is a valid output)
 _STORE_METHODS = ("acquire_leadership", "recover", "commit", "load_output", "release_leadership", "on_lost")
+
+
+def _consume(rows: Iterable) -> Iterator:
+    """The items of ``rows``; a list is emptied as it is read (its rows freed)."""
+    if isinstance(rows, list):
+        for i in range(len(rows)):
+            row = rows[i]
+            rows[i] = None
+            yield row
+        rows.clear()
+    else:
+        yield from rows
+
+
+def _claims(results) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """What a submitting call waits on: the ids it created (withdrawn if it
+    fails) and the ids of duplicates it returns (it fails if they are)."""
+    claims = tuple(task_id for task_id, duplicate in results if not duplicate)
+    needs = tuple(task_id for task_id, duplicate in results if duplicate)
+    return claims, needs
 
 
 class _Turn:
@@ -205,15 +226,56 @@ class Scheduler:
         self._pump = self._pump_durable
         now = self.clock.now_ns()
         recovered = await store.recover(now, config.retention_ns)
-        tasks = [self._decode_task(row) for row in recovered.tasks]
-        schedules = [self._decode_schedule(row) for row in recovered.schedules]
-        quarantined = core.restore(now, tasks, schedules, recovered.high_water)
+        # Millions of objects are made here and all of them live on: the cyclic
+        # collector would scan the growing heap again and again for nothing.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            tasks = self._decode_tasks(recovered.tasks)
+            recovered.tasks = []   # the rows go as they are decoded
+            schedules = [self._decode_schedule(row) for row in recovered.schedules]
+            quarantined = core.restore(now, tasks, schedules, recovered.high_water)
+        finally:
+            if collecting:
+                gc.enable()
         if quarantined:
             log.warning("%d stored tasks were quarantined at recovery", len(quarantined),
                         extra={"action": "quarantine", "count": len(quarantined)})
         log.info("recovered %d live tasks and %d schedules", len(core.tasks), len(core.recurring),
                  extra={"action": "recovered", "epoch": epoch})
         store.on_lost(self._lost_threadsafe)
+
+    def _decode_tasks(self, rows: Iterable) -> Iterator[RestoredTask]:
+        """The stored rows as the engine restores them, one at a time (a row,
+        its record and its payload bytes are freed as the next is read).
+
+        Rows whose record is one shared dict (equal options: the store shares
+        them) share one read-only spec; each carries its own payload.
+        """
+        decode = self.codec.decode
+        shared: dict[int, tuple[dict, TaskSpec]] = {}
+        for row in _consume(rows):
+            record = row.record
+            hit = shared.get(id(record))
+            status = _STATUS.get(row.status)
+            if hit is not None and hit[0] is record and status is not None and row.payload is not None:
+                try:
+                    payload = decode(row.payload)
+                except Exception as exc:  # any decoding problem quarantines the row
+                    yield self._undecodable(row, status, exc)
+                    continue
+                yield RestoredTask(row.id, row.pool, hit[1], row.submitted_ns, status, row.attempt,
+                                   row.message, row.finished_ns, None, payload)
+                continue
+            task = self._decode_task(row)
+            if task.spec is not None and isinstance(record, dict) and "key" not in record \
+                    and len(shared) < 4096:
+                shared[id(record)] = (record, task.spec)
+            yield task
+
+    def _undecodable(self, row, status: str, exc: Exception) -> RestoredTask:
+        return RestoredTask(row.id, row.pool, None, row.submitted_ns, status, row.attempt,
+                            row.message, row.finished_ns, error=f"cannot decode the stored task: {exc}")
 
     def _decode_task(self, row) -> RestoredTask:
         # The engine compares statuses by identity: map the store's strings to its constants.
@@ -228,8 +290,7 @@ class Scheduler:
             return RestoredTask(row.id, row.pool, spec, row.submitted_ns, status, row.attempt,
                                 row.message, row.finished_ns)
         except Exception as exc:  # any decoding problem quarantines the row
-            return RestoredTask(row.id, row.pool, None, row.submitted_ns, status, row.attempt,
-                                row.message, row.finished_ns, error=f"cannot decode the stored task: {exc}")
+            return self._undecodable(row, status, exc)
 
     def _decode_schedule(self, row) -> RestoredSchedule:
         record = row.record or {}
@@ -438,6 +499,23 @@ class Scheduler:
     async def _durable(self) -> None:
         if self._log is not None:
             await self._log.durable()
+
+    def _withdraw(self, task_ids, message: str) -> None:
+        """Submissions the store did not make durable, whose callers are told
+        so: the engine forgets them (see DurableLog)."""
+        if self._core is None:
+            return
+        for task_id in self._core.withdraw(self.clock.now_ns(), task_ids, message):
+            handle = self._handles.pop(task_id, None)
+            for h in handle if isinstance(handle, list) else (() if handle is None else (handle,)):
+                h._fail(CANCELLED, message)
+        self._pump()
+
+    def _drop_schedule(self, name: str) -> None:
+        """A schedule the store refused: remove it, so memory and store agree."""
+        if self._core is not None:
+            self._core.remove_recurring(self.clock.now_ns(), name)
+            self._pump()
 
     def _lost_threadsafe(self, reason: str) -> None:
         loop = self._loop
@@ -675,15 +753,15 @@ class Scheduler:
         handle = self._attach(task_id, spec.key, duplicate)
         self._pump()
         if self._log is not None:
-            await self._log.durable()
+            await self._log.durable(*_claims(((task_id, duplicate),)))
         return handle
 
     async def enqueue(self, payload: Any = None, **options: Any) -> int:
         """Submit a task without a handle (cheaper); returns its id."""
-        task_id, _ = await self._admit(TaskSpec(payload, **options))
+        task_id, duplicate = await self._admit(TaskSpec(payload, **options))
         self._pump()
         if self._log is not None:
-            await self._log.durable()
+            await self._log.durable(*_claims(((task_id, duplicate),)))
         return task_id
 
     async def _admit_batch(self, tasks: Iterable[TaskSpec]) -> list:
@@ -718,7 +796,7 @@ class Scheduler:
                    for spec, (task_id, duplicate) in zip(specs, results)]
         self._pump()
         if self._log is not None:
-            await self._log.durable()
+            await self._log.durable(*_claims(results))
         return handles
 
     async def enqueue_batch(self, tasks: Iterable[TaskSpec]) -> list[int]:
@@ -726,7 +804,7 @@ class Scheduler:
         _, results = await self._admit_batch(tasks)
         self._pump()
         if self._log is not None:
-            await self._log.durable()
+            await self._log.durable(*_claims(results))
         return [task_id for task_id, _ in results]
 
     # ================================================================ other calls
@@ -806,7 +884,7 @@ class Scheduler:
                            tolerance=tolerance, on_miss=on_miss)
         self._pump()
         if self._log is not None:
-            await self._log.durable()
+            await self._log.durable(needs=(name,))
 
     async def remove_recurring(self, name: str) -> bool:
         """Stop a schedule (an occurrence already created still runs)."""

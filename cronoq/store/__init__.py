@@ -7,13 +7,13 @@ importing cronoq stays light; ``PostgresStore`` needs psycopg 3 (the extra
 
 from .base import (
     Batch, Fenced, Recovered, ScheduleRow, StatusRow, Store, StoredSchedule, StoredTask,
-    StoreUnavailable, TaskRow,
+    StoreRejected, StoreUnavailable, TaskRow,
 )
 from .codec import Codec, JsonCodec
 from .memory import InMemoryStore, MemoryDatabase
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
-           "StoredSchedule", "Fenced", "StoreUnavailable", "Codec", "JsonCodec", "InMemoryStore",
+           "StoredSchedule", "Fenced", "StoreUnavailable", "StoreRejected", "Codec", "JsonCodec", "InMemoryStore",
            "MemoryDatabase", "SqliteStore", "PostgresStore"]
 
 

@@ -10,18 +10,30 @@ codec and hands the result to ``Core.restore``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 from ..core.errors import SchedulerError
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
-           "StoredSchedule", "Fenced", "StoreUnavailable", "ID_EPOCH_BITS"]
+           "StoredSchedule", "Fenced", "StoreUnavailable", "StoreRejected", "ID_EPOCH_BITS"]
 
 ID_EPOCH_BITS = 44   # task ids carry the leader's epoch above these bits
 
 
 class StoreUnavailable(SchedulerError):
-    """The store could not be reached, or a commit took longer than allowed."""
+    """The store could not be reached, or a commit took longer than allowed.
+
+    ``uncertain`` is true when the connection failed while the database
+    committed: the commit may have been written after all.
+    """
+
+    uncertain = False
+
+
+class StoreRejected(SchedulerError):
+    """The database refused the data of a commit (a constraint, a value or a
+    size it does not accept): retrying the same rows cannot help. The runtime
+    then isolates the offending rows, refuses them, and commits the rest."""
 
 
 class Fenced(SchedulerError):
@@ -72,11 +84,12 @@ class Batch:
     outputs: list[tuple[int, bytes]] = field(default_factory=list)
     schedules: list[ScheduleRow] = field(default_factory=list)
     removed_schedules: list[str] = field(default_factory=list)
+    withdrawn: list[int] = field(default_factory=list)   # ids whose rows must not exist
     high_water: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.tasks or self.statuses or self.outputs or self.schedules
-                    or self.removed_schedules)
+                    or self.removed_schedules or self.withdrawn)
 
     def extend(self, other: Batch) -> None:
         self.tasks.extend(other.tasks)
@@ -84,12 +97,13 @@ class Batch:
         self.outputs.extend(other.outputs)
         self.schedules.extend(other.schedules)
         self.removed_schedules.extend(other.removed_schedules)
+        self.withdrawn.extend(other.withdrawn)
         self.high_water = max(self.high_water, other.high_water)
 
 
-@dataclass
+@dataclass(slots=True)
 class StoredTask:
-    """A task row as recovery reads it back."""
+    """A task row as recovery reads it back (equal records may be one shared dict: read-only)."""
 
     id: int
     pool: str
@@ -114,7 +128,7 @@ class Recovered:
     """What a new leader loads: live tasks, recently ended ones (and the ended
     parents of live tasks), recurring schedules, and the id high-water mark."""
 
-    tasks: list[StoredTask]
+    tasks: Iterable[StoredTask]     # live tasks in id order, then ended ones; possibly a one-pass stream
     schedules: list[StoredSchedule]
     high_water: int
 
@@ -132,7 +146,10 @@ class Store(Protocol):
     async def commit(self, epoch: int, batch: Batch) -> None:
         """Write ``batch`` in one transaction, checking ``epoch`` inside it.
         Raises ``Fenced`` if a newer leader exists, ``StoreUnavailable`` on
-        transient failure (the caller retries the same batch)."""
+        transient failure (the caller retries the same batch), ``StoreRejected``
+        when the database refuses the data itself (the caller isolates the
+        offending rows). Deletes the rows of ``batch.withdrawn`` after writing
+        the rest; writing a batch twice changes nothing."""
 
     async def load_output(self, task_id: int) -> bytes | None:
         """The stored output of a succeeded task, or None."""

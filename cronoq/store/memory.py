@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from typing import Any
+from typing import Any, Callable
 
 from ..core.types import TERMINAL
-from .base import Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreUnavailable
+from .base import (
+    Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable, TaskRow,
+)
 
 __all__ = ["MemoryDatabase", "InMemoryStore"]
 
@@ -31,6 +33,8 @@ class MemoryDatabase:
         self.available = True
         self.commits = 0
         self.commit_delay = 0.0
+        # Faults: a function of a TaskRow returning why the "database" refuses it (or None).
+        self.reject: Callable[[TaskRow], str | None] | None = None
 
 
 class InMemoryStore:
@@ -85,6 +89,11 @@ class InMemoryStore:
             db = self._check()
         if db.epoch != epoch or db.leader is not self:
             raise Fenced(f"epoch {epoch} was replaced by epoch {db.epoch}")
+        if db.reject is not None:   # all or nothing, like a transaction
+            for t in batch.tasks:
+                reason = db.reject(t)
+                if reason:
+                    raise StoreRejected(f"the in-memory database refuses task {t.id}: {reason}")
         for t in batch.tasks:
             db.tasks[t.id] = {"id": t.id, "pool": t.pool, "kind": t.kind, "priority": t.priority,
                               "key": t.key, "record": copy.deepcopy(t.record), "payload": t.payload,
@@ -105,6 +114,9 @@ class InMemoryStore:
             db.schedules[s.name] = (copy.deepcopy(s.record), s.payload)
         for name in batch.removed_schedules:
             db.schedules.pop(name, None)
+        for task_id in batch.withdrawn:
+            db.tasks.pop(task_id, None)
+            db.outputs.pop(task_id, None)
         db.high_water = max(db.high_water, batch.high_water)
         db.commits += 1
 

@@ -20,10 +20,11 @@ import asyncio
 import hashlib
 import logging
 import math
+import urllib.parse
 from typing import Any
 
 from sqlalchemy import create_engine, func, select, text, update
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
@@ -31,13 +32,39 @@ from ..core.errors import SchedulerError
 from .base import Fenced, StoreUnavailable
 from .migrate import upgrade
 from .schema import tables
-from .sql import SqlStore, Worker, _seconds, describe
+from .sql import SqlStore, Worker, _seconds
 
 __all__ = ["PostgresStore"]
 
 log = logging.getLogger("cronoq.store")
 
 _DRIVERS = {"postgres", "postgresql", "postgresql+psycopg"}
+
+
+def _quote_userinfo(url: str) -> str:
+    """``url`` with every "@" but the one before the host percent-encoded (in
+    the password, the user and the query), so a password holding an "@" is
+    parsed as a password, never as part of the host."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = rest.find("?")
+    base, query = (rest, "") if end < 0 else (rest[:end], rest[end:].replace("@", "%40"))
+    at = base.rfind("@")
+    if at >= 0:
+        base = base[:at].replace("@", "%40") + base[at:]
+    return f"{scheme}{sep}{base}{query}"
+
+
+def _password_from_query(url: URL) -> URL:
+    """A password given as ``?password=`` moved into the URL's password field,
+    where every rendering of the URL masks it (psycopg gets it either way)."""
+    password = url.query.get("password")
+    if password is None:
+        return url
+    if not isinstance(password, str):   # given more than once: the last one counts, as in the driver
+        password = password[-1]
+    return url.difference_update_query(["password"]).set(password=password)
 
 
 def _lock_key(purpose: str, schema: str) -> int:
@@ -67,9 +94,12 @@ class PostgresStore(SqlStore):
             raise ImportError("cronoq.PostgresStore needs psycopg 3: "
                               "pip install 'cronoq[postgres]'") from None
         try:
-            parsed = make_url(url)
-        except (ArgumentError, TypeError, ValueError) as exc:
-            raise ValueError(f"url must be a PostgreSQL URL: {exc}") from None
+            parsed = make_url(_quote_userinfo(url) if isinstance(url, str) else url)
+        except (ArgumentError, TypeError, ValueError):
+            raise ValueError("url must be a PostgreSQL URL: postgresql://user:password@host:port/database "
+                             "(the URL given does not parse; it is not repeated here as it may hold a "
+                             "password)") from None
+        parsed = _password_from_query(parsed)
         if parsed.drivername not in _DRIVERS:
             raise ValueError(f"url must be a postgresql:// URL (psycopg 3 is used), "
                              f"got {parsed.drivername}://")
@@ -80,6 +110,9 @@ class PostgresStore(SqlStore):
         super().__init__(lock_poll=lock_poll, retention=retention, keep_finished=keep_finished,
                          commit_timeout=commit_timeout)
         self.url = parsed.set(drivername="postgresql+psycopg")
+        password = parsed.password
+        # Masked in any error text this store produces (the driver's messages included).
+        self._secrets = tuple({str(password), urllib.parse.quote(str(password), safe="")}) if password else ()
         self.schema = schema
         self.lock_key = _lock_key("leader", schema)
         self.migrate_key = _lock_key("migrate", schema)
@@ -126,6 +159,7 @@ class PostgresStore(SqlStore):
             upgrade(conn, self.schema)
 
     _placeholder = "%s"
+    _commit_outcome_may_be_lost = True
     _fence_suffix = " FOR UPDATE"   # commits serialize on the meta row; a new leader's bump waits
 
     # Column types of the binary COPY of new task rows (in INSERT_COLUMNS order).
@@ -186,7 +220,7 @@ class PostgresStore(SqlStore):
         except SchedulerError:
             raise
         except self._db_errors as exc:
-            raise StoreUnavailable(f"the postgresql store is unavailable: {describe(exc)}") from exc
+            raise StoreUnavailable(f"the postgresql store is unavailable: {self._describe(exc)}") from exc
 
     def _lock_session(self):
         conn = self._lock_conn
@@ -298,7 +332,7 @@ class PostgresStore(SqlStore):
                 raise
             except Exception as exc:   # the session is gone, and the lock with it
                 if self.epoch == epoch:
-                    self._signal_lost(f"the lock session failed: {describe(exc)}")
+                    self._signal_lost(f"the lock session failed: {self._describe(exc)}")
                 return
             last_ok = loop.time()
 

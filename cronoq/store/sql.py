@@ -25,14 +25,14 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..core.errors import SchedulerError
 from ..core.types import TERMINAL
-from .base import Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreUnavailable
+from .base import Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable
 from .schema import Tables
 
 __all__ = ["SqlStore", "clean_text"]
@@ -68,6 +68,23 @@ def _parse_record(text: str | None) -> dict[str, Any] | None:
     except (ValueError, TypeError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _record_parser() -> Callable[[str | None], dict[str, Any] | None]:
+    """``_parse_record`` sharing one dict among equal records: a backlog of
+    plain tasks repeats a handful of records. Records with a key are unique
+    and are not kept."""
+    cache: dict[str, dict[str, Any] | None] = {}
+
+    def parse(text: str | None) -> dict[str, Any] | None:
+        record = cache.get(text)   # type: ignore[arg-type]
+        if record is None:
+            record = _parse_record(text)
+            if text is not None and len(cache) < 4096 and '"key"' not in text:
+                cache[text] = record
+        return record
+
+    return parse
 
 
 def _seconds(value: object, name: str, *, positive: bool = True) -> float:
@@ -161,6 +178,45 @@ class Worker:
             del item, future, value
 
 
+_SLICE = 5000   # rows per step of a recovery
+
+
+class _RowStream:
+    """The task rows of a recovery, read slice by slice on the store's worker
+    thread while the runtime restores the previous slice: a backlog of
+    millions never sits in memory as rows, and what a slice allocated is
+    reused by the next. Iterate it once."""
+
+    def __init__(self, store: SqlStore, slices: Iterator[list[StoredTask]]) -> None:
+        self._store = store
+        self._slices = slices
+
+    def __iter__(self) -> Iterator[StoredTask]:
+        store = self._store
+        slices = self._slices
+        if slices is None:
+            raise RuntimeError("the recovered rows were already read")
+        self._slices = None
+        step = store._executor.submit(next, slices, None)
+        try:
+            while True:
+                try:
+                    rows = step.result()
+                except store._db_errors as exc:
+                    raise StoreUnavailable(f"the {store.dialect} store is unavailable: "
+                                           f"{store._describe(exc)}") from exc
+                if rows is None:
+                    return
+                step = store._executor.submit(next, slices, None)   # read ahead while these are restored
+                yield from rows
+                del rows
+        finally:
+            try:   # after any step under way: ends the read transaction
+                store._executor.submit(slices.close)
+            except RuntimeError:   # the store is closed: its connections are gone already
+                pass
+
+
 class SqlStore:
     """The common part of ``SqliteStore`` and ``PostgresStore`` (not used directly)."""
 
@@ -201,7 +257,33 @@ class SqlStore:
         except SchedulerError:
             raise
         except self._db_errors as exc:
-            raise StoreUnavailable(f"the {self.dialect} store is unavailable: {describe(exc)}") from exc
+            raise StoreUnavailable(f"the {self.dialect} store is unavailable: {self._describe(exc)}") from exc
+
+    # SQLSTATE classes of errors about the data itself: data exception (22),
+    # integrity constraint violation (23), program limit exceeded (54: an index
+    # entry or a value too large). Everything else may pass: an outage.
+    _REFUSED_STATES = ("22", "23", "54")
+
+    def _refuses(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the database refuses the data (retrying the
+        same rows cannot help), rather than that it is unavailable."""
+        if isinstance(exc, (TypeError, ValueError, OverflowError)):
+            return True   # a value the driver cannot bind
+        orig = getattr(exc, "orig", None) or exc
+        state = getattr(orig, "sqlstate", None)
+        if isinstance(state, str) and state:
+            return state[:2] in self._REFUSED_STATES
+        dbapi = self.engine.dialect.loaded_dbapi if self.engine is not None else None
+        return dbapi is not None and isinstance(orig, (dbapi.IntegrityError, dbapi.DataError))
+
+    _secrets: tuple[str, ...] = ()   # text masked in error messages (a password)
+
+    def _describe(self, exc: BaseException) -> str:
+        """``describe(exc)`` with any secret of the connection masked."""
+        text = describe(exc)
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def _ensure(self) -> None:
         """Connect and migrate (on the worker thread, once)."""
@@ -260,6 +342,7 @@ class SqlStore:
                          f"{sched_col['record']} = excluded.{sched_col['record']}, "
                          f"{sched_col['payload']} = excluded.{sched_col['payload']}")
         s["unschedule"] = f"DELETE FROM {schedules} WHERE {sched_col['name']} = {p}"
+        s["withdraw"] = f"DELETE FROM {tasks} WHERE {col['id']} = {p}"
         s["fence"] = (f"SELECT {meta_col['epoch']}, {meta_col['holder']} FROM {meta} "
                       f"WHERE {meta_col['id']} = 1{self._fence_suffix}")
 
@@ -341,15 +424,32 @@ class SqlStore:
     async def commit(self, epoch: int, batch: Batch) -> None:
         """Write ``batch`` in one transaction that first checks ``epoch``
         (``Fenced`` if a newer leader exists, ``StoreUnavailable`` if the
-        database cannot be reached: the runtime retries the same batch)."""
+        database cannot be reached: the runtime retries the same batch;
+        ``StoreRejected`` if it refuses the data: the runtime isolates the
+        rows at fault)."""
+        if self._closed:
+            raise SchedulerError(f"the {self.dialect} store is closed")
         try:
-            await self._call(self._commit_sync, epoch, batch)
-        except Fenced as exc:
+            await self._executor.call(self._commit_sync, epoch, batch)
+        except SchedulerError as exc:
+            if not isinstance(exc, Fenced):
+                raise
             self._stop_watch()
             self._lost_reason = self._lost_reason or f"fenced: {exc}"
             self.epoch = None
             self._deposed()
             raise
+        except (*self._db_errors, TypeError, ValueError, OverflowError) as exc:
+            if self._refuses(exc):
+                raise StoreRejected(f"the {self.dialect} database refused the data: "
+                                    f"{self._describe(exc)}") from exc
+            unavailable = StoreUnavailable(f"the {self.dialect} store is unavailable: {self._describe(exc)}")
+            unavailable.uncertain = bool(getattr(exc, "cronoq_uncertain", False))
+            raise unavailable from exc
+
+    # A commit whose connection fails while the server commits may have been
+    # written (PostgreSQL); SQLite's local commit either happened or did not.
+    _commit_outcome_may_be_lost = False
 
     def _deposed(self) -> None:
         """Let go of the connections a leader holds (any thread)."""
@@ -410,11 +510,18 @@ class SqlStore:
                         (clean_text(s.name), _record_text(s.record), s.payload) for s in latest.values()])
                 if batch.removed_schedules:
                     cursor.executemany(sql["unschedule"], [(clean_text(n),) for n in batch.removed_schedules])
+                if batch.withdrawn:   # last: a row of a withdrawn task written above goes too
+                    cursor.executemany(sql["withdraw"], [(task_id,) for task_id in batch.withdrawn])
                 # batch.high_water is the largest id inserted here: the rows carry it, and
                 # pruning folds the ids it deletes into the meta row (see _prune_sync).
             finally:
                 cursor.close()
-            conn.commit()
+            try:
+                conn.commit()
+            except Exception as exc:
+                if self._commit_outcome_may_be_lost:
+                    exc.cronoq_uncertain = True   # type: ignore[attr-defined]
+                raise
         except BaseException:
             self._abandon_writer(conn)
             raise
@@ -429,7 +536,7 @@ class SqlStore:
         try:
             self._prune_sync(time.time_ns())
         except SQLAlchemyError as exc:   # try again later
-            log.warning("%s store: pruning finished tasks failed: %s", self.dialect, describe(exc))
+            log.warning("%s store: pruning finished tasks failed: %s", self.dialect, self._describe(exc))
 
     # ----------------------------------------------------------- pruning
 
@@ -469,54 +576,87 @@ class SqlStore:
     async def recover(self, now_ns: int, retention_ns: int) -> Recovered:
         return await self._call(self._recover_sync, now_ns, max(retention_ns, self.retention_ns))
 
+    # The task columns recovery reads, in StoredTask's field order.
+    RECOVER_COLUMNS = ("id", "pool", "record", "payload", "status", "attempt", "message", "submitted_ns",
+                       "finished_ns")
+
     def _recover_sync(self, now_ns: int, retention_ns: int) -> Recovered:
+        """Schedules and the id high-water mark; the tasks follow as a stream
+        (``_RowStream``) the runtime consumes while it restores them."""
         self._ensure()
         t = self._t
-        c = t.tasks.c
-        columns = (c.id, c.pool, c.key, c.record, c.payload, c.status, c.attempt, c.message,
-                   c.submitted_ns, c.finished_ns)
-        cutoff = now_ns - retention_ns
-        tasks: dict[int, StoredTask] = {}
-        keys: set[str] = set()
-
-        def load(rows) -> None:
-            for row in rows:
-                if row[0] in tasks:
-                    continue
-                if row[2] is not None:
-                    keys.add(row[2])
-                tasks[row[0]] = StoredTask(row[0], row[1], _parse_record(row[3]), row[4], row[5], row[6],
-                                           row[7], row[8], row[9])
-
         with self._begin_read() as conn:
-            load(conn.execute(select(*columns).where(c.finished_ns.is_(None))))      # live
-            load(conn.execute(select(*columns).where(c.finished_ns > cutoff)))        # recently ended
-            # Ended parents of live tasks, however old (their outcome decides the child).
-            want_ids: set[int] = set()
-            want_keys: set[str] = set()
-            for task in tasks.values():
-                if task.status in TERMINAL or not task.record:
-                    continue
-                for edge in task.record.get("edges") or ():
-                    ref = edge[0] if isinstance(edge, (list, tuple)) and edge else None
-                    if isinstance(ref, str):
-                        ref = clean_text(ref)
-                        if ref not in keys:
-                            want_keys.add(ref)
-                    elif isinstance(ref, int) and not isinstance(ref, bool) and ref not in tasks:
-                        want_ids.add(ref)
-            want = sorted(want_ids)
-            for i in range(0, len(want), _CHUNK):
-                load(conn.execute(select(*columns).where(c.id.in_(want[i:i + _CHUNK]))))
-            want = sorted(want_keys)
-            for i in range(0, len(want), _CHUNK):
-                load(conn.execute(select(*columns).where(c.key.in_(want[i:i + _CHUNK]))))
             schedules = [StoredSchedule(row[0], _parse_record(row[1]), row[2])
                          for row in conn.execute(select(t.schedules.c.name, t.schedules.c.record,
                                                         t.schedules.c.payload).order_by(t.schedules.c.name))]
             high_water = max(conn.execute(select(t.meta.c.high_water).where(t.meta.c.id == 1)).scalar_one(),
-                             conn.execute(select(func.max(c.id))).scalar() or 0)
-        return Recovered(sorted(tasks.values(), key=lambda task: task.id), schedules, high_water)
+                             conn.execute(select(func.max(t.tasks.c.id))).scalar() or 0)
+        return Recovered(_RowStream(self, self._task_slices(now_ns, retention_ns)), schedules, high_water)
+
+    def _task_slices(self, now_ns: int, retention_ns: int) -> Iterator[list[StoredTask]]:
+        """Live tasks (in id order), recently ended ones, then the ended
+        parents of live tasks, however old; in slices, read with the raw
+        driver cursor. A generator driven on the worker thread, one slice per
+        step, inside one read transaction."""
+        t = self._t
+        c = t.tasks.c
+        q = self.engine.dialect.identifier_preparer
+        p = self._placeholder
+        select_rows = (f"SELECT {', '.join(q.quote(c[name].name) for name in self.RECOVER_COLUMNS)} "
+                       f"FROM {q.format_table(t.tasks)} WHERE ")
+        finished, ident, key = (q.quote(c[name].name) for name in ("finished_ns", "id", "key"))
+        cutoff = now_ns - retention_ns
+        keys: set[str] = set()
+        refs: set = set()
+        parse = _record_parser()
+
+        def load(cursor, sql: str, params: tuple) -> Iterator[list[StoredTask]]:
+            cursor.execute(sql, params)
+            while True:
+                rows = cursor.fetchmany(_SLICE)
+                if not rows:
+                    return
+                out = []
+                append = out.append
+                for row in rows:
+                    record = parse(row[2])
+                    if record is not None and len(record) > 3:   # beyond v, kind and priority
+                        k = record.get("key")
+                        if k is not None:
+                            keys.add(k)
+                        edges = record.get("edges")
+                        if edges and row[8] is None:
+                            for edge in edges:
+                                if isinstance(edge, (list, tuple)) and edge:
+                                    refs.add(edge[0])
+                    append(StoredTask(row[0], row[1], record, row[3], row[4], row[5], row[6], row[7], row[8]))
+                del rows
+                yield out
+
+        with self._begin_read() as conn:
+            cursor = conn.connection.cursor()
+            try:
+                yield from load(cursor, f"{select_rows}{finished} IS NULL ORDER BY {ident}", ())   # live
+                yield from load(cursor, f"{select_rows}{finished} > {p} ORDER BY {ident}", (cutoff,))
+                # Ended parents of live tasks, however old (their outcome decides the child).
+                old = f"{finished} IS NOT NULL AND {finished} <= {p}"
+                parents: dict[int, StoredTask] = {}
+                want = sorted(ref for ref in refs if isinstance(ref, int) and not isinstance(ref, bool))
+                for i in range(0, len(want), _CHUNK):
+                    chunk = want[i:i + _CHUNK]
+                    for rows in load(cursor, f"{select_rows}{old} AND {ident} IN ({', '.join([p] * len(chunk))})",
+                                     (cutoff, *chunk)):
+                        parents.update((row.id, row) for row in rows)
+                want_keys = sorted({clean_text(ref) for ref in refs if isinstance(ref, str) and ref not in keys})
+                for i in range(0, len(want_keys), _CHUNK):
+                    chunk = want_keys[i:i + _CHUNK]
+                    for rows in load(cursor, f"{select_rows}{old} AND {key} IN ({', '.join([p] * len(chunk))})",
+                                     (cutoff, *chunk)):
+                        parents.update((row.id, row) for row in rows)
+                if parents:
+                    yield list(parents.values())
+            finally:
+                cursor.close()
 
     # ----------------------------------------------------------- outputs
 

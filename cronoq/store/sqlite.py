@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import sqlite3
+import threading
 import time
 import urllib.parse
 
@@ -69,6 +70,7 @@ class SqliteStore(SqlStore):
         self.busy_timeout = min(self.commit_timeout, 5.0)
         self._t = tables(None)
         self._read = None
+        self._renewing: threading.Event | None = None   # set to stop the renewing thread
 
     def _where(self) -> str:
         return repr(self.path)
@@ -151,7 +153,7 @@ class SqliteStore(SqlStore):
                     result = None
                 if isinstance(result, int):
                     self.epoch = result
-                    self._watch = asyncio.get_running_loop().create_task(self._renew_loop(result))
+                    self._start_renewing(result)
                     return result
                 await asyncio.sleep(self.lock_poll)
         except asyncio.CancelledError:   # given up (shutdown): free a lease an attempt may have taken
@@ -175,24 +177,50 @@ class SqliteStore(SqlStore):
                  extra={"action": "leader", "epoch": epoch})
         return epoch
 
-    async def _renew_loop(self, epoch: int) -> None:
+    def _start_renewing(self, epoch: int) -> None:
+        """Renew the lease from a thread of its own, with its own connection:
+        neither a long recovery on the store's worker thread nor a busy event
+        loop (decoding a large backlog) may let it expire."""
+        stop = threading.Event()
+        self._renewing = stop
+        loop = asyncio.get_running_loop()
+        thread = threading.Thread(target=self._renew_thread, args=(epoch, stop, loop),
+                                  name="cronoq-sqlite-lease", daemon=True)
+        thread.start()
+
+    def _stop_watch(self) -> None:
+        super()._stop_watch()
+        stop, self._renewing = self._renewing, None
+        if stop is not None:
+            stop.set()
+
+    def _renew_thread(self, epoch: int, stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
         logged = False
-        while self.epoch == epoch:
-            await asyncio.sleep(self.lease_renew)
-            if self.epoch != epoch:
+        while not stop.wait(self.lease_renew):
+            if self.epoch != epoch or self._closed:
                 return
             try:
-                holder = await self._call(self._renew_sync, epoch)
-            except SchedulerError as exc:
+                holder = self._renew_sync(epoch)
+            except Exception as exc:   # unavailable: try again at the next period
                 if not logged:
-                    log.error("sqlite store: cannot renew the lease: %s", exc,
+                    log.error("sqlite store: cannot renew the lease: %s", self._describe(exc),
                               extra={"action": "store_outage"})
                     logged = True
                 continue
-            logged = False
-            if holder is not None and self.epoch == epoch:
-                self._signal_lost(f"the lease was taken over by {holder[0]!r} (epoch {holder[1]})")
+            if logged:
+                logged = False
+                log.warning("sqlite store: the lease is renewed again", extra={"action": "store_recovered"})
+            if holder is not None:
+                reason = f"the lease was taken over by {holder[0]!r} (epoch {holder[1]})"
+                try:
+                    loop.call_soon_threadsafe(self._lost_in, epoch, reason)
+                except RuntimeError:   # the loop is closed: nobody to tell
+                    pass
                 return
+
+    def _lost_in(self, epoch: int, reason: str) -> None:
+        if self.epoch == epoch:
+            self._signal_lost(reason)
 
     def _renew_sync(self, epoch: int):
         """None when renewed, else the (holder, epoch) that replaced us."""

@@ -15,18 +15,18 @@ from .core.snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
 from .core.types import AutoscaleConfig, Dep, Priority, RetryPolicy
 from .core.types import ResourceConfig as Resource
 from .core.types import TaskSpec as Task
-from .runtime import EventStream, Pool, Scheduler, TaskContext, TaskHandle, VirtualClock
+from .runtime import EventStream, Pool, Scheduler, SystemClock, TaskContext, TaskHandle, VirtualClock
 from .blocking import BlockingEventStream, BlockingHandle, BlockingScheduler
-from .store.base import Fenced, StoreUnavailable
+from .store.base import Fenced, StoreRejected, StoreUnavailable
 from .store.codec import JsonCodec
 
 __all__ = [
     "__version__",
     "Scheduler", "BlockingScheduler", "BlockingHandle", "BlockingEventStream", "Pool", "Task", "Dep", "RetryPolicy", "Priority", "Resource", "AutoscaleConfig",
-    "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock",
+    "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock", "SystemClock",
     "SqliteStore", "PostgresStore", "JsonCodec",
     "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo",
-    "CronoqError", "SchedulerError", "StoreUnavailable", "Fenced", "TaskFailed", "Retryable",
+    "CronoqError", "SchedulerError", "StoreUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
     "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
     "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",

@@ -20,6 +20,7 @@ from .core.actions import StatusEvent
 from .core.errors import QueueFull, SchedulerError
 from .core.snapshot import Snapshot, TaskInfo
 from .core.types import ResourceConfig, TaskSpec
+from . import realtime
 from .runtime.durability import encoded_payload
 from .runtime.events import EventBuffer
 from .runtime.handle import TaskHandle
@@ -191,7 +192,7 @@ class BlockingScheduler:
         with self._lifecycle:
             if self._thread is not None:
                 raise SchedulerError("this BlockingScheduler was already started")
-            loop = asyncio.new_event_loop()
+            loop = realtime.new_event_loop()   # real timers even while a test freezes time
             ready = _Waiter()
 
             def run() -> None:

@@ -14,7 +14,6 @@ shows the native call for each legacy one.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import math
 import threading
@@ -25,6 +24,7 @@ from typing import Any, Iterable, Sequence
 import cronoq
 from cronoq.blocking import BlockingHandle, BlockingScheduler
 from cronoq.core.types import time_to_ns, to_ns
+from cronoq import realtime
 
 __all__ = [
     "ElasticPriorityScheduler", "Task", "Priority", "QualityMetrics", "CompatError",
@@ -198,8 +198,9 @@ class ElasticPriorityScheduler:
         """Stop the scheduler. With ``wait=True``, first wait (up to
         ``timeout`` seconds) for every submitted task to finish."""
         if wait and self._scheduler.running:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while deadline is None or time.monotonic() < deadline:
+            # Real time: a test that froze the clock must not wait forever.
+            deadline = None if timeout is None else realtime.real_monotonic() + timeout
+            while deadline is None or realtime.real_monotonic() < deadline:
                 pool = self._scheduler.snapshot().pool(LEGACY_POOL)
                 if pool.pending == 0 and pool.busy == 0:
                     break
@@ -264,7 +265,7 @@ class ElasticPriorityScheduler:
         MIGRATING.md for the definitions)."""
         snap = self._scheduler.snapshot()
         pool = snap.pool(LEGACY_POOL)
-        now = time.time()
+        now = self._now()
         with self._lock:
             # A deadline or fixed start is judged once the task ran, or once
             # it is too late to be met.
@@ -330,8 +331,12 @@ class ElasticPriorityScheduler:
 
     # -- internals
 
+    def _now(self) -> float:
+        """Scheduling time (the program's clock, or the scheduler's VirtualClock)."""
+        return self._scheduler.scheduler.clock.now_ns() / 1e9
+
     async def _run(self, ctx: cronoq.TaskContext, job: _Job) -> None:
-        started = time.time()
+        started = self._now()
         if job.fixed_start is not None and ctx.attempt == 1:
             with self._lock:
                 if self._open_starts.pop(ctx.key, None) is not None:
@@ -339,11 +344,15 @@ class ElasticPriorityScheduler:
                     if abs(started - job.fixed_start) <= _TOLERANCE:
                         self._fixed_met += 1
         if job.duration:
-            await asyncio.sleep(job.duration)
+            clock = self._scheduler.scheduler.clock
+            if isinstance(clock, cronoq.VirtualClock):
+                await clock.sleep(job.duration)
+            else:
+                await realtime.sleep(job.duration)   # a frozen clock must not stop the "work"
         with self._lock:
             self._completed += 1
             if self._open_deadlines.pop(ctx.key, None) is not None:
                 self._deadline_judged += 1
-                if time.time() <= job.deadline:
+                if self._now() <= job.deadline:
                     self._deadline_met += 1
         return None

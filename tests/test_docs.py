@@ -4,7 +4,10 @@ example in docs/, README.md and MIGRATING.md runs.
 
 A fenced ``python`` block runs as its own program (a subprocess, from a
 temporary directory, with this checkout on the path). A block whose fence is
-directly preceded by ``<!-- no-run: reason -->`` is skipped; keep those rare.
+directly preceded by ``<!-- run: pytest -->`` is a test file: it is written
+to the temporary directory and run by pytest (with cronoq's plugin, as a
+user's suite would). A block preceded by ``<!-- no-run: reason -->`` is
+skipped; keep those rare.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ EXAMPLE_TIMEOUT = 60.0
 
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
 NO_RUN = re.compile(r"<!--\s*no-run\b(.*?)-->")
+AS_PYTEST = re.compile(r"<!--\s*run:\s*pytest\s*-->")
 
 
 def rel(path: pathlib.Path) -> str:
@@ -39,15 +43,22 @@ def rel(path: pathlib.Path) -> str:
 
 
 def blocks(path: pathlib.Path) -> list[tuple[int, str, str | None]]:
-    """(line, code, no-run reason or None) of every python block of a file."""
+    """(line, code, no-run reason or None) of every python block of a file.
+    The code of a pytest block starts with the PYTEST_BLOCK marker line."""
     text = path.read_text()
     out = []
     for match in FENCE.finditer(text):
         line = text.count("\n", 0, match.start()) + 1
         before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = NO_RUN.search(before)
-        out.append((line, match.group(1), marker.group(1).strip(" :") if marker else None))
+        code = match.group(1)
+        if AS_PYTEST.search(before):
+            code = PYTEST_BLOCK + code
+        out.append((line, code, marker.group(1).strip(" :") if marker else None))
     return out
+
+
+PYTEST_BLOCK = "# run with pytest\n"
 
 
 # ---------------------------------------------------------------- running the examples
@@ -60,8 +71,12 @@ def _run(code: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     with tempfile.TemporaryDirectory() as cwd:
+        command = [sys.executable, "-c", code]
+        if code.startswith(PYTEST_BLOCK):
+            pathlib.Path(cwd, "test_example.py").write_text(code)
+            command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_example.py"]
         try:
-            return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+            return subprocess.run(command, cwd=cwd, env=env, capture_output=True,
                                   text=True, timeout=EXAMPLE_TIMEOUT)
         except subprocess.TimeoutExpired as exc:
             return subprocess.CompletedProcess(exc.cmd, -1, exc.stdout or "",

@@ -31,6 +31,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Iterable
 
+from .. import realtime
 from ..core.engine import (
     MUT_OUTPUT, MUT_RECURRING, MUT_RECURRING_REMOVED, MUT_STATUS, MUT_SUBMIT, MUT_WITHDRAWN,
 )
@@ -213,7 +214,7 @@ class DurableLog:
             return
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), claims, claims + needs if needs else claims,
-                         loop.time() + self.commit_timeout, stage)
+                         realtime.real_monotonic() + self.commit_timeout, stage)
         waiters.append(waiter)
         # One timer for all waiters (their deadlines come in order), instead of
         # a wait_for and a shield per call: this is on every durable call's path.
@@ -221,22 +222,23 @@ class DurableLog:
         while deadlines and deadlines[0].future.done():   # committed ones leave from the front
             deadlines.popleft()
         deadlines.append(waiter)
-        if self.timer is None:
-            self.timer = loop.call_at(deadlines[0].deadline, self._expire)
+        if self.timer is None:   # commit timeouts are real time (a test may freeze the clock)
+            self.timer = realtime.call_later(deadlines[0].deadline - realtime.real_monotonic(),
+                                             self._expire, loop)
         await waiter.future
 
     def _expire(self) -> None:
         self.timer = None
         deadlines = self.deadlines
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = realtime.real_monotonic()
         while deadlines and (deadlines[0].future.done() or deadlines[0].deadline <= now):
             waiter = deadlines.popleft()
             if not waiter.future.done():
                 self._give_up(waiter, StoreUnavailable(
                     f"the store did not commit within {self.commit_timeout:g} s (unavailable)"))
         if deadlines:
-            self.timer = loop.call_at(deadlines[0].deadline, self._expire)
+            self.timer = realtime.call_later(deadlines[0].deadline - now, self._expire, loop)
 
     def _being_written(self, waiter: _Waiter) -> bool:
         """Whether rows of ``waiter``'s submissions may be committing right now."""
@@ -300,7 +302,7 @@ class DurableLog:
                 task = self.task
                 if task is None:
                     break
-                await asyncio.wait_for(asyncio.shield(task), timeout)
+                await realtime.wait_for(asyncio.shield(task), timeout)
         except (asyncio.TimeoutError, SchedulerError):
             return False
         return True
@@ -371,7 +373,7 @@ class DurableLog:
                         if not batch:   # all of it was withdrawn: nothing is left to write
                             refused = None
                             break
-                        await asyncio.sleep(delay)
+                        await realtime.sleep(delay)
                         delay = min(delay * 2, 2.0)
                 if refused is not None:
                     if self.outage:

@@ -17,6 +17,7 @@ import os
 from collections import deque
 from typing import Any, Iterable, Iterator, Sequence
 
+from .. import realtime
 from ..core import actions as act
 from ..core.engine import Core
 from ..core.errors import InvalidTask, QueueFull, SchedulerError
@@ -322,7 +323,7 @@ class Scheduler:
             return
         if self._state == _STOPPING:
             while self._state != _STOPPED:
-                await asyncio.sleep(0.01)
+                await realtime.sleep(0.01)
             return
         self._state = _STOPPING
         grace = self.shutdown_grace if grace is None else grace
@@ -335,7 +336,7 @@ class Scheduler:
         if core.running and grace > 0:
             self._drained = asyncio.Event()
             try:
-                await asyncio.wait_for(self._drained.wait(), grace)
+                await realtime.wait_for(self._drained.wait(), grace)   # real time, frozen clock or not
             except asyncio.TimeoutError:
                 pass
         for runner in self._runners.values():

@@ -14,6 +14,7 @@ import copy
 import itertools
 from typing import Any, Callable
 
+from .. import realtime
 from ..core.types import TERMINAL
 from .base import (
     Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable, TaskRow,
@@ -60,7 +61,7 @@ class InMemoryStore:
                 db.epoch += 1
                 self.epoch = db.epoch
                 return db.epoch
-            await asyncio.sleep(self.lock_poll)
+            await realtime.sleep(self.lock_poll)
 
     async def recover(self, now_ns: int, retention_ns: int) -> Recovered:
         db = self._check()
@@ -85,7 +86,7 @@ class InMemoryStore:
     async def commit(self, epoch: int, batch: Batch) -> None:
         db = self._check()
         if db.commit_delay:
-            await asyncio.sleep(db.commit_delay)
+            await realtime.sleep(db.commit_delay)
             db = self._check()
         if db.epoch != epoch or db.leader is not self:
             raise Fenced(f"epoch {epoch} was replaced by epoch {db.epoch}")

@@ -28,6 +28,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
+from .. import realtime
 from ..core.errors import SchedulerError
 from .base import Fenced, StoreUnavailable
 from .migrate import upgrade
@@ -308,22 +309,22 @@ class PostgresStore(SqlStore):
                         log.warning("postgresql store: waiting for the lock: %s", exc,
                                     extra={"action": "store_outage"})
                         logged = True
-                await asyncio.sleep(self.lock_poll)
+                await realtime.sleep(self.lock_poll)
         except asyncio.CancelledError:   # given up (shutdown): end the polling session (and any lock)
             self._close_lock_later()
             raise
 
     async def _keepalive_loop(self, epoch: int) -> None:
-        loop = asyncio.get_running_loop()
-        last_ok = loop.time()
+        # Real time throughout: a test that freezes the clock must not stop the keepalive.
+        last_ok = realtime.real_monotonic()
         while self.epoch == epoch:
-            await asyncio.sleep(self.keepalive)
+            await realtime.sleep(self.keepalive)
             if self.epoch != epoch:
                 return
-            remaining = self.session_timeout - (loop.time() - last_ok)
+            remaining = self.session_timeout - (realtime.real_monotonic() - last_ok)
             future = self._lock_executor.call(self._ping_sync)
             try:
-                await asyncio.wait_for(future, max(remaining, 0.001))
+                await realtime.wait_for(future, max(remaining, 0.001))
             except asyncio.TimeoutError:
                 if self.epoch == epoch:
                     self._signal_lost(f"the lock session did not answer for {self.session_timeout:g} s")
@@ -334,7 +335,7 @@ class PostgresStore(SqlStore):
                 if self.epoch == epoch:
                     self._signal_lost(f"the lock session failed: {self._describe(exc)}")
                 return
-            last_ok = loop.time()
+            last_ok = realtime.real_monotonic()
 
     def lock_session_pid(self) -> int | None:
         """The server process id of the lock session (for operators and tests)."""

@@ -21,13 +21,14 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 import urllib.parse
 
 from sqlalchemy import create_engine, event, select, update
 from sqlalchemy.pool import QueuePool
 
+from .. import realtime
 from ..core.errors import SchedulerError
+from ..realtime import real_time_ns
 from .base import Fenced, StoreUnavailable
 from .migrate import upgrade
 from .schema import tables
@@ -155,7 +156,7 @@ class SqliteStore(SqlStore):
                     self.epoch = result
                     self._start_renewing(result)
                     return result
-                await asyncio.sleep(self.lock_poll)
+                await realtime.sleep(self.lock_poll)
         except asyncio.CancelledError:   # given up (shutdown): free a lease an attempt may have taken
             if not self._closed:
                 self._executor.submit(self._release_sync, None)
@@ -164,7 +165,7 @@ class SqliteStore(SqlStore):
     def _try_acquire_sync(self) -> int | None:
         self._ensure()
         meta = self._t.meta
-        now = time.time_ns()
+        now = real_time_ns()   # leases are real time: a frozen test clock must not keep one alive
         with self._begin() as conn:
             epoch, holder, expires = conn.execute(
                 select(meta.c.epoch, meta.c.holder, meta.c.lease_expires_ns).where(meta.c.id == 1)).one()
@@ -230,7 +231,7 @@ class SqliteStore(SqlStore):
             if current != epoch or holder != self.identity:
                 return holder, current
             conn.execute(update(meta).where(meta.c.id == 1).values(
-                lease_expires_ns=time.time_ns() + round(self.lease_ttl * NS)))
+                lease_expires_ns=real_time_ns() + round(self.lease_ttl * NS)))
         return None
 
     async def release_leadership(self) -> None:

@@ -262,6 +262,13 @@ class BlockingScheduler:
     def running(self) -> bool:
         return self._state == _RUNNING and self._sched.running and not self._forked()
 
+    @property
+    def _ev(self) -> asyncio.AbstractEventLoop:
+        """The loop, once started (internal use, where it is known to be set)."""
+        loop = self._loop
+        assert loop is not None
+        return loop
+
     # ================================================================ lifecycle
 
     def start(self) -> None:
@@ -297,11 +304,11 @@ class BlockingScheduler:
                 raise
         try:
             ready.wait()
-        except BaseException:
-            # The start failed (the thread already ended, or ends now) or this
-            # thread was interrupted while waiting (Ctrl-C at a standby): stop.
-            self._request_stop(0.0)
-            thread.join()
+        except BaseException as exc:  # noqa: B036 - re-raised once the thread is gone
+            if exc is not ready.error:
+                # Interrupted while waiting (Ctrl-C at a standby): give up the start.
+                self._request_stop(0.0)
+            thread.join()     # a failed start leaves no thread behind
             raise
         with self._gate:
             serving = self._state == _STARTING
@@ -331,7 +338,7 @@ class BlockingScheduler:
             if state in (_STARTING, _RUNNING):
                 self._state = _STOPPING
                 self._stop_grace = grace
-                self._loop.call_soon_threadsafe(self._on_stop_request)   # the loop is open: see _run
+                self._ev.call_soon_threadsafe(self._on_stop_request)   # the loop is open: see _run
             return self._thread
 
     def _at_exit(self) -> None:
@@ -410,7 +417,7 @@ class BlockingScheduler:
             stop.set_result(None)
         if self._sched._state == "starting":
             # A standby waiting to lead (or recovering): make it give up.
-            self._loop.create_task(self._sched.shutdown())
+            self._ev.create_task(self._sched.shutdown())
 
     @staticmethod
     def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -462,7 +469,7 @@ class BlockingScheduler:
             if self._state != _RUNNING or self._forks != _process.forks:
                 raise self._refuse()
             self._calls.add(waiter)
-            self._loop.call_soon_threadsafe(fn, waiter, *args)
+            self._ev.call_soon_threadsafe(fn, waiter, *args)
         return waiter
 
     def _call(self, coro_fn, *args, **kwargs):
@@ -470,7 +477,7 @@ class BlockingScheduler:
         return self._send(self._start_call, coro_fn, args, kwargs).wait()
 
     def _start_call(self, waiter: _Waiter, coro_fn, args, kwargs) -> None:
-        self._loop.create_task(self._run_call(waiter, coro_fn, args, kwargs))
+        self._ev.create_task(self._run_call(waiter, coro_fn, args, kwargs))
 
     @staticmethod
     async def _run_call(waiter: _Waiter, coro_fn, args, kwargs) -> None:
@@ -502,7 +509,7 @@ class BlockingScheduler:
             first = not self._inbox
             self._inbox.append((spec, want_handle, waiter))
             if first:
-                self._loop.call_soon_threadsafe(self._drain)
+                self._ev.call_soon_threadsafe(self._drain)
         return waiter.wait()
 
     def _drain(self) -> None:
@@ -511,7 +518,7 @@ class BlockingScheduler:
             items = list(self._inbox)
             self._inbox.clear()
         sched = self._sched
-        answers = []
+        answers: list[tuple[_Waiter, Any]] = []
         for spec, want_handle, waiter in items:
             try:
                 core = sched._check()
@@ -522,7 +529,7 @@ class BlockingScheduler:
                 except QueueFull:
                     if core.overflow_policy(spec.pool) != "wait":
                         raise
-                    self._loop.create_task(self._submit_waiting(spec, want_handle, waiter))
+                    self._ev.create_task(self._submit_waiting(spec, want_handle, waiter))
                     continue
                 if want_handle:
                     answers.append((waiter, BlockingHandle(sched._attach(task_id, spec.key, duplicate))))
@@ -533,7 +540,7 @@ class BlockingScheduler:
         if sched.running:
             sched._pump()
         if sched._log is not None and answers:
-            self._loop.create_task(self._answer_when_durable(answers))
+            self._ev.create_task(self._answer_when_durable(answers))
         else:
             for waiter, value in answers:
                 waiter.set(value)
@@ -616,7 +623,7 @@ class BlockingScheduler:
     def _unsubscribe(self, stream: BlockingEventStream) -> None:
         with self._gate:
             if self._state == _RUNNING and self._forks == _process.forks:
-                self._loop.call_soon_threadsafe(self._sched._detach, stream)
+                self._ev.call_soon_threadsafe(self._sched._detach, stream)
 
     def set_capacity(self, pool: str, capacity: int) -> None:
         """Set the capacity of a pool's unlabeled workers."""

@@ -90,7 +90,9 @@ class LocalRunner:
         self.dropped: set[int] = set()         # aborted before a worker picked them up
         self.workers: set[asyncio.Task] = set()
         self.closed = False
-        self._loop = scheduler._loop
+        loop = scheduler._loop
+        assert loop is not None, "runners are made by a started scheduler"
+        self._loop: asyncio.AbstractEventLoop = loop
         self._loop_thread = threading.get_ident()
 
     @property
@@ -256,7 +258,9 @@ class ThreadRunner:
         self.fn = fn
         self.current: dict[int, _Job] = {}     # lease -> job, from dispatch until reported or given up
         self.closed = False
-        self._loop = scheduler._loop
+        loop = scheduler._loop
+        assert loop is not None, "runners are made by a started scheduler"
+        self._loop: asyncio.AbstractEventLoop = loop
         self._loop_thread = threading.get_ident()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()

@@ -253,6 +253,7 @@ class Scheduler:
         self._state = _STOPPING
         grace = self.shutdown_grace if grace is None else grace
         core = self._core
+        assert core is not None
         core.stop_dispatching()
         for turn in [t for waiting in self._room.values() for t in waiting]:
             if turn.future is not None and not turn.future.done():
@@ -392,7 +393,9 @@ class Scheduler:
             if self._state != _RUNNING:
                 # Committed before the shutdown began: it has not started, so it
                 # goes back to the queue (and the store) without using an attempt.
-                self._core.give_back(self._now_ns(), raw[2])
+                core = self._core
+                assert core is not None
+                core.give_back(self._now_ns(), raw[2])
                 return
             self._runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
         elif kind == 3:
@@ -418,7 +421,9 @@ class Scheduler:
             return
         for raw in effects:
             self._effect(raw)
-        if self._core.actions:
+        core = self._core
+        assert core is not None
+        if core.actions:
             self._pump()   # what giving back a dispatch changed
         else:
             self._after_effects()
@@ -519,7 +524,9 @@ class Scheduler:
         if self._state not in (_RUNNING, _STOPPING):
             return
         delay = _NOT_STARTED_DELAY_NS if self._state == _RUNNING else 0
-        if self._core.give_back(self._now_ns(), lease, delay, message):
+        core = self._core
+        assert core is not None
+        if core.give_back(self._now_ns(), lease, delay, message):
             log.warning("an attempt could not start (%s); its task waits %g s without using an attempt",
                         message, delay / 1e9, extra={"action": "not_started", "error": message})
         self._pump()
@@ -726,7 +733,9 @@ class Scheduler:
 
     def _snapshot_now(self) -> Snapshot:
         """A snapshot, taken on the loop (the engine's view plus the runners')."""
-        snap = self._core.snapshot(self.clock.now_ns())
+        core = self._core
+        assert core is not None
+        snap = core.snapshot(self.clock.now_ns())
         self._pump()
         runners = self._runners
         for pool in snap.pools:

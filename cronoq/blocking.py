@@ -145,7 +145,7 @@ class _Waiter:
     every call still in flight when the scheduler stops).
     """
 
-    __slots__ = ("lock", "value", "error", "settled", "_calls", "__weakref__")
+    __slots__ = ("lock", "value", "error", "settled", "_calls")
 
     def __init__(self, calls: set | None = None) -> None:
         self.lock = _thread.allocate_lock()
@@ -505,11 +505,14 @@ class BlockingScheduler:
         with self._gate:
             if self._state != _RUNNING or self._forks != _process.forks:
                 raise self._refuse()
-            self._calls.add(waiter)
-            first = not self._inbox
-            self._inbox.append((spec, want_handle, waiter))
-            if first:
+            inbox = self._inbox
+            first = not inbox
+            inbox.append((spec, want_handle, waiter))
+        if first:
+            try:
                 self._ev.call_soon_threadsafe(self._drain)
+            except RuntimeError:
+                pass   # the loop closed meanwhile: its thread fails what is left in the inbox
         return waiter.wait()
 
     def _drain(self) -> None:
@@ -529,6 +532,7 @@ class BlockingScheduler:
                 except QueueFull:
                     if core.overflow_policy(spec.pool) != "wait":
                         raise
+                    self._calls.add(waiter)   # settled when the scheduler stops, if not before
                     self._ev.create_task(self._submit_waiting(spec, want_handle, waiter))
                     continue
                 if want_handle:
@@ -540,6 +544,7 @@ class BlockingScheduler:
         if sched.running:
             sched._pump()
         if sched._log is not None and answers:
+            self._calls.update(waiter for waiter, _ in answers)
             self._ev.create_task(self._answer_when_durable(answers))
         else:
             for waiter, value in answers:

@@ -236,3 +236,35 @@ def test_ctrl_c_while_a_standby_waits_in_start_stops_its_thread():
                           timeout=120, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["interrupted", "loop threads left: 0", "leader works: 8"]
+
+
+def test_in_a_fork_child_calls_handles_and_streams_raise_instead_of_waiting(monkeypatch):
+    from cronoq.runtime import process
+
+    release = threading.Event()
+
+    def work(ctx, payload):
+        release.wait(WAIT)
+        return payload
+
+    bs = cronoq.BlockingScheduler([fixed("default", work)])
+    bs.start()
+    try:
+        handle = bs.submit("pending")
+        stream = bs.events()
+        monkeypatch.setattr(process, "forks", process.forks + 1)   # as the fork handler does in a child
+        bs._after_fork()
+        for call in (lambda: bs.submit(1), bs.snapshot, bs.shutdown, lambda: handle.result(timeout=WAIT),
+                     lambda: stream.next(timeout=WAIT)):
+            with pytest.raises(cronoq.SchedulerError, match="fork"):
+                call()
+        assert not bs.running
+        stream.close()
+        bs._at_exit()       # the child's exit hook leaves the parent's scheduler alone
+        monkeypatch.undo()
+        assert bs.running and bs._thread.is_alive()
+        release.set()
+        assert handle.result(timeout=WAIT) == "pending"
+    finally:
+        release.set()
+        bs.shutdown()

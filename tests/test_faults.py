@@ -108,6 +108,20 @@ def child_env() -> dict:
     return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
+def run_script(script: str) -> subprocess.CompletedProcess:
+    """Run ``python -c script`` in a session of its own; on timeout, kill the
+    whole session (a hung fork of it would outlive its parent)."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=child_env(), cwd=REPO, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the script did not exit within {WAIT} s\n{out}\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 class Run:
     """One child process and what it left behind."""
 
@@ -271,8 +285,7 @@ print("exiting", flush=True)
 
 
 def test_exit_without_a_store_warns_how_many_tasks_it_drops():
-    proc = subprocess.run([sys.executable, "-c", IN_MEMORY_EXIT], capture_output=True, text=True,
-                          timeout=WAIT, env=child_env(), cwd=REPO)
+    proc = run_script(IN_MEMORY_EXIT)
     assert proc.returncode == 0, proc.stderr
     assert "WARNING cronoq.scheduler dropped 5" in proc.stderr.splitlines()
 
@@ -300,3 +313,38 @@ def test_fork_child_gets_scheduler_errors_and_the_parent_goes_on(tmp_path):
     statuses = run.finish_on_restart(acked)
     attempts = check_nothing_lost(run, acked, statuses)
     assert {task: numbers for task, numbers in attempts.items() if numbers != [1]} == {}
+
+
+ASYNC_FORK = """
+import asyncio, os, cronoq
+
+async def work(ctx, payload):
+    if payload != "fork":
+        return payload
+    pid = os.fork()            # from inside an executor: the child goes on in this coroutine
+    if pid == 0:
+        for name, call in (("submit", lambda: sched.submit("from the child")), ("shutdown", sched.shutdown)):
+            try:
+                await call()
+                print(f"child {name}: no error", flush=True)
+            except cronoq.SchedulerError as exc:
+                print(f"child {name}: SchedulerError", "is a fork of it" in str(exc), flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return f"child exit {os.waitstatus_to_exitcode(status)}"
+
+async def main():
+    global sched
+    async with cronoq.Scheduler([cronoq.Pool("default", work, max=2)]) as sched:
+        print(await (await sched.submit("fork")), flush=True)
+        print(await (await sched.submit("parent goes on")), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_an_async_scheduler_copied_by_fork_refuses_calls_in_the_child():
+    proc = run_script(ASYNC_FORK)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["child submit: SchedulerError True", "child shutdown: SchedulerError True",
+                                        "child exit 0", "parent goes on"]

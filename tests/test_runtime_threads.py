@@ -210,3 +210,44 @@ async def test_shutdown_gives_back_dispatches_no_thread_had_started():
     rows = {row.id: row for row in (await store.recover(0, 0)).tasks}
     assert (rows[first.id].status, rows[first.id].attempt) == ("running", 1)    # it ran: at least once
     assert (rows[second.id].status, rows[second.id].attempt) == ("ready", 0)    # it never started
+
+
+class GatedStore(cronoq.store.InMemoryStore):
+    """Holds the commit that makes an attempt 'running' until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.holding = asyncio.Event()
+
+    async def commit(self, epoch, batch):
+        if any(row.status == "running" for row in batch.statuses):
+            self.holding.set()
+            await self.gate.wait()
+        await super().commit(epoch, batch)
+
+
+@pytest.mark.asyncio
+async def test_a_dispatch_committed_after_shutdown_began_is_given_back_not_started():
+    store = GatedStore()
+    ran = []
+
+    async def work(ctx, payload):
+        ran.append(payload)
+        return payload
+
+    sched = cronoq.Scheduler([fixed("default", work)], store=store, shutdown_grace=WAIT)
+    await sched.start()
+    submitting = asyncio.create_task(sched.submit("x"))
+    await asyncio.wait_for(store.holding.wait(), WAIT)   # its dispatch waits for this commit
+    stopping = asyncio.create_task(sched.shutdown())
+    await asyncio.sleep(0)                               # the shutdown has begun
+    store.gate.set()
+    await asyncio.wait_for(stopping, WAIT)
+    handle = await submitting
+    with pytest.raises(cronoq.TaskFailed) as info:
+        await handle
+    assert info.value.status == "shutdown"
+    assert ran == []
+    [row] = (await store.recover(0, 0)).tasks
+    assert (row.status, row.attempt) == ("ready", 0)

@@ -15,6 +15,7 @@ import concurrent.futures.thread  # noqa: F401 - registers its exit hook before 
 import logging
 import os
 import threading
+import time
 import weakref
 import _thread
 from collections import deque
@@ -292,31 +293,40 @@ class BlockingScheduler:
             self._loop = loop
             self._thread = thread
             self._stop_grace = None
+            _register_exit_hook()
+            _live.add(self)
             try:
-                _register_exit_hook()
-                _live.add(self)
                 thread.start()
-            except BaseException:
-                loop.close()
-                with self._gate:
-                    self._state = _NEW
-                _live.discard(self)
+                ready.wait()
+            except BaseException as exc:  # noqa: B036 - re-raised once the thread is gone
+                self._start_failed(thread, loop, failed=exc is ready.error)
                 raise
-        try:
-            ready.wait()
-        except BaseException as exc:  # noqa: B036 - re-raised once the thread is gone
-            if exc is not ready.error:
-                # Interrupted while waiting (Ctrl-C at a standby): give up the start.
-                self._request_stop(0.0)
-            thread.join()     # a failed start leaves no thread behind
-            raise
+            with self._gate:
+                serving = self._state == _STARTING
+                if serving:
+                    self._state = _RUNNING
+            if not serving:   # shut down meanwhile, from another thread
+                thread.join()
+                raise SchedulerError("the scheduler was shut down while it started")
+
+    def _start_failed(self, thread: threading.Thread, loop: asyncio.AbstractEventLoop, failed: bool) -> None:
+        """Leave no thread behind after a start that failed (``failed``) or was
+        interrupted (Ctrl-C while a standby waits, no thread to be had)."""
+        if not failed:
+            self._request_stop(0.0)
+        deadline = time.monotonic() + 1.0
+        while True:
+            try:
+                thread.join()
+                return
+            except RuntimeError:   # not started: interrupted inside Thread.start(), or never will be
+                if time.monotonic() > deadline and thread.ident is None:
+                    break
+                time.sleep(0.001)
+        loop.close()               # nothing ran on it
         with self._gate:
-            serving = self._state == _STARTING
-            if serving:
-                self._state = _RUNNING
-        if not serving:   # shut down meanwhile, from another thread
-            thread.join()
-            raise SchedulerError("the scheduler was shut down while it started")
+            self._state = _NEW
+        _live.discard(self)
 
     def shutdown(self, grace: float | None = None) -> None:
         """Stop admitting, let running attempts finish for ``grace`` seconds,

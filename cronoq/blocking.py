@@ -246,6 +246,7 @@ class BlockingScheduler:
         self._lifecycle = threading.Lock()     # one start() at a time
         self._stop_grace: float | None = None
         self._stop_requested: asyncio.Future | None = None
+        self._stop_error: Exception | None = None
         self._forks = _process.forks
         self._pid = os.getpid()
         _process.reset_after_fork(self)
@@ -337,6 +338,9 @@ class BlockingScheduler:
         thread = self._request_stop(grace)
         if thread is not None:
             thread.join()
+        error, self._stop_error = self._stop_error, None
+        if error is not None:
+            raise error
 
     def _request_stop(self, grace: float | None) -> threading.Thread | None:
         """Ask the loop to stop (once); the thread to wait for, if any."""
@@ -418,16 +422,19 @@ class BlockingScheduler:
             return
         ready.set(None)
         await self._stop_requested
-        await self._sched.shutdown(self._stop_grace)
+        try:
+            await self._sched.shutdown(self._stop_grace)
+        except Exception as exc:  # handed to the shutdown() caller
+            self._stop_error = exc
 
     def _on_stop_request(self) -> None:
         """On the loop: shutdown() was called."""
         stop = self._stop_requested
         if stop is not None and not stop.done():
             stop.set_result(None)
-        if self._sched._state == "starting":
-            # A standby waiting to lead (or recovering): make it give up.
-            self._ev.create_task(self._sched.shutdown())
+        abort = self._sched._abort_start
+        if self._sched._state == "starting" and abort is not None and not abort.done():
+            abort.set_result(None)   # a standby waiting to lead (or recovering) gives up
 
     @staticmethod
     def _close_loop(loop: asyncio.AbstractEventLoop) -> None:

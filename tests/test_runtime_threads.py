@@ -11,6 +11,7 @@ import pytest
 
 import cronoq
 from cronoq.runtime import runner as runner_module
+from cronoq.telemetry import prometheus
 
 # How many threads the loop's default executor has on this machine (asyncio's rule).
 DEFAULT_EXECUTOR_THREADS = min(32, (os.cpu_count() or 1) + 4)
@@ -100,7 +101,10 @@ async def test_a_given_up_function_keeps_its_thread_until_it_returns(caplog, mon
             await asyncio.wait_for(entered.wait(), WAIT)
             assert await sched.cancel(stuck.id) is True
             await until(lambda: any(getattr(r, "action", None) == "stray_thread" for r in caplog.records))
-            assert (await sched.snapshot()).pool("p").stray_threads == 1
+            snap = await sched.snapshot()
+            assert snap.pool("p").stray_threads == 1
+            [gauge] = [f for f in prometheus.families(snap) if f.name == "cronoq_pool_stray_threads"]
+            assert [(s.labels, s.value) for s in gauge.samples] == [({"pool": "p"}, 1)]
             # The next attempt gets a thread of its own at once.
             assert await asyncio.wait_for(await sched.submit("next", pool="p"), WAIT) == "next"
             release.set()

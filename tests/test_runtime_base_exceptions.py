@@ -140,3 +140,23 @@ def test_a_blocking_schedulers_sync_executor_keyboard_interrupt_is_a_failure():
             bad.result(timeout=WAIT)
         assert info.value.message == "gave up after 1 attempt: KeyboardInterrupt"
         assert bs.submit("next").result(timeout=WAIT).startswith("cronoq-default-")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("plain", [False, True])
+async def test_an_exception_that_cannot_be_printed_still_ends_the_attempt(plain):
+    class Unprintable(Exception):
+        def __str__(self):
+            raise ValueError("no")
+
+    def fail(ctx, payload):
+        raise Unprintable()
+
+    async def fail_async(ctx, payload):
+        raise Unprintable()
+
+    async with cronoq.Scheduler([fixed("default", fail if plain else fail_async)]) as sched:
+        handle = await sched.submit(None, retry=cronoq.RetryPolicy.none())
+        with pytest.raises(cronoq.TaskFailed) as info:
+            await asyncio.wait_for(handle, WAIT)
+    assert info.value.message == "gave up after 1 attempt: Unprintable: <the exception could not be printed>"

@@ -65,7 +65,10 @@ def clean_message(text: object) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not keep the attempt from ending
+        text = "<the exception could not be printed>"
     return clean_message(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
 

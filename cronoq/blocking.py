@@ -143,33 +143,38 @@ class _Waiter:
     """One blocked caller: a lock the loop releases with the answer.
 
     Settled once: the first answer wins (the loop's, or the error given to
-    every call still in flight when the scheduler stops).
+    every call still in flight when the scheduler stops). While ``calls`` is
+    set, the waiter is in that set of calls in flight and leaves it when settled.
     """
 
-    __slots__ = ("lock", "value", "error", "settled", "_calls")
+    __slots__ = ("lock", "value", "error", "settled", "calls")
 
-    def __init__(self, calls: set | None = None) -> None:
+    def __init__(self) -> None:
         self.lock = _thread.allocate_lock()
         self.lock.acquire()
         self.value = None
         self.error: BaseException | None = None
         self.settled = False
-        self._calls = calls
+        self.calls: set[_Waiter] | None = None
+
+    def track(self, calls: set[_Waiter]) -> None:
+        self.calls = calls
+        calls.add(self)
 
     def set(self, value) -> None:
         if not self.settled:
             self.settled = True
             self.value = value
-            if self._calls is not None:
-                self._calls.discard(self)
+            if self.calls is not None:
+                self.calls.discard(self)
             self.lock.release()
 
     def fail(self, error: BaseException) -> None:
         if not self.settled:
             self.settled = True
             self.error = error
-            if self._calls is not None:
-                self._calls.discard(self)
+            if self.calls is not None:
+                self.calls.discard(self)
             self.lock.release()
 
     def wait(self):
@@ -481,11 +486,11 @@ class BlockingScheduler:
         """Call ``fn(waiter, *args)`` on the loop; the waiter is answered there
         (or failed when the scheduler stops). Raises if the scheduler does not serve."""
         self._check_thread()
-        waiter = _Waiter(self._calls)
+        waiter = _Waiter()
         with self._gate:
             if self._state != _RUNNING or self._forks != _process.forks:
                 raise self._refuse()
-            self._calls.add(waiter)
+            waiter.track(self._calls)
             self._ev.call_soon_threadsafe(fn, waiter, *args)
         return waiter
 
@@ -518,7 +523,7 @@ class BlockingScheduler:
 
     def _post(self, spec: TaskSpec, want_handle: bool):
         self._check_thread()
-        waiter = _Waiter(self._calls)
+        waiter = _Waiter()
         with self._gate:
             if self._state != _RUNNING or self._forks != _process.forks:
                 raise self._refuse()
@@ -549,7 +554,7 @@ class BlockingScheduler:
                 except QueueFull:
                     if core.overflow_policy(spec.pool) != "wait":
                         raise
-                    self._calls.add(waiter)   # settled when the scheduler stops, if not before
+                    waiter.track(self._calls)   # failed when the scheduler stops, if not settled before
                     self._ev.create_task(self._submit_waiting(spec, want_handle, waiter))
                     continue
                 if want_handle:
@@ -561,7 +566,8 @@ class BlockingScheduler:
         if sched.running:
             sched._pump()
         if sched._log is not None and answers:
-            self._calls.update(waiter for waiter, _ in answers)
+            for waiter, _ in answers:
+                waiter.track(self._calls)
             self._ev.create_task(self._answer_when_durable(answers))
         else:
             for waiter, value in answers:

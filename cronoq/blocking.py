@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (ours runs first)
+import logging
+import os
 import threading
+import time
+import weakref
 import _thread
 from collections import deque
 from typing import Any, Iterable, Sequence
@@ -24,16 +29,19 @@ from . import realtime
 from .runtime.durability import encoded_payload
 from .runtime.events import EventBuffer
 from .runtime.handle import TaskHandle
+from .runtime import process as _process
 from .runtime.pool import Pool
 from .runtime.scheduler import Scheduler
 
 __all__ = ["BlockingScheduler", "BlockingHandle", "BlockingEventStream"]
 
+log = logging.getLogger("cronoq.scheduler")
+
 
 class BlockingHandle:
     """The result of a task submitted through ``BlockingScheduler``."""
 
-    __slots__ = ("id", "key", "duplicate", "_handle", "_lock")
+    __slots__ = ("id", "key", "duplicate", "_handle", "_lock", "_forks")
 
     def __init__(self, handle: TaskHandle) -> None:
         self.id = handle.id
@@ -43,6 +51,7 @@ class BlockingHandle:
         lock = _thread.allocate_lock()
         lock.acquire()
         self._lock = lock
+        self._forks = _process.forks
         handle._on_done(self._resolved)   # called on the loop thread
 
     def _resolved(self, _handle: TaskHandle) -> None:
@@ -61,6 +70,9 @@ class BlockingHandle:
         succeed, and the builtin ``TimeoutError`` after ``timeout`` seconds
         (the task keeps running)."""
         if not self._handle.done():
+            if self._forks != _process.forks:
+                raise SchedulerError("this handle belongs to a scheduler of the process this one was forked "
+                                     "from: its task's end is not reported here")
             acquired = self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
             if not acquired:
                 raise TimeoutError(f"task {self.id} did not finish within {timeout} s")
@@ -79,6 +91,7 @@ class BlockingEventStream(EventBuffer):
         super().__init__(capacity, on_lag)
         self._cond = threading.Condition()
         self._owner = owner
+        self._forks = _process.forks
 
     # called on the loop thread, as a subscriber of the async scheduler
     def _push(self, event: StatusEvent) -> None:
@@ -93,6 +106,9 @@ class BlockingEventStream(EventBuffer):
 
     def close(self) -> None:
         if not self.closed:
+            if self._forks != _process.forks:
+                self.closed = True    # (its lock may be held by a thread the fork left behind)
+                return
             self._owner._unsubscribe(self)
             self._end()
 
@@ -104,6 +120,9 @@ class BlockingEventStream(EventBuffer):
 
     def next(self, timeout: float | None = None) -> StatusEvent:
         """The next event; ``TimeoutError`` if none arrives within ``timeout``."""
+        if self._forks != _process.forks:
+            raise SchedulerError("this event stream belongs to a scheduler of the process this one was "
+                                 "forked from: no event reaches it here")
         with self._cond:
             while True:
                 event = self._take()
@@ -122,29 +141,85 @@ class BlockingEventStream(EventBuffer):
 
 
 class _Waiter:
-    """One blocked submitter: a lock the loop releases with the answer."""
+    """One blocked caller: a lock the loop releases with the answer.
 
-    __slots__ = ("lock", "value", "error")
+    Settled once: the first answer wins (the loop's, or the error given to
+    every call still in flight when the scheduler stops). While ``calls`` is
+    set, the waiter is in that set of calls in flight and leaves it when settled.
+    """
+
+    __slots__ = ("lock", "value", "error", "settled", "calls")
 
     def __init__(self) -> None:
         self.lock = _thread.allocate_lock()
         self.lock.acquire()
         self.value = None
         self.error: BaseException | None = None
+        self.settled = False
+        self.calls: set[_Waiter] | None = None
+
+    def track(self, calls: set[_Waiter]) -> None:
+        self.calls = calls
+        calls.add(self)
 
     def set(self, value) -> None:
-        self.value = value
-        self.lock.release()
+        if not self.settled:
+            self.settled = True
+            self.value = value
+            if self.calls is not None:
+                self.calls.discard(self)
+            self.lock.release()
 
     def fail(self, error: BaseException) -> None:
-        self.error = error
-        self.lock.release()
+        if not self.settled:
+            self.settled = True
+            self.error = error
+            if self.calls is not None:
+                self.calls.discard(self)
+            self.lock.release()
 
     def wait(self):
         self.lock.acquire()
         if self.error is not None:
             raise self.error
         return self.value
+
+
+_NEW, _STARTING, _RUNNING, _STOPPING, _STOPPED = "new", "starting", "running", "stopping", "stopped"
+
+# Every BlockingScheduler that may be serving, for the exit hook.
+_live: weakref.WeakSet[BlockingScheduler] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+# How long interpreter exit waits, beyond the grace and a store's commit timeout,
+# for a scheduler to stop (a loop blocked by an executor would never stop).
+_EXIT_MARGIN = 10.0
+
+
+def _register_exit_hook() -> None:
+    """Shut schedulers down at interpreter exit, before the interpreter waits
+    for non-daemon threads and before ``concurrent.futures`` shuts its thread
+    pools (both happen in ``threading._shutdown``, before ``atexit``)."""
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        if _exit_hook_registered:
+            return
+        register = getattr(threading, "_register_atexit", None)   # private, hence the fallback
+        try:
+            if register is None:
+                raise RuntimeError("threading._register_atexit is not available")
+            register(_shutdown_at_exit)
+        except RuntimeError:   # missing, or the interpreter is already shutting down
+            atexit.register(_shutdown_at_exit)
+        _exit_hook_registered = True
+
+
+def _shutdown_at_exit() -> None:
+    schedulers = [bs for bs in list(_live) if not bs._forked()]
+    for bs in schedulers:       # all stop at once: the graces overlap
+        bs._request_stop(None)
+    for bs in schedulers:
+        bs._wait_stopped_at_exit()
 
 
 class BlockingScheduler:
@@ -167,10 +242,20 @@ class BlockingScheduler:
                                 seed=seed, config=config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        # The gate guards the state, the inbox and the calls in flight: a call
+        # checks the state and reaches the loop under it, so a call that does
+        # not raise is one the loop will answer (or fail when it stops).
+        self._gate = threading.Lock()
+        self._state = _NEW
         self._inbox: deque = deque()
-        self._inbox_lock = threading.Lock()
-        self._lifecycle = threading.Lock()
-        self._stopped = False
+        self._calls: set[_Waiter] = set()
+        self._lifecycle = threading.Lock()     # one start() at a time
+        self._stop_grace: float | None = None
+        self._stop_requested: asyncio.Future | None = None
+        self._stop_error: Exception | None = None
+        self._forks = _process.forks
+        self._pid = os.getpid()
+        _process.reset_after_fork(self)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -183,67 +268,116 @@ class BlockingScheduler:
 
     @property
     def running(self) -> bool:
-        return self._sched.running
+        return self._state == _RUNNING and self._sched.running and not self._forked()
+
+    @property
+    def _ev(self) -> asyncio.AbstractEventLoop:
+        """The loop, once started (internal use, where it is known to be set)."""
+        loop = self._loop
+        assert loop is not None
+        return loop
 
     # ================================================================ lifecycle
 
     def start(self) -> None:
-        """Start the loop thread and the scheduler on it; returns once it serves."""
+        """Start the loop thread and the scheduler on it; returns once it serves.
+
+        A standby (a store another process leads) waits here until it leads;
+        ``shutdown()`` from another thread makes it give up. If the start
+        fails, no thread is left behind and ``start()`` may be called again."""
+        self._check_process()
         with self._lifecycle:
-            if self._thread is not None:
-                raise SchedulerError("this BlockingScheduler was already started")
+            with self._gate:
+                if self._state in (_STOPPING, _STOPPED):
+                    raise SchedulerError("this BlockingScheduler is shut down; create a new one to start again")
+                if self._state != _NEW:
+                    raise SchedulerError(f"this BlockingScheduler was already started (it is {self._state})")
+                self._state = _STARTING
             loop = realtime.new_event_loop()   # real timers even while a test freezes time
             ready = _Waiter()
-
-            def run() -> None:
-                asyncio.set_event_loop(loop)
-
-                async def boot() -> None:
-                    try:
-                        await self._sched.start()
-                    except BaseException as exc:
-                        ready.fail(exc)
-                    else:
-                        ready.set(None)
-
-                loop.create_task(boot())
-                loop.run_forever()
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
+            thread = threading.Thread(target=self._run, args=(loop, ready), name="cronoq-scheduler",
+                                      daemon=True)
             self._loop = loop
-            self._thread = threading.Thread(target=run, name="cronoq-scheduler", daemon=True)
-            self._thread.start()
+            self._thread = thread
+            self._stop_grace = None
+            _register_exit_hook()
+            _live.add(self)
             try:
+                thread.start()
                 ready.wait()
-            except BaseException:
-                loop.call_soon_threadsafe(loop.stop)
-                self._thread.join()
+            except BaseException as exc:  # noqa: B036 - re-raised once the thread is gone
+                self._start_failed(thread, loop, failed=exc is ready.error)
                 raise
-            atexit.register(self._at_exit)
+            with self._gate:
+                serving = self._state == _STARTING
+                if serving:
+                    self._state = _RUNNING
+            if not serving:   # shut down meanwhile, from another thread
+                thread.join()
+                raise SchedulerError("the scheduler was shut down while it started")
+
+    def _start_failed(self, thread: threading.Thread, loop: asyncio.AbstractEventLoop, failed: bool) -> None:
+        """Leave no thread behind after a start that failed (``failed``) or was
+        interrupted (Ctrl-C while a standby waits, no thread to be had)."""
+        if not failed:
+            self._request_stop(0.0)
+        deadline = realtime.real_monotonic() + 1.0
+        while True:
+            try:
+                thread.join()
+                return
+            except RuntimeError:   # not started: interrupted inside Thread.start(), or never will be
+                if realtime.real_monotonic() > deadline and thread.ident is None:
+                    break
+                time.sleep(0.001)
+        loop.close()               # nothing ran on it
+        with self._gate:
+            self._state = _NEW
+        _live.discard(self)
 
     def shutdown(self, grace: float | None = None) -> None:
         """Stop admitting, let running attempts finish for ``grace`` seconds,
-        cancel the rest, and stop the loop thread."""
-        self._check_thread()     # before taking the lock: the loop thread must never wait on it
-        with self._lifecycle:
-            if self._thread is None or self._stopped:
-                return
-            self._stopped = True
-            future = asyncio.run_coroutine_threadsafe(self._sched.shutdown(grace), self._loop)
-            try:
-                future.result()
-            finally:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._thread.join()
-                atexit.unregister(self._at_exit)
-                self._fail_inbox(SchedulerError("the scheduler shut down"))
+        cancel the rest, and stop the loop thread. A standby that waits to
+        lead stops waiting. Calls still in flight get ``SchedulerError``."""
+        self._check_thread()     # the loop thread must never wait for itself
+        self._check_process()
+        thread = self._request_stop(grace)
+        if thread is not None:
+            thread.join()
+        error, self._stop_error = self._stop_error, None
+        if error is not None:
+            raise error
+
+    def _request_stop(self, grace: float | None) -> threading.Thread | None:
+        """Ask the loop to stop (once); the thread to wait for, if any."""
+        with self._gate:
+            state = self._state
+            if state == _NEW:
+                self._state = _STOPPED
+                return None
+            if state in (_STARTING, _RUNNING):
+                self._state = _STOPPING
+                self._stop_grace = grace
+                self._ev.call_soon_threadsafe(self._on_stop_request)   # the loop is open: see _run
+            return self._thread
 
     def _at_exit(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:  # interpreter exit: nothing left to report to
-            pass
+        """What interpreter exit does for this scheduler."""
+        if not self._forked():
+            self._request_stop(None)
+            self._wait_stopped_at_exit()
+
+    def _wait_stopped_at_exit(self) -> None:
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return
+        store = self._sched.store
+        commit_timeout = float(getattr(store, "commit_timeout", 0.0) or 0.0) if store is not None else 0.0
+        limit = self._sched.shutdown_grace + commit_timeout + _EXIT_MARGIN
+        thread.join(limit)
+        if thread.is_alive():
+            log.error("the scheduler did not stop within %g s at interpreter exit (is an async executor "
+                      "blocking its loop?); exiting without it", limit, extra={"action": "exit_timeout"})
 
     def __enter__(self) -> BlockingScheduler:
         self.start()
@@ -252,58 +386,165 @@ class BlockingScheduler:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
+    # ================================================================ the loop thread
+
+    def _run(self, loop: asyncio.AbstractEventLoop, ready: _Waiter) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            main = loop.create_task(self._main(ready))
+            while True:
+                try:
+                    loop.run_until_complete(main)
+                    break
+                except (KeyboardInterrupt, SystemExit) as exc:
+                    # An async executor raised it (its attempt already failed): a
+                    # private loop thread has no caller to hand it to, so it goes on.
+                    log.error("an executor raised %s on the scheduler's loop thread; the scheduler goes "
+                              "on", type(exc).__name__, extra={"action": "executor_exit"})
+        finally:
+            with self._gate:
+                # From here no call reaches the loop: fail those in flight.
+                self._state = _NEW if self._state == _STARTING else _STOPPED
+                pending = list(self._calls)
+                pending.extend(waiter for _, _, waiter in self._inbox)
+                self._inbox.clear()
+            error = SchedulerError("the scheduler shut down")
+            for waiter in pending:
+                waiter.fail(error)
+            ready.fail(error)    # only if the start never answered
+            self._close_loop(loop)
+            _live.discard(self)
+
+    async def _main(self, ready: _Waiter) -> None:
+        self._stop_requested = asyncio.get_running_loop().create_future()
+        with self._gate:
+            stop_early = self._state == _STOPPING
+        try:
+            if stop_early:
+                raise SchedulerError("the scheduler was shut down while it started")
+            await self._sched.start()
+        except BaseException as exc:
+            ready.fail(exc)
+            return
+        ready.set(None)
+        await self._stop_requested
+        try:
+            await self._sched.shutdown(self._stop_grace)
+        except Exception as exc:  # handed to the shutdown() caller
+            self._stop_error = exc
+
+    def _on_stop_request(self) -> None:
+        """On the loop: shutdown() was called."""
+        stop = self._stop_requested
+        if stop is not None and not stop.done():
+            stop.set_result(None)
+        abort = self._sched._abort_start
+        if self._sched._state == "starting" and abort is not None and not abort.done():
+            abort.set_result(None)   # a standby waiting to lead (or recovering) gives up
+
+    @staticmethod
+    def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
     # ================================================================ plumbing
+
+    def _forked(self) -> bool:
+        return self._forks != _process.forks
+
+    def _check_process(self) -> None:
+        if self._forks != _process.forks:
+            raise _process.forked_error(self._pid)
+
+    def _after_fork(self) -> None:
+        # In the child of a fork: a thread of the parent may have held these.
+        self._gate = threading.Lock()
+        self._lifecycle = threading.Lock()
 
     def _check_thread(self) -> None:
         if self._thread is not None and threading.current_thread() is self._thread:
             raise SchedulerError("BlockingScheduler was called from its own event loop thread (an async "
                                  "executor?); that would deadlock: use the async Scheduler there")
 
-    def _loop_or_fail(self) -> asyncio.AbstractEventLoop:
-        if self._thread is None:
-            raise RuntimeError("the scheduler is not started: use 'with' or call start()")
-        if self._stopped:
-            raise SchedulerError("the scheduler is shut down")
+    def _refuse(self) -> BaseException:
+        """The error for a call made while the scheduler does not serve (under the gate)."""
+        if self._forks != _process.forks:
+            return _process.forked_error(self._pid)
+        if self._state == _NEW:
+            return RuntimeError("the scheduler is not started: use 'with' or call start()")
+        if self._state == _STARTING:
+            return SchedulerError("the scheduler is starting")
+        return SchedulerError("the scheduler is shut down")
+
+    def _send(self, fn, *args) -> _Waiter:
+        """Call ``fn(waiter, *args)`` on the loop; the waiter is answered there
+        (or failed when the scheduler stops). Raises if the scheduler does not serve."""
         self._check_thread()
-        return self._loop
+        waiter = _Waiter()
+        with self._gate:
+            if self._state != _RUNNING or self._forks != _process.forks:
+                raise self._refuse()
+            waiter.track(self._calls)
+            self._ev.call_soon_threadsafe(fn, waiter, *args)
+        return waiter
 
     def _call(self, coro_fn, *args, **kwargs):
         """Run ``coro_fn(*args)`` on the loop and wait for its result."""
-        loop = self._loop_or_fail()
-        future = asyncio.run_coroutine_threadsafe(coro_fn(*args, **kwargs), loop)
-        return future.result()
+        return self._send(self._start_call, coro_fn, args, kwargs).wait()
+
+    def _start_call(self, waiter: _Waiter, coro_fn, args, kwargs) -> None:
+        self._ev.create_task(self._run_call(waiter, coro_fn, args, kwargs))
+
+    @staticmethod
+    async def _run_call(waiter: _Waiter, coro_fn, args, kwargs) -> None:
+        try:
+            value = await coro_fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: B036 - handed to the caller
+            waiter.fail(exc)
+        else:
+            waiter.set(value)
 
     def _on_loop(self, fn, *args):
         """Run a plain function on the loop and wait for its result."""
-        loop = self._loop_or_fail()
-        waiter = _Waiter()
+        return self._send(self._run_plain, fn, args).wait()
 
-        def run() -> None:
-            try:
-                waiter.set(fn(*args))
-            except BaseException as exc:
-                waiter.fail(exc)
-
-        loop.call_soon_threadsafe(run)
-        return waiter.wait()
+    @staticmethod
+    def _run_plain(waiter: _Waiter, fn, args) -> None:
+        try:
+            waiter.set(fn(*args))
+        except BaseException as exc:  # noqa: B036 - handed to the caller
+            waiter.fail(exc)
 
     def _post(self, spec: TaskSpec, want_handle: bool):
-        loop = self._loop_or_fail()
+        self._check_thread()
         waiter = _Waiter()
-        with self._inbox_lock:
-            first = not self._inbox
-            self._inbox.append((spec, want_handle, waiter))
+        with self._gate:
+            if self._state != _RUNNING or self._forks != _process.forks:
+                raise self._refuse()
+            inbox = self._inbox
+            first = not inbox
+            inbox.append((spec, want_handle, waiter))
         if first:
-            loop.call_soon_threadsafe(self._drain)
+            try:
+                self._ev.call_soon_threadsafe(self._drain)
+            except RuntimeError:
+                pass   # the loop closed meanwhile: its thread fails what is left in the inbox
         return waiter.wait()
 
     def _drain(self) -> None:
         """On the loop: admit everything the threads posted, in one step."""
-        with self._inbox_lock:
+        with self._gate:
             items = list(self._inbox)
             self._inbox.clear()
         sched = self._sched
-        answers = []
+        answers: list[tuple[_Waiter, Any]] = []
         for spec, want_handle, waiter in items:
             try:
                 core = sched._check()
@@ -314,18 +555,21 @@ class BlockingScheduler:
                 except QueueFull:
                     if core.overflow_policy(spec.pool) != "wait":
                         raise
-                    self._loop.create_task(self._submit_waiting(spec, want_handle, waiter))
+                    waiter.track(self._calls)   # failed when the scheduler stops, if not settled before
+                    self._ev.create_task(self._submit_waiting(spec, want_handle, waiter))
                     continue
                 if want_handle:
                     answers.append((waiter, BlockingHandle(sched._attach(task_id, spec.key, duplicate))))
                 else:
                     answers.append((waiter, task_id))
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: B036 - handed to the caller
                 waiter.fail(exc)
         if sched.running:
             sched._pump()
         if sched._log is not None and answers:
-            self._loop.create_task(self._answer_when_durable(answers))
+            for waiter, _ in answers:
+                waiter.track(self._calls)
+            self._ev.create_task(self._answer_when_durable(answers))
         else:
             for waiter, value in answers:
                 waiter.set(value)
@@ -333,7 +577,7 @@ class BlockingScheduler:
     async def _answer_when_durable(self, answers: list) -> None:
         try:
             await self._sched._durable()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: B036 - handed to the callers
             for waiter, _ in answers:
                 waiter.fail(exc)
         else:
@@ -348,15 +592,8 @@ class BlockingScheduler:
             self._sched._pump()
             await self._sched._durable()
             waiter.set(value)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: B036 - handed to the caller
             waiter.fail(exc)
-
-    def _fail_inbox(self, error: BaseException) -> None:
-        with self._inbox_lock:
-            items = list(self._inbox)
-            self._inbox.clear()
-        for _, _, waiter in items:
-            waiter.fail(error)
 
     # ================================================================ the API
 
@@ -413,9 +650,9 @@ class BlockingScheduler:
         return stream
 
     def _unsubscribe(self, stream: BlockingEventStream) -> None:
-        loop = self._loop
-        if loop is not None and not loop.is_closed() and not self._stopped:
-            loop.call_soon_threadsafe(self._sched._detach, stream)
+        with self._gate:
+            if self._state == _RUNNING and self._forks == _process.forks:
+                self._ev.call_soon_threadsafe(self._sched._detach, stream)
 
     def set_capacity(self, pool: str, capacity: int) -> None:
         """Set the capacity of a pool's unlabeled workers."""

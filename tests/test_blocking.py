@@ -554,26 +554,16 @@ def test_shutdown_called_from_an_executor_during_shutdown_raises_instead_of_dead
 # ---------------------------------------------------------------- atexit
 
 
-def test_atexit_cleanup_is_registered_and_unregistered(monkeypatch):
-    registered = []
-    unregistered = []
-    real_register, real_unregister = atexit.register, atexit.unregister
+def test_the_exit_hook_knows_a_scheduler_from_start_to_shutdown():
+    from cronoq import blocking
 
-    def register(fn, *args, **kwargs):
-        registered.append(fn)
-        return real_register(fn, *args, **kwargs)
-
-    def unregister(fn):
-        unregistered.append(fn)
-        return real_unregister(fn)
-
-    monkeypatch.setattr(atexit, "register", register)
-    monkeypatch.setattr(atexit, "unregister", unregister)
     bs = cronoq.BlockingScheduler([fixed("default", double)])
+    assert bs not in blocking._live
     bs.start()
-    assert registered == [bs._at_exit]
+    assert bs in blocking._live
+    assert blocking._exit_hook_registered
     bs.shutdown()
-    assert unregistered == [bs._at_exit]
+    assert bs not in blocking._live
 
 
 def test_the_atexit_hook_shuts_the_scheduler_down():

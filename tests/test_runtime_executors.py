@@ -42,7 +42,7 @@ async def test_async_executor_runs_on_the_scheduler_loop_thread():
 
 
 @pytest.mark.asyncio
-async def test_plain_function_runs_in_the_loops_default_thread_pool():
+async def test_plain_function_runs_on_threads_of_its_pool_not_the_default_executor():
     loop = asyncio.get_running_loop()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="cronoq-test-default")
     loop.set_default_executor(pool)
@@ -52,11 +52,12 @@ async def test_plain_function_runs_in_the_loops_default_thread_pool():
             asyncio.get_running_loop()      # not on the loop
         return threading.current_thread().name, x * 3
 
-    async with cronoq.Scheduler([fixed("default", run, capacity=2)]) as sched:
-        handles = [await sched.submit(i) for i in range(4)]
+    async with cronoq.Scheduler([fixed("crunch", run, capacity=2)]) as sched:
+        handles = [await sched.submit(i, pool="crunch") for i in range(4)]
         results = [await h for h in handles]
     assert [v for _, v in results] == [0, 3, 6, 9]
-    assert all(name.startswith("cronoq-test-default") for name, _ in results)
+    names = {name for name, _ in results}
+    assert names <= {"cronoq-crunch-1", "cronoq-crunch-2"}, names
 
 
 @pytest.mark.asyncio

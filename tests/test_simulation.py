@@ -166,6 +166,7 @@ class World:
         self.known_keys: list[str] = []
         self.key_counter = 0
         self.cancelled_by_call: set[int] = set()
+        self.given_back: set[int] = set()       # tasks with a dispatch the driver gave back
 
     # ================================================================ driver
 
@@ -314,6 +315,9 @@ class World:
             return
         outcome, retry_after = self.plans.pop(lease)
         task_id = self.lease_task[lease]
+        if rng.random() < 0.02 and self.admitted[task_id]["start"] is None:
+            self.give_back(lease, task_id)
+            return
         # Mark first: the events of this very call must see the lease closed.
         self.lease_state[lease] = "completed"
         del self.live_leases[task_id]
@@ -324,6 +328,20 @@ class World:
         if rng.random() < 0.05:
             self.stale_sent += 1
             assert self.call(self.core.complete, lease, SUCCESS) is False, "a lease completed twice"
+
+    def give_back(self, lease: int, task_id: int) -> None:
+        """The driver could not start this attempt: it never happened."""
+        self.lease_state[lease] = "given_back"
+        del self.live_leases[task_id]
+        seq, attempt, _, _ = self.dispatches[task_id].pop()
+        starts = self.plain_starts.get((self.admitted[task_id]["pool"], self.admitted[task_id]["cls"]))
+        if attempt == 1 and starts is not None and task_id in starts:
+            starts.remove(task_id)
+        self.given_back.add(task_id)
+        delay = self.rng.choice((0, 0, int(0.5 * NS)))
+        assert self.call(self.core.give_back, lease, delay) is True
+        self.trace.append(("give_back", lease, task_id, delay, self.now))
+        assert self.call(self.core.give_back, lease) is False, "a lease given back twice"
 
     # ================================================================ workload
 
@@ -656,7 +674,8 @@ class World:
         assert totals["submitted"] == len(self.admitted)
         ended = sum(totals[s] for s in TERMINAL)
         assert ended == len(self.admitted), (ended, len(self.admitted))
-        assert totals["dispatched"] == sum(len(v) for v in self.dispatches.values())
+        given_back = sum(1 for state in self.lease_state.values() if state == "given_back")
+        assert totals["dispatched"] == sum(len(v) for v in self.dispatches.values()) + given_back
         for r in core.resources.values():
             if r.semaphore:
                 assert r.available == r.capacity
@@ -721,10 +740,11 @@ class World:
         for (pool, cls), ids in self.plain_starts.items():
             if self.pool_configs[pool].fair_share:
                 continue
+            ids = [i for i in ids if i not in self.given_back]   # a delayed give-back waits like a retry
             assert ids == sorted(ids), f"pool {pool} class {cls}: plain tasks started out of order {ids}"
         # Leases: each dispatched once, then completed or aborted at most once.
-        assert len(self.lease_state) == sum(len(v) for v in self.dispatches.values())
-        assert all(state in ("aborted", "completed") for state in self.lease_state.values())
+        assert len(self.lease_state) == sum(len(v) for v in self.dispatches.values()) + given_back
+        assert all(state in ("aborted", "completed", "given_back") for state in self.lease_state.values())
         assert totals["stale_completions"] == self.stale_sent
 
     def run(self) -> list[tuple]:

@@ -1320,6 +1320,64 @@ class Core:
         if self._emit_all:
             self._event(e, RETRYING, now, message)
 
+    # ================================================================ attempts that never started
+
+    def give_back(self, now: int, lease: int, delay_ns: int = 0, message: str | None = None) -> bool:
+        """The driver could not start the attempt under ``lease`` (no thread
+        for it, or it is stopping): undo the dispatch without using an attempt.
+
+        The slot (and semaphore units) are freed, the attempt number goes
+        back, and the task waits again: ready at once, or after ``delay_ns``
+        (as a retry that keeps its attempt count, so that a start that keeps
+        failing does not spin). Nothing counts as failed. False if the lease
+        is not live (the attempt already ended).
+        """
+        if isinstance(delay_ns, bool) or not isinstance(delay_ns, int) or delay_ns < 0:
+            raise ValueError(f"delay_ns must be an integer >= 0, got {delay_ns!r}")
+        now = self._enter(now)
+        e = self.running.pop(lease, None)
+        if e is None:
+            return False
+        p = e.pool
+        w = p.window
+        if now > w._last_t:
+            w.integrate(now)
+        p.busy -= 1
+        w.busy = p.busy
+        e.group.busy -= 1
+        spec = e.spec
+        if spec is not None and spec.resources:
+            for name, units in spec.resources.items():
+                r = self.resources[name]
+                if r.semaphore:
+                    r.give(units)
+                    self._reoffer(r, now)
+        if e.x is not None:
+            p.started_fixed.discard(e.id)
+        e.attempt -= 1
+        p.pending[e.cls] += 1
+        p.pending_total += 1
+        self.pending += 1
+        if delay_ns:
+            e.status = RETRYING
+            self.timers.push(now + delay_ns, tm.RETRY, e, e.attempt)
+            if self._persist:
+                self.actions.append((act.PERSIST, (MUT_STATUS, e.id, RETRYING, e.attempt, now, message)))
+            if self._emit_all:
+                self._event(e, RETRYING, now, message)
+            if not p.dirty and (p.queues.total or p.due or p.label_waiting or p.hold_waiters):
+                p.dirty = True   # the slot it held is free for others
+                self._dirty.append(p)
+        else:
+            ready_at = e.ready_at
+            self._to_ready(e, now)
+            e.ready_at = ready_at   # it keeps its age in line
+            if self._persist:
+                self.actions.append((act.PERSIST, (MUT_STATUS, e.id, READY, e.attempt, now, message)))
+        if self._dirty:
+            self._flush(now)
+        return True
+
     # ================================================================ endings
 
     def _leave_waiting(self, e: Entry) -> None:

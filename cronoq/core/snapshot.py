@@ -58,16 +58,18 @@ class PoolSnapshot(_View):
     Counts (dispatched, succeeded, failed) and rates cover the window; rates are
     1.0 when nothing was measured. Waits are seconds from becoming ready to
     dispatch. ``worker_seconds`` and ``cost`` accumulate since start.
+    ``stray_threads`` counts threads still running a plain function whose
+    attempt was given up (filled in by the scheduler; the engine has none).
     """
 
     __slots__ = ("name", "capacity", "busy", "held", "desired", "pending", "pending_by_class",
                  "reservations", "dispatched", "succeeded", "failed", "priority_adherence",
                  "fixed_start_hit_rate", "utilization", "schedule_efficiency", "wait_p50",
-                 "wait_p90", "wait_p99", "worker_seconds", "cost", "groups")
+                 "wait_p90", "wait_p99", "worker_seconds", "cost", "groups", "stray_threads")
 
     def __init__(self, **fields: Any) -> None:
         for name in self.__slots__:
-            setattr(self, name, fields[name])
+            setattr(self, name, fields.get(name, 0) if name == "stray_threads" else fields[name])
 
 
 class Snapshot(_View):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .runner import LocalRunner
+    from .runner import LocalRunner, ThreadRunner
 
 __all__ = ["TaskContext"]
 
@@ -20,7 +20,7 @@ class TaskContext:
 
     __slots__ = ("_entry", "lease", "attempt", "_runner", "_cancelled", "_group")
 
-    def __init__(self, entry, lease: int, attempt: int, runner: LocalRunner) -> None:
+    def __init__(self, entry, lease: int, attempt: int, runner: LocalRunner | ThreadRunner) -> None:
         self._entry = entry
         self.lease = lease
         self.attempt = attempt
@@ -79,8 +79,7 @@ class TaskContext:
         Safe from executor threads. Returns False once the attempt was given up."""
         if self._cancelled:
             return False
-        self._runner.heartbeat(self.lease)
-        return True
+        return self._runner.heartbeat(self.lease)
 
     def is_cancelled(self) -> bool:
         """True once the scheduler gave up this attempt (cancel, timeout, lost

@@ -14,9 +14,9 @@ class Pool:
     """A pool of concurrency slots running one executor.
 
     ``executor(ctx, payload)`` may be an ``async def`` (run on the scheduler's
-    loop) or a plain function (run in the loop's default thread pool). The
-    pool autoscales between ``min`` and ``max``; ``autoscale=False`` fixes its
-    capacity at ``initial``.
+    loop) or a plain function (run on threads the pool owns, one per running
+    attempt). The pool autoscales between ``min`` and ``max``;
+    ``autoscale=False`` fixes its capacity at ``initial``.
     """
 
     def __init__(self, name: str, executor: Callable[..., Any], *, min: int = 1, max: int = 10,

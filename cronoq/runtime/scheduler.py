@@ -34,7 +34,8 @@ from .durability import DurableLog, encoded_payload
 from .events import EventStream
 from .handle import TaskHandle
 from .pool import Pool
-from .runner import LocalRunner
+from . import process as _process
+from .runner import LocalRunner, ThreadRunner
 
 __all__ = ["Scheduler"]
 
@@ -66,6 +67,10 @@ def _claims(results) -> tuple[tuple[int, ...], tuple[int, ...]]:
     claims = tuple(task_id for task_id, duplicate in results if not duplicate)
     needs = tuple(task_id for task_id, duplicate in results if duplicate)
     return claims, needs
+
+
+# A dispatch that found no thread to run it waits this long before it is tried again.
+_NOT_STARTED_DELAY_NS = 1_000_000_000
 
 
 class _Turn:
@@ -149,7 +154,7 @@ class Scheduler:
         self._state = _NEW
         self._loop: asyncio.AbstractEventLoop | None = None
         self._core: Core | None = None
-        self._runners: dict[str, LocalRunner] = {}
+        self._runners: dict[str, LocalRunner | ThreadRunner] = {}
         self._handles: dict[int, Any] = {}          # task id -> handle or [handles]
         self._outputs: dict[int, Any] = {}           # recent outputs, oldest first
         self._output_order: deque[int] = deque()
@@ -162,6 +167,8 @@ class Scheduler:
         self._drained: asyncio.Event | None = None
         self._log: DurableLog | None = None
         self._abort_start: asyncio.Future | None = None
+        self._forks = _process.forks
+        self._pid = os.getpid()
         self.epoch = 0
         self.lost_reason: str | None = None
 
@@ -172,6 +179,8 @@ class Scheduler:
         if self._state != _NEW:
             raise SchedulerError(f"the scheduler is {self._state}; create a new one to start again")
         self._loop = asyncio.get_running_loop()
+        self._forks = _process.forks
+        self._pid = os.getpid()
         self._state = "starting"
         try:
             if self.store is not None:
@@ -183,7 +192,8 @@ class Scheduler:
             aborted = self._abort_start is not None and self._abort_start.done()
             self._state = _STOPPED if aborted else _NEW
             raise
-        self._runners = {p.name: LocalRunner(self, p.name, p.executor, p.is_async) for p in self.pools}
+        self._runners = {p.name: LocalRunner(self, p.name, p.executor) if p.is_async
+                         else ThreadRunner(self, p.name, p.executor) for p in self.pools}
         self._state = _RUNNING
         self._pump()
 
@@ -313,7 +323,14 @@ class Scheduler:
     async def shutdown(self, grace: float | None = None) -> None:
         """Stop admitting work, give running attempts ``grace`` seconds
         (default ``shutdown_grace``), then cancel them. Handles of tasks that
-        did not finish resolve with ``TaskFailed(status="shutdown")``."""
+        did not finish resolve with ``TaskFailed(status="shutdown")``.
+
+        Dispatches that had not started are given back: queued work stays
+        queued (in the store, when there is one) without using an attempt.
+        Plain functions still running after the grace are told so
+        (``ctx.is_cancelled()``) and left to finish in their threads."""
+        if self._forks != _process.forks:
+            raise _process.forked_error(self._pid)
         if self._state in (_NEW, _STOPPED):
             self._state = _STOPPED
             return
@@ -328,6 +345,7 @@ class Scheduler:
         self._state = _STOPPING
         grace = self.shutdown_grace if grace is None else grace
         core = self._core
+        assert core is not None
         core.stop_dispatching()
         for turn in [t for waiting in self._room.values() for t in waiting]:
             if turn.future is not None and not turn.future.done():
@@ -339,10 +357,19 @@ class Scheduler:
                 await realtime.wait_for(self._drained.wait(), grace)   # real time, frozen clock or not
             except asyncio.TimeoutError:
                 pass
-        for runner in self._runners.values():
-            runner.cancel_all()
+        unstarted = [lease for runner in self._runners.values() for lease in runner.cancel_all()]
+        if unstarted:
+            now = self._now_ns()
+            for lease in unstarted:
+                core.give_back(now, lease)
+            self._pump()
         await asyncio.sleep(0)
-        if self._log is not None:
+        if self._log is None:
+            left = len(core.tasks)
+            if left:
+                log.warning("shutdown: %d unfinished tasks are dropped (without a store nothing keeps them)",
+                            left, extra={"action": "dropped", "count": left})
+        else:
             if not await self._log.flush(self._log.commit_timeout):
                 log.error("shutdown: some changes could not be stored", extra={"action": "store_outage"})
             self._log.fail_all(SchedulerError("the scheduler shut down"))
@@ -384,6 +411,8 @@ class Scheduler:
 
     def _check(self) -> Core:
         """The engine, if calls are allowed now and here."""
+        if self._forks != _process.forks:
+            raise _process.forked_error(self._pid)
         if self._state != _RUNNING:
             if self._state == _NEW:
                 raise RuntimeError("the scheduler is not started: use 'async with' or await start()")
@@ -459,6 +488,13 @@ class Scheduler:
         kind = raw[0]
         if kind == 1:
             entry = raw[1]
+            if self._state != _RUNNING:
+                # Committed before the shutdown began: it has not started, so it
+                # goes back to the queue (and the store) without using an attempt.
+                core = self._core
+                assert core is not None
+                core.give_back(self._now_ns(), raw[2])
+                return
             self._runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
         elif kind == 3:
             status = raw[4]
@@ -485,7 +521,12 @@ class Scheduler:
             return
         for raw in effects:
             self._effect(raw)
-        self._after_effects()
+        core = self._core
+        assert core is not None
+        if core.actions:
+            self._pump()   # what giving back a dispatch changed
+        else:
+            self._after_effects()
 
     def _after_effects(self) -> None:
         if self._room:
@@ -602,6 +643,18 @@ class Scheduler:
         self._output_order.append(task_id)
         if len(self._output_order) > self._output_limit:
             self._outputs.pop(self._output_order.popleft(), None)
+
+    def _not_started(self, lease: int, message: str) -> None:
+        """A runner could not start this attempt: it gives the attempt back."""
+        if self._state not in (_RUNNING, _STOPPING):
+            return
+        delay = _NOT_STARTED_DELAY_NS if self._state == _RUNNING else 0
+        core = self._core
+        assert core is not None
+        if core.give_back(self._now_ns(), lease, delay, message):
+            log.warning("an attempt could not start (%s); its task waits %g s without using an attempt",
+                        message, delay / 1e9, extra={"action": "not_started", "error": message})
+        self._pump()
 
     def _heartbeat(self, lease: int) -> None:
         if self._state in (_RUNNING, _STOPPING):
@@ -840,9 +893,20 @@ class Scheduler:
 
     async def snapshot(self) -> Snapshot:
         """Pools, quality metrics over the window, and totals since start."""
-        core = self._check()
+        self._check()
+        return self._snapshot_now()
+
+    def _snapshot_now(self) -> Snapshot:
+        """A snapshot, taken on the loop (the engine's view plus the runners')."""
+        core = self._core
+        assert core is not None
         snap = core.snapshot(self.clock.now_ns())
         self._pump()
+        runners = self._runners
+        for pool in snap.pools:
+            runner = runners.get(pool.name)
+            if runner is not None:
+                pool.stray_threads = runner.stray_threads
         return snap
 
     def events(self, on_lag: str = "drop") -> EventStream:

@@ -46,11 +46,9 @@ def take_snapshot(sched, timeout: float) -> Snapshot | None:
     except RuntimeError:
         running = None
     if running is loop:
-        # On the loop thread (an ASGI handler, a callback): read it directly,
-        # then carry out whatever the engine queued while catching up on time.
-        snap = sched._core.snapshot(sched.clock.now_ns())
-        sched._pump()
-        return snap
+        # On the loop thread (an ASGI handler, a callback): read it directly
+        # (the scheduler carries out whatever the engine queued meanwhile).
+        return sched._snapshot_now()
     try:
         future = asyncio.run_coroutine_threadsafe(sched.snapshot(), loop)
     except RuntimeError:   # the loop closed in the meantime

@@ -291,6 +291,8 @@ INSTRUMENTS = (
     ("gauge", "cronoq.pool.capacity", "{worker}", "Concurrency slots of the pool.", _pools("capacity")),
     ("gauge", "cronoq.pool.busy", "{worker}", "Slots running an attempt.", _pools("busy")),
     ("gauge", "cronoq.pool.held", "{worker}", "Free slots held for imminent fixed starts.", _pools("held")),
+    ("gauge", "cronoq.pool.stray_threads", "{thread}",
+     "Threads still running a plain function whose attempt was given up.", _pools("stray_threads")),
     ("gauge", "cronoq.pool.desired_workers", "{worker}", "The autoscaler's target capacity.",
      _pools("desired")),
     ("gauge", "cronoq.pool.group.capacity", "{worker}", "Capacity of each worker group.",

@@ -61,6 +61,8 @@ _FAMILIES = (
     ("cronoq_pool_workers", "gauge", "Capacity of the pool: concurrency slots (workers)."),
     ("cronoq_pool_busy_workers", "gauge", "Slots running an attempt."),
     ("cronoq_pool_held_workers", "gauge", "Free slots held for fixed-start tasks about to begin."),
+    ("cronoq_pool_stray_threads", "gauge",
+     "Threads still running a plain function whose attempt was given up (not reused until it returns)."),
     ("cronoq_pool_desired_workers", "gauge",
      "The autoscaler's target capacity (the capacity for fixed pools)."),
     ("cronoq_pool_group_workers", "gauge", "Capacity of each worker group (label set) of the pool."),
@@ -118,6 +120,7 @@ def families(snap: Snapshot) -> list[Metric]:
     capacity = gauge("cronoq_pool_workers")
     busy = gauge("cronoq_pool_busy_workers")
     held = gauge("cronoq_pool_held_workers")
+    stray = gauge("cronoq_pool_stray_threads")
     desired = gauge("cronoq_pool_desired_workers")
     group_capacity = gauge("cronoq_pool_group_workers", ("pool", "group"))
     group_busy = gauge("cronoq_pool_group_busy_workers", ("pool", "group"))
@@ -137,6 +140,7 @@ def families(snap: Snapshot) -> list[Metric]:
         capacity.add_metric(name, p.capacity)
         busy.add_metric(name, p.busy)
         held.add_metric(name, p.held)
+        stray.add_metric(name, p.stray_threads)
         desired.add_metric(name, p.desired)
         for g in p.groups:
             label = (p.name, _group_label(g.labels))

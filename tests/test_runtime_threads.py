@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import cronoq
-from cronoq.runtime import runner as runner_module
+from cronoq.runtime import threads as runner_module
 from cronoq.telemetry import prometheus
 
 # How many threads the loop's default executor has on this machine (asyncio's rule).

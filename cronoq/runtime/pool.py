@@ -6,6 +6,7 @@ import inspect
 from typing import Any, Callable, Mapping
 
 from ..core.types import AutoscaleConfig, PoolConfig, RetryPolicy
+from .runner import RunnerFactory
 
 __all__ = ["Pool"]
 
@@ -17,17 +18,26 @@ class Pool:
     loop) or a plain function (run on threads the pool owns, one per running
     attempt). The pool autoscales between ``min`` and ``max``;
     ``autoscale=False`` fixes its capacity at ``initial``.
+
+    ``runner`` instead of an executor hands the pool's attempts to another
+    runner (``cronoq.runtime.runner``): ``runner(link)`` makes it when the
+    scheduler starts. The server's remote workers use it.
     """
 
-    def __init__(self, name: str, executor: Callable[..., Any], *, min: int = 1, max: int = 10,
+    def __init__(self, name: str, executor: Callable[..., Any] | None = None, *,
+                 runner: RunnerFactory | None = None, min: int = 1, max: int = 10,
                  initial: int | None = None, autoscale: AutoscaleConfig | bool | None = None,
                  lease_ttl: float | None = None, max_pending: int | Mapping[str, int] | None = None,
                  overflow: str = "wait", retry: RetryPolicy | None = None,
                  unknown_dependency: str = "reject", await_timeout: float | None = None,
                  default_duration: float = 1.0, reservable_fraction: float = 0.5,
                  tenant_weights: Mapping[str, float] | None = None, fair_share: bool = False) -> None:
-        if not callable(executor):
+        if (executor is None) == (runner is None):
+            raise ValueError("give a pool an executor or a runner (one of them)")
+        if executor is not None and not callable(executor):
             raise ValueError(f"executor must be callable, got {type(executor).__name__}")
+        if runner is not None and not callable(runner):
+            raise ValueError(f"runner must be a callable making a runner, got {type(runner).__name__}")
         self.config = PoolConfig(
             name, min=min, max=max, initial=initial, autoscale=autoscale, lease_ttl=lease_ttl,
             max_pending=max_pending, overflow=overflow, retry=retry,
@@ -35,7 +45,8 @@ class Pool:
             default_duration=default_duration, reservable_fraction=reservable_fraction,
             tenant_weights=tenant_weights, fair_share=fair_share)
         self.executor = executor
-        self.is_async = _is_async(executor)
+        self.runner = runner
+        self.is_async = executor is not None and _is_async(executor)
 
     @property
     def name(self) -> str:

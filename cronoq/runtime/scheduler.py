@@ -35,7 +35,9 @@ from .events import EventStream
 from .handle import TaskHandle
 from .pool import Pool
 from . import process as _process
-from .runner import LocalRunner, ThreadRunner
+from .local import LocalRunner
+from .runner import Attempt, Runner, RunnerLink
+from .threads import ThreadRunner
 
 __all__ = ["Scheduler"]
 
@@ -154,7 +156,7 @@ class Scheduler:
         self._state = _NEW
         self._loop: asyncio.AbstractEventLoop | None = None
         self._core: Core | None = None
-        self._runners: dict[str, LocalRunner | ThreadRunner] = {}
+        self._runners: dict[str, Runner] = {}
         self._handles: dict[int, Any] = {}          # task id -> handle or [handles]
         self._outputs: dict[int, Any] = {}           # recent outputs, oldest first
         self._output_order: deque[int] = deque()
@@ -192,10 +194,23 @@ class Scheduler:
             aborted = self._abort_start is not None and self._abort_start.done()
             self._state = _STOPPED if aborted else _NEW
             raise
-        self._runners = {p.name: LocalRunner(self, p.name, p.executor) if p.is_async
-                         else ThreadRunner(self, p.name, p.executor) for p in self.pools}
+        self._runners = {p.name: self._make_runner(p) for p in self.pools}
         self._state = _RUNNING
         self._pump()
+
+    def _make_runner(self, pool: Pool) -> Runner:
+        loop = self._loop
+        assert loop is not None
+        name = pool.name
+
+        def set_capacity(labels: dict[str, str], slots: int) -> None:
+            self._set_capacity_now(name, labels, slots)
+
+        link = RunnerLink(name, loop, self._report, self._heartbeat, self._not_started, set_capacity)
+        if pool.runner is not None:
+            return pool.runner(link)
+        assert pool.executor is not None
+        return LocalRunner(link, pool.executor) if pool.is_async else ThreadRunner(link, pool.executor)
 
     async def _start_durable(self) -> None:
         """Lead (a standby waits here, until shutdown() gives up), take a new
@@ -444,7 +459,7 @@ class Scheduler:
             kind = raw[0]
             if kind == 1:   # DISPATCH
                 entry = raw[1]
-                runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
+                runners[entry.pool.name].start(Attempt(entry, raw[2], raw[3]))
             elif kind == 3:   # EVENT
                 status = raw[4]
                 if status is SUCCEEDED:
@@ -495,7 +510,7 @@ class Scheduler:
                 assert core is not None
                 core.give_back(self._now_ns(), raw[2])
                 return
-            self._runners[entry.pool.name].dispatch(entry, raw[2], raw[3])
+            self._runners[entry.pool.name].start(Attempt(entry, raw[2], raw[3]))
         elif kind == 3:
             status = raw[4]
             if status is SUCCEEDED:
@@ -613,17 +628,17 @@ class Scheduler:
         self._core.advance(self.clock.now_ns())
         self._pump()
 
-    def _report(self, entry, lease: int, outcome: str, output: Any, message: str | None,
+    def _report(self, attempt: Attempt, outcome: str, output: Any, message: str | None,
                 retry_after_ns: int | None) -> None:
         """A runner's outcome for one attempt."""
         core = self._core
         if self._state is _STOPPED:
             return
-        if core.complete(self._now_ns(), lease, outcome, output, message, retry_after_ns) \
-                and outcome is SUCCESS:
+        if core.complete(self._now_ns(), attempt.lease, outcome, output, message, retry_after_ns) \
+                and outcome == SUCCESS:
             # Kept until its success event goes out (with a store, once committed):
             # then it goes to the handles waiting for it, whatever the cache holds.
-            self._delivering[entry.id] = output
+            self._delivering[attempt.id] = output
         self._pump()
 
     def _deliver(self, task_id: int) -> None:
@@ -656,10 +671,23 @@ class Scheduler:
                         message, delay / 1e9, extra={"action": "not_started", "error": message})
         self._pump()
 
-    def _heartbeat(self, lease: int) -> None:
-        if self._state in (_RUNNING, _STOPPING):
-            self._core.heartbeat(self.clock.now_ns(), lease)
-            self._pump()
+    def _heartbeat(self, lease: int) -> bool:
+        if self._state not in (_RUNNING, _STOPPING):
+            return False
+        core = self._core
+        assert core is not None
+        alive = core.heartbeat(self.clock.now_ns(), lease)
+        self._pump()
+        return alive
+
+    def _set_capacity_now(self, pool: str, labels: dict[str, str], slots: int) -> None:
+        """A runner's capacity for a worker group (remote workers came or went)."""
+        if self._state not in (_RUNNING, _STOPPING):
+            return
+        core = self._core
+        assert core is not None
+        core.set_group_capacity(self.clock.now_ns(), pool, labels, slots)
+        self._pump()
 
     # ================================================================ handles
 

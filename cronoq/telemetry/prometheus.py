@@ -176,10 +176,10 @@ class PrometheusCollector:
     ``cronoq.BlockingScheduler``.
 
     Register it with a ``CollectorRegistry`` (or prometheus-client's default
-    ``REGISTRY``). Each scrape takes one snapshot of the scheduler, waiting at
-    most ``timeout`` seconds for the scheduler's loop to answer; a scheduler
-    that is not running (or does not answer) reports ``cronoq_scheduler_up 0``
-    and no other cronoq series.
+    ``REGISTRY``). Each scrape takes one snapshot of the scheduler, on the
+    scrape's thread (waiting at most ``timeout`` seconds for the scheduler's
+    engine lock); a scheduler that is not running (or does not answer)
+    reports ``cronoq_scheduler_up 0`` and no other cronoq series.
     """
 
     def __init__(self, scheduler, *, timeout: float = 5.0) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (ours runs first)
 import logging
 import os
@@ -18,8 +19,7 @@ import threading
 import time
 import weakref
 import _thread
-from collections import deque
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .core.actions import StatusEvent
 from .core.errors import SchedulerError
@@ -242,7 +242,7 @@ class BlockingScheduler:
                                 seed=seed, config=config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        # The gate guards the state, the inbox and the calls in flight: a call
+        # The gate guards the state and the calls in flight: a call
         # checks the state and reaches the loop under it, so a call that does
         # not raise is one the loop will answer (or fail when it stops).
         self._gate = threading.Lock()
@@ -254,7 +254,7 @@ class BlockingScheduler:
         self._stop_error: Exception | None = None
         self._forks = _process.forks
         self._pid = os.getpid()
-        _process.reset_after_fork(self)
+        _process.after_fork(self._after_fork)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -494,11 +494,14 @@ class BlockingScheduler:
         return waiter
 
     def _call(self, coro_fn, *args, **kwargs):
-        """Run ``coro_fn(*args)`` on the loop and wait for its result."""
-        return self._send(self._start_call, coro_fn, args, kwargs).wait()
+        """Run ``coro_fn(*args)`` on the loop and wait for its result. It runs
+        in a copy of the caller's context, as it would on the caller's thread
+        (submission hooks read the caller's context variables: its trace)."""
+        context = contextvars.copy_context()
+        return self._send(self._start_call, coro_fn, args, kwargs, context).wait()
 
-    def _start_call(self, waiter: _Waiter, coro_fn, args, kwargs) -> None:
-        self._ev.create_task(self._run_call(waiter, coro_fn, args, kwargs))
+    def _start_call(self, waiter: _Waiter, coro_fn, args, kwargs, context: contextvars.Context) -> None:
+        self._ev.create_task(self._run_call(waiter, coro_fn, args, kwargs), context=context)
 
     @staticmethod
     async def _run_call(waiter: _Waiter, coro_fn, args, kwargs) -> None:
@@ -592,6 +595,17 @@ class BlockingScheduler:
     def unsubscribe(self, sink: EventSink) -> None:
         """Stop delivering events to ``sink``."""
         self._sched.unsubscribe(sink)
+
+    def add_submit_hook(self, hook: Callable[[TaskSpec], TaskSpec]) -> Callable[[], None]:
+        """Call ``hook(task)`` for every task before it is admitted (see
+        ``Scheduler.add_submit_hook``); returns a function that removes it."""
+        return self._sched.add_submit_hook(hook)
+
+    def add_executor_middleware(
+            self, middleware: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> Callable[[], None]:
+        """Before ``start()``: wrap every pool's executor (see
+        ``Scheduler.add_executor_middleware``)."""
+        return self._sched.add_executor_middleware(middleware)
 
     def set_capacity(self, pool: str, capacity: int) -> None:
         """Set the capacity of a pool's unlabeled workers."""

@@ -173,6 +173,8 @@ class Scheduler:
         # Guards the engine, the handles and the sinks (see the module docstring).
         self._lock = threading.RLock()
         self._pump_asked = False                      # a thread asked the loop to pump
+        self._submit_hooks: list[Callable[[TaskSpec], TaskSpec]] = []
+        self._middleware: list[Callable[[Callable[..., Any], bool], Callable[..., Any]]] = []
         self._room: dict[Any, deque[_Turn]] = {}     # submitters waiting for queue room, per line
         self._timer = None
         self._timer_at: int | None = None
@@ -181,6 +183,7 @@ class Scheduler:
         self._abort_start: asyncio.Future | None = None
         self._forks = _process.forks
         self._pid = os.getpid()
+        _process.after_fork(self._after_fork)
         self.epoch = 0
         self.lost_reason: str | None = None
 
@@ -220,8 +223,11 @@ class Scheduler:
         link = RunnerLink(name, loop, self._report, self._heartbeat, self._not_started, set_capacity)
         if pool.runner is not None:
             return pool.runner(link)
-        assert pool.executor is not None
-        return LocalRunner(link, pool.executor) if pool.is_async else ThreadRunner(link, pool.executor)
+        executor = pool.executor
+        assert executor is not None
+        for middleware in self._middleware:
+            executor = middleware(executor, pool.is_async)
+        return LocalRunner(link, executor) if pool.is_async else ThreadRunner(link, executor)
 
     async def _start_durable(self) -> None:
         """Lead (a standby waits here, until shutdown() gives up), take a new
@@ -455,6 +461,10 @@ class Scheduler:
             raise SchedulerError("the scheduler belongs to another event loop; call it from that loop "
                                  "(or use BlockingScheduler from threads)")
         return core
+
+    def _after_fork(self) -> None:
+        # In the child of a fork: a thread of the parent may have held it.
+        self._lock = threading.RLock()
 
     def _check_serving(self) -> Core:
         """The engine, if the scheduler serves (from any thread)."""
@@ -726,14 +736,15 @@ class Scheduler:
             return alive
 
     def _set_capacity_now(self, pool: str, labels: dict[str, str], slots: int) -> None:
-        """A runner's capacity for a worker group (remote workers came or went)."""
+        """A runner's capacity for a worker group (remote workers came or went;
+        also while the runner is made, at start)."""
         with self._lock:
-            if self._state not in (_RUNNING, _STOPPING):
-                return
             core = self._core
-            assert core is not None
+            if self._state in (_NEW, _STOPPED) or core is None:
+                return
             core.set_group_capacity(self.clock.now_ns(), pool, labels, slots)
-            self._pump()
+            if self._state != "starting":
+                self._pump()
 
     # ================================================================ handles
 
@@ -928,7 +939,9 @@ class Scheduler:
         return await self._submit_spec(TaskSpec(payload, **options), False)
 
     async def _submit_spec(self, spec: TaskSpec, handle: bool,
-                           wrap: Callable[[TaskHandle], Any] | None = None) -> Any:
+                           wrap: Callable[[TaskHandle], Any] | None = None, hooked: bool = False) -> Any:
+        if self._submit_hooks and not hooked:
+            spec = self._hooked(spec)
         task_id, duplicate = await self._admit(spec)
         with self._lock:
             value: Any = task_id
@@ -957,12 +970,14 @@ class Scheduler:
         of the submission; with a full queue under the "wait" policy, the
         wait for room and the admission).
         """
+        if self._submit_hooks:
+            spec = self._hooked(spec)
         if self._log is not None:
             encoded_payload(spec, self.codec)   # outside the lock: it may be slow
         with self._lock:
             result = self._admit_now(self._check_serving(), spec)
             if result is None:
-                return None, lambda: self._submit_spec(spec, handle, wrap)
+                return None, lambda: self._submit_spec(spec, handle, wrap, hooked=True)
             task_id, duplicate = result
             value: Any = task_id
             if handle:
@@ -985,6 +1000,9 @@ class Scheduler:
         for i, spec in enumerate(specs):
             if not isinstance(spec, TaskSpec):
                 raise TypeError(f"submit_batch takes cronoq.Task objects; item {i} is {type(spec).__name__}")
+        if self._submit_hooks:
+            specs = [self._hooked(spec) for spec in specs]
+        for i, spec in enumerate(specs):
             if self._log is not None:
                 try:
                     encoded_payload(spec, self.codec)
@@ -1155,6 +1173,52 @@ class Scheduler:
         if self._log is not None:
             await self._log.durable()
         return removed
+
+    # ================================================================ hooks
+
+    def add_submit_hook(self, hook: Callable[[TaskSpec], TaskSpec]) -> Callable[[], None]:
+        """Call ``hook(task)`` for every task before it is admitted, in the
+        submitter's context (its thread or task; for ``BlockingScheduler``
+        calls, a copy of the calling thread's context), and admit the
+        ``Task`` it returns (the same, or a changed copy: never change the
+        caller's). Returns a function that removes the hook."""
+        if not callable(hook):
+            raise ValueError(f"hook must be callable, got {type(hook).__name__}")
+        with self._lock:
+            self._submit_hooks = [*self._submit_hooks, hook]
+
+        def remove() -> None:
+            with self._lock:
+                self._submit_hooks = [h for h in self._submit_hooks if h is not hook]
+
+        return remove
+
+    def _hooked(self, spec: TaskSpec) -> TaskSpec:
+        for hook in self._submit_hooks:
+            spec = hook(spec)
+            if not isinstance(spec, TaskSpec):
+                raise TypeError(f"a submit hook returned {type(spec).__name__}, not a cronoq.Task")
+        return spec
+
+    def add_executor_middleware(
+            self, middleware: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> Callable[[], None]:
+        """Before ``start()``: wrap every pool's executor. ``middleware(executor,
+        is_async)`` returns the executor to run instead, of the same kind (an
+        ``async def`` for an async one). Pools given a ``runner`` are not
+        wrapped. Returns a function that removes it (before start)."""
+        if not callable(middleware):
+            raise ValueError(f"middleware must be callable, got {type(middleware).__name__}")
+        if self._state != _NEW:
+            raise SchedulerError("executor middleware must be added before the scheduler starts")
+        self._middleware.append(middleware)
+
+        def remove() -> None:
+            if self._state != _NEW:
+                raise SchedulerError("executor middleware cannot be removed once the scheduler started")
+            if middleware in self._middleware:
+                self._middleware.remove(middleware)
+
+        return remove
 
     def __repr__(self) -> str:
         return f"<cronoq.Scheduler {self._state} pools={[p.name for p in self.pools]}>"

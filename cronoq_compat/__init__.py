@@ -337,9 +337,10 @@ class ElasticPriorityScheduler:
 
     async def _run(self, ctx: cronoq.TaskContext, job: _Job) -> None:
         started = self._now()
-        if job.fixed_start is not None and ctx.attempt == 1:
+        key = ctx.key   # every legacy task is submitted with its id as the key
+        if job.fixed_start is not None and ctx.attempt == 1 and key is not None:
             with self._lock:
-                if self._open_starts.pop(ctx.key, None) is not None:
+                if self._open_starts.pop(key, None) is not None:
                     self._fixed_judged += 1
                     if abs(started - job.fixed_start) <= _TOLERANCE:
                         self._fixed_met += 1
@@ -351,8 +352,8 @@ class ElasticPriorityScheduler:
                 await realtime.sleep(job.duration)   # a frozen clock must not stop the "work"
         with self._lock:
             self._completed += 1
-            if self._open_deadlines.pop(ctx.key, None) is not None:
+            if key is not None and self._open_deadlines.pop(key, None) is not None:
                 self._deadline_judged += 1
-                if self._now() <= job.deadline:
+                if job.deadline is not None and self._now() <= job.deadline:
                     self._deadline_met += 1
         return None

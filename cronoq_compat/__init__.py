@@ -161,7 +161,8 @@ class ElasticPriorityScheduler:
 
     def __init__(self, initial_workers: int = 1, max_workers: int = 4, *, min_workers: int = 1,
                  cost_per_worker_second: float = 0.0, shutdown_grace: float = 5.0,
-                 native_pools: Iterable[cronoq.Pool] = (), resources=None, **scheduler_options) -> None:
+                 native_pools: Iterable[cronoq.Pool] = (), resources: Sequence[cronoq.Resource] | None = None,
+                 **scheduler_options: Any) -> None:
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers must be an integer >= 1, got {max_workers!r}")
         if isinstance(initial_workers, bool) or not isinstance(initial_workers, int) \
@@ -310,7 +311,7 @@ class ElasticPriorityScheduler:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- the way to the native API

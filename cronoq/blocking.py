@@ -371,7 +371,7 @@ class BlockingScheduler:
         if thread is None or thread is threading.current_thread():
             return
         store = self._sched.store
-        commit_timeout = float(getattr(store, "commit_timeout", 0.0) or 0.0) if store is not None else 0.0
+        commit_timeout = float(store.commit_timeout) if store is not None else 0.0
         limit = self._sched.shutdown_grace + commit_timeout + _EXIT_MARGIN
         thread.join(limit)
         if thread.is_alive():

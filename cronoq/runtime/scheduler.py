@@ -34,7 +34,7 @@ from ..core.types import (
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
-from ..store.base import Store
+from ..store.base import STORE_MEMBERS, Store
 from ..store.codec import JsonCodec
 from .clock import Clock, SystemClock
 from .durability import DurableHooks, DurableLog, encoded_payload
@@ -55,7 +55,6 @@ _STATUS = {status: status for status in STATUSES}
 # Terminal statuses the event path handles without logging (dead letters are logged).
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
 _NO_OUTPUT: Any = object()   # "no output at hand" (None is a valid output)
-_STORE_METHODS = ("acquire_leadership", "recover", "commit", "load_output", "release_leadership", "on_lost")
 
 
 def _consume(rows: Iterable) -> Iterator:
@@ -138,7 +137,7 @@ class Scheduler:
             if isinstance(store, (str, os.PathLike)):
                 raise ValueError(f"store must be a store object, not a path: "
                                  f"use store=cronoq.SqliteStore({os.fspath(store)!r})")
-            missing = [name for name in _STORE_METHODS if not callable(getattr(store, name, None))]
+            missing = [name for name in STORE_MEMBERS if not hasattr(store, name)]
             raise ValueError(f"store must be a cronoq store (SqliteStore, PostgresStore, or one with "
                              f"the Store methods); {type(store).__name__} lacks {', '.join(missing)}")
         self.store: Any = store   # a Store, or None
@@ -262,12 +261,12 @@ class Scheduler:
         config.epoch = epoch
         config.persist = True
         # The store's retention (finished tasks kept for dependencies and keys) applies in memory too.
-        config.retention_ns = max(config.retention_ns, int(getattr(store, "retention_ns", 0) or 0))
+        config.retention_ns = max(config.retention_ns, int(store.retention_ns))
         self._core = core = Core(config, [p.config for p in self.pools], self.resources,
                                  now=self.clock.now_ns())
         hooks = DurableHooks(accepting_commits=self._accepting_commits, release=self._release,
                              withdraw=self._withdraw, drop_schedule=self._drop_schedule, fenced=self._lost)
-        self._log = DurableLog(hooks, store, self.codec, epoch, float(getattr(store, "commit_timeout", 30.0)))
+        self._log = DurableLog(hooks, store, self.codec, epoch, float(store.commit_timeout))
         now = self.clock.now_ns()
         recovered = await store.recover(now, config.retention_ns)
         # Millions of objects are made here and all of them live on: the cyclic

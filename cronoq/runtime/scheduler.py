@@ -344,6 +344,8 @@ class Scheduler:
     def _decode_schedule(self, row: StoredSchedule) -> RestoredSchedule:
         record = row.record or {}
         try:
+            if row.payload is None:
+                raise ValueError("the stored payload is unreadable")
             template = spec_from_record(record["template"], self.codec.decode(row.payload))
             if record.get("deadline_in_ns") is not None:
                 template.deadline_in_ns = record["deadline_in_ns"]

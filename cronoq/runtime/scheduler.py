@@ -27,7 +27,7 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Seque
 from .. import realtime
 from ..core import actions as act
 from ..core.engine import Core
-from ..core.errors import InvalidTask, QueueFull, SchedulerError
+from ..core.errors import InvalidTask, QueueFull, SchedulerError, TaskFailed
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
     CANCELLED, DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
@@ -1078,14 +1078,11 @@ class Scheduler:
             handle = self._attach(info.id, info.key, True)
         if info.status in TERMINAL and not handle.done():
             # Its output is being loaded from the store: return the handle resolved.
-            loaded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-            def wake(_: TaskHandle) -> None:
-                if not loaded.done():
-                    loaded.set_result(None)
-
-            handle.add_done_callback(wake)
-            await loaded
+            try:
+                await handle
+            except (TaskFailed, asyncio.CancelledError):
+                if handle.status is None:
+                    raise   # this call was cancelled
         return handle
 
     async def info(self, ref: int | str) -> TaskInfo:

@@ -530,7 +530,7 @@ class BlockingScheduler:
                                                       wrap=BlockingHandle if want_handle else None)
         if later is not None:
             value = self._call(later)
-        return value
+        return value if want_handle else value[0]
 
     # ================================================================ the API
 
@@ -590,6 +590,13 @@ class BlockingScheduler:
         stream = BlockingEventStream(self._sched.event_capacity, on_lag, self)
         self._sched.subscribe(stream)
         return stream
+
+    def call(self, coro_fn: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``await coro_fn()`` on the scheduler's loop and return its
+        result (in a copy of this thread's context). A call in flight when the
+        scheduler stops raises ``SchedulerError``. For an answer that
+        ``Scheduler.submit_from_thread`` leaves to the loop, say."""
+        return self._call(coro_fn)
 
     def subscribe(self, sink: EventSink) -> None:
         """Deliver every status event to ``sink`` (its ``deliver`` and ``end``

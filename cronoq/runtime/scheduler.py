@@ -952,12 +952,13 @@ class Scheduler:
         return task_id
 
     async def _submit_spec(self, spec: TaskSpec, handle: bool,
-                           wrap: Callable[[TaskHandle], Any] | None = None, hooked: bool = False) -> Any:
+                           wrap: Callable[[TaskHandle], Any] | None = None, hooked: bool = False,
+                           pair: bool = False) -> Any:
         if self._submit_hooks and not hooked:
             spec = self._hooked(spec)
         task_id, duplicate = await self._admit(spec)
         with self._lock:
-            value: Any = task_id
+            value: Any = (task_id, duplicate) if pair else task_id
             if handle:
                 value = self._attach(task_id, spec.key, duplicate)
                 if wrap is not None:
@@ -977,7 +978,8 @@ class Scheduler:
         its errors are raised here and its answer does not wait for the loop;
         the loop is then asked to carry out what the engine queued. Returns
         ``(value, later)``: ``value`` is the handle (``wrap(handle)`` if
-        given, made under the lock) or, with ``handle=False``, the id. When
+        given, made under the lock) or, with ``handle=False``, the pair
+        ``(id, duplicate)``. When
         ``later`` is not None, the call is not answered yet: run
         ``await later()`` on the loop for the value (with a store, the commit
         of the submission; with a full queue under the "wait" policy, the
@@ -990,9 +992,9 @@ class Scheduler:
         with self._lock:
             result = self._admit_now(self._check_serving(), spec)
             if result is None:
-                return None, lambda: self._submit_spec(spec, handle, wrap, hooked=True)
+                return None, lambda: self._submit_spec(spec, handle, wrap, hooked=True, pair=not handle)
             task_id, duplicate = result
-            value: Any = task_id
+            value: Any = result
             if handle:
                 value = self._attach(task_id, spec.key, duplicate)
                 if wrap is not None:

@@ -19,6 +19,9 @@ from .errors import InvalidTask
 
 __all__ = [
     "Priority",
+    "Status",
+    "Outcome",
+    "ID_EPOCH_BITS",
     "CLASSES",
     "BLOCKED",
     "SCHEDULED",
@@ -81,29 +84,60 @@ class Priority(enum.IntEnum):
 CLASSES = ("critical", "high", "normal", "low")
 _CLASS_BY_NAME = {name: i for i, name in enumerate(CLASSES)}
 
-# Statuses are plain strings so events and snapshots need no translation.
-BLOCKED = "blocked"
-SCHEDULED = "scheduled"
-READY = "ready"
-RUNNING = "running"
-RETRYING = "retrying"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-DEAD_LETTERED = "dead_lettered"
-CANCELLED = "cancelled"
-SKIPPED = "skipped"
-MISSED = "missed"
-SHED = "shed"
-SHUTDOWN = "shutdown"  # handles only: the scheduler stopped first
-TERMINAL = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED, CANCELLED, SKIPPED, MISSED, SHED})
-STATUSES = (BLOCKED, SCHEDULED, READY, RUNNING, RETRYING, SUCCEEDED, FAILED, DEAD_LETTERED,
-            CANCELLED, SKIPPED, MISSED, SHED)
+class Status(enum.StrEnum):
+    """A task's status. Members are strings (``Status.READY == "ready"``), so
+    events and snapshots need no translation; the engine compares them by
+    identity, so a status read from a store must be mapped to its member
+    first (``Status(text)``)."""
 
-# Outcomes of an attempt, as reported to Core.complete.
-SUCCESS = "success"
-RETRYABLE = "retryable"
-PERMANENT = "permanent"
-CANCELLED_OUTCOME = "cancelled"
+    BLOCKED = "blocked"
+    SCHEDULED = "scheduled"
+    READY = "ready"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+    MISSED = "missed"
+    SHED = "shed"
+    SHUTDOWN = "shutdown"  # handles only: the scheduler stopped first
+
+
+BLOCKED = Status.BLOCKED
+SCHEDULED = Status.SCHEDULED
+READY = Status.READY
+RUNNING = Status.RUNNING
+RETRYING = Status.RETRYING
+SUCCEEDED = Status.SUCCEEDED
+FAILED = Status.FAILED
+DEAD_LETTERED = Status.DEAD_LETTERED
+CANCELLED = Status.CANCELLED
+SKIPPED = Status.SKIPPED
+MISSED = Status.MISSED
+SHED = Status.SHED
+SHUTDOWN = Status.SHUTDOWN
+TERMINAL: frozenset[Status] = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED, CANCELLED, SKIPPED, MISSED, SHED})
+STATUSES: tuple[Status, ...] = (BLOCKED, SCHEDULED, READY, RUNNING, RETRYING, SUCCEEDED, FAILED,
+                                DEAD_LETTERED, CANCELLED, SKIPPED, MISSED, SHED)
+
+
+class Outcome(enum.StrEnum):
+    """How an attempt ended, as reported to ``Core.complete`` (plain strings work too)."""
+
+    SUCCESS = "success"
+    RETRYABLE = "retryable"
+    PERMANENT = "permanent"
+    CANCELLED = "cancelled"
+
+
+SUCCESS = Outcome.SUCCESS
+RETRYABLE = Outcome.RETRYABLE
+PERMANENT = Outcome.PERMANENT
+CANCELLED_OUTCOME = Outcome.CANCELLED
+
+ID_EPOCH_BITS = 44   # task ids and leases carry the store's epoch above these bits
 
 _EDGE_CONDITIONS = ("success", "failure", "complete")
 _MISS_POLICIES = ("run_late", "skip", "fail")

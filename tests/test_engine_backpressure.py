@@ -385,3 +385,23 @@ def test_shedding_the_parent_of_the_incoming_task_resolves_its_edge():
     core.set_capacity(S, "default", 1)
     core.check_invariants()
     assert [d.task_id for d in dispatches(drain(core))] == [on_complete]
+
+
+@pytest.mark.parametrize("bound", [0, {"normal": 0}, "total"])
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "with-options"])
+def test_a_bound_of_zero_refuses_for_good_on_every_path(bound, plain):
+    # A task the bound can never admit says so (QueueFull.never), whether it
+    # takes the plain fast path or the planning path: a driver with the
+    # "wait" policy would otherwise wait for room that never comes.
+    if bound == "total":
+        core = make_core(PoolConfig("default", max=4, initial=0, autoscale=False), max_pending_total=0)
+    else:
+        core = bounded(bound, "wait")
+    spec = TaskSpec("t") if plain else TaskSpec("t", tenant="a")
+    assert spec.plain is plain
+    with pytest.raises(QueueFull) as refused:
+        core.submit(0, spec)
+    assert refused.value.never is True
+    assert "the submission alone exceeds it" in str(refused.value)
+    core.check_invariants()
+    assert pending(core) == 0

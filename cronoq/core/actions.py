@@ -1,8 +1,8 @@
 """What the engine asks its driver to do.
 
-Internally the engine queues plain tuples (cheap to build on the hot path);
-``Core.poll_action`` turns each into one of the typed objects below. Drivers
-that care about speed read the tuples with ``Core.take_actions``.
+Internally the engine queues plain tuples (cheap to build on the hot path)
+in ``Core.actions``; ``Core.poll_action`` turns each into one of the typed
+objects below. Drivers that care about speed pop the tuples themselves.
 
 Tuple layouts, by their first element:
 

@@ -42,7 +42,7 @@ def percentile_of(counts: dict, total: float, q: float) -> float | None:
 
 
 class Histogram:
-    """Counts per bucket. The engine's hot path updates ``counts`` inline."""
+    """Counts per bucket."""
 
     __slots__ = ("counts",)
 
@@ -81,11 +81,7 @@ class DecayingHistogram:
         self._cache: dict[float, float | None] = {}
 
     def record(self, value: int) -> None:
-        if value < 16:
-            index = value if value > 0 else 0
-        else:
-            shift = value.bit_length() - 4
-            index = (shift << 3) + (value >> shift)
+        index = bucket_of(value)
         counts = self.counts
         counts[index] = counts.get(index, 0.0) + 1.0
         self.total += 1.0

@@ -197,14 +197,6 @@ class ReadyQueues:
         else:
             self.lanes[c].popleft()
 
-    def higher_waiting(self, c: int) -> bool:
-        """Is a task of a strictly more important class than c ready?"""
-        count = self.count
-        for k in range(c):
-            if count[k]:
-                return True
-        return False
-
     def live_entries(self):
         """Every live queued entry (for invariant checks and shedding)."""
         for c in range(4):

@@ -114,7 +114,7 @@ class Recurring:
     """A recurring schedule registered with the engine."""
 
     __slots__ = ("name", "cron", "template", "overlap", "tolerance_ns", "on_miss", "key",
-                 "next_start", "last_task", "last_start", "timer_at", "invalid")
+                 "next_start", "last_task", "last_start", "timer_at")
 
     def __init__(self, name: str, cron: CronSchedule, template, overlap: str, tolerance_ns: int,
                  on_miss: str, key: str | None) -> None:
@@ -129,4 +129,3 @@ class Recurring:
         self.last_task: int | None = None     # id of the last occurrence created
         self.last_start: int | None = None    # its start
         self.timer_at: int | None = None
-        self.invalid = False

@@ -60,7 +60,12 @@ _SATISFIES: dict[str, frozenset[Status]] = {
 }
 
 Action = tuple[Any, ...]   # a raw action tuple (layouts in cronoq.core.actions)
-Record = tuple[Status, str, str | None, str | None, int, str | None]   # a retained task
+# A retained task: (status, pool, key, kind, attempt, message). The status is
+# kept as its plain string: a tuple of plain values is left alone by the
+# garbage collector, which matters for a million records (an enum member
+# would keep every record tracked).
+Record = tuple[str, str, str | None, str | None, int, str | None]
+_PLAIN: dict[str, str] = {status: status.value for status in Status}
 
 
 class Core:
@@ -71,7 +76,7 @@ class Core:
                  "_counts", "_submitted", "_dispatched", "_succeeded", "rng", "_next_id",
                  "_next_lease", "_park_seq", "_dirty", "_frozen", "_emit_all", "_persist",
                  "_max_total", "_retention", "_retain_max", "_retain_on", "_timer_heap",
-                 "_timers_ended")
+                 "_timers_ended", "_fast")
 
     # The deliberate shortcuts of the hot paths (plain submissions, the end of
     # a task with nothing to resolve, the time check on entry). A subclass
@@ -127,6 +132,7 @@ class Core:
         self._retain_on = config.retention_ns > 0 and config.retention_max > 0
         self._timer_heap = self.timers.entries()
         self._timers_ended = 0   # timers made stale since the last compaction (an estimate)
+        self._fast = self.fast_paths   # (a slot reads faster than a class attribute)
         for p in self.pools.values():
             if p.scaler is not None:
                 self._arm_scaler(p, now)
@@ -147,7 +153,7 @@ class Core:
         heap = self._timer_heap
         if heap and heap[0][0] <= now or self._retain_order and self._retain_order[0][0] <= now:
             self._enter(now)
-        if type(spec) is TaskSpec and spec.plain and self.fast_paths and (
+        if type(spec) is TaskSpec and spec.plain and self._fast and (
                 (key := spec.key) is None or key not in self.awaiting):
             # No option beyond pool, kind, priority and key: nothing to plan.
             # (The pool is checked first, as _admit does: an unknown pool is
@@ -178,7 +184,7 @@ class Core:
         specs = list(specs)
         if not specs:
             return []
-        plain = self._max_total is None and self.fast_paths
+        plain = self._max_total is None and self._fast
         if plain:
             pools = self.pools
             for spec in specs:
@@ -188,10 +194,14 @@ class Core:
                     plain = False
                     break
         if plain:
-            # Nothing in the batch can be refused: admit without planning.
+            # Nothing in the batch can be refused: admit without planning
+            # (creating all, then queueing all, as planning does).
             default = self.default_pool
-            results = [(self._admit_plain(default if spec.pool is None else self.pools[spec.pool],
-                                          spec, now), False) for spec in specs]
+            entries = [self._create(default if spec.pool is None else self.pools[spec.pool], spec, now)
+                       for spec in specs]
+            for e in entries:
+                self._queue(e.pool, e, now)
+            results = [(e.id, False) for e in entries]
         else:
             results = self._admit(now, specs, True)
         if self._dirty:
@@ -202,7 +212,7 @@ class Core:
                  message: str | None = None, retry_after_ns: int | None = None) -> bool:
         """Report the end of an attempt. Returns False for a stale report (the
         attempt was aborted, timed out, already reported, or never existed)."""
-        if outcome != SUCCESS and outcome not in _FAILURES:
+        if outcome is not SUCCESS and outcome != SUCCESS and outcome not in _FAILURES:
             # Checked before anything changes: a bad outcome must not end the attempt.
             raise ValueError(f"outcome must be success, retryable, permanent or cancelled, got {outcome!r}")
         if now < self.now:   # _enter, inlined: usually nothing is due
@@ -216,12 +226,12 @@ class Core:
         if e is None:
             self._counts["stale_completions"] += 1
             return False
-        ok = outcome == SUCCESS
+        ok = outcome is SUCCESS or outcome == SUCCESS
         self._end_attempt(e, now, ok)
         if ok:
             if self._persist:
                 self.actions.append((act.PERSIST, (MUT_OUTPUT, e.id, output)))
-            if e.x is None and e.children is None and self.fast_paths:
+            if e.x is None and e.children is None and self._fast:
                 # The common case: no extras to clean up, no dependents to resolve.
                 self._ended(e, SUCCEEDED, now, message)
             else:
@@ -372,7 +382,7 @@ class Core:
             raise UnknownTask(ref)
         task_id = ref if isinstance(ref, int) else self.keys[ref]
         status, pool, key, kind, attempt, message = record
-        return TaskInfo(task_id, status, pool, key, kind, attempt, message)
+        return TaskInfo(task_id, Status(status), pool, key, kind, attempt, message)
 
     def check_invariants(self) -> None:
         """Assert the engine's internal consistency (tests call this after every step)."""
@@ -506,34 +516,42 @@ class Core:
             raise ValueError(f"no pool named {name!r}")
         return p
 
-    def _register(self, task_id: int, p: PoolState, spec: TaskSpec, submitted: int, payload: Any) -> Entry:
-        """Make a task live: its entry, its key and the pending counts
-        (admission and recovery)."""
-        e = Entry(task_id, p, spec.priority, submitted, payload, spec.key, spec.kind,
-                  None if spec.plain else spec)
+    def _create(self, p: PoolState, spec: TaskSpec, now: int, row: RestoredTask | None = None) -> Entry:
+        """A task becomes live: its entry, its key and the pending counts. A
+        new submission takes the next id and is counted and persisted; a
+        recovered ``row`` keeps its id, submission time, payload and attempts."""
+        key = spec.key
+        if row is None:
+            task_id = self._next_id
+            self._next_id = task_id + 1
+            e = Entry(task_id, p, spec.priority, now, spec.payload, key, spec.kind,
+                      None if spec.plain else spec)
+            self._submitted += 1
+            if self._persist:
+                self.actions.append((act.PERSIST, (MUT_SUBMIT, task_id, p.name, spec, now)))
+        else:
+            task_id = row.id
+            payload = spec.payload if row.payload is _SPEC_PAYLOAD else row.payload
+            e = Entry(task_id, p, spec.priority, row.submitted_ns, payload, key, spec.kind,
+                      None if spec.plain else spec)
+            e.attempt = row.attempt
         self.tasks[task_id] = e
-        if spec.key is not None:
-            self.keys[spec.key] = task_id
+        if key is not None:
+            self.keys[key] = task_id
         p.pending[e.cls] += 1
         p.pending_total += 1
         self.pending += 1
-        return e
-
-    def _create(self, p: PoolState, spec: TaskSpec, now: int) -> Entry:
-        """A new submission: the next id, registered, counted and persisted."""
-        task_id = self._next_id
-        self._next_id = task_id + 1
-        e = self._register(task_id, p, spec, now, spec.payload)
-        self._submitted += 1
-        if self._persist:
-            self.actions.append((act.PERSIST, (MUT_SUBMIT, task_id, p.name, spec, now)))
         return e
 
     def _admit_plain(self, p: PoolState, spec: TaskSpec, now: int) -> int:
         """Admit a task with no option beyond pool, kind, priority and a new
         key, whose bounds were checked: it goes straight to its queue."""
         e = self._create(p, spec, now)
-        self._to_ready(e, now)
+        e.where = W_QUEUE   # (_queue, inlined: the hot path of plain submissions)
+        p.queues.push(e)
+        if p.shed is not None:
+            self._index_shed(p, e)
+        self._arrived(p, e, now)
         return e.id
 
     def _admit(self, now: int, specs: Sequence[TaskSpec], batch: bool) -> list[tuple[int, bool]]:
@@ -923,11 +941,16 @@ class Core:
         e.ready_at = now
         if x is not None and x.start is not None:
             self._enqueue_due(p, e, x.start if e.attempt == 0 else now)
+            self._arrived(p, e, now)
         else:
-            e.where = W_QUEUE
-            p.queues.push(e)
-            if p.shed is not None:
-                self._index_shed(p, e)
+            self._queue(p, e, now)
+
+    def _queue(self, p: PoolState, e: Entry, now: int) -> None:
+        """A ready task joins its pool's ready queues (and the shedding index)."""
+        e.where = W_QUEUE
+        p.queues.push(e)
+        if p.shed is not None:
+            self._index_shed(p, e)
         self._arrived(p, e, now)
 
     def _enqueue_due(self, p: PoolState, e: Entry, due: int) -> None:
@@ -1059,7 +1082,8 @@ class Core:
         w.busy = p.busy
         b = w._current if now < w._current_end else w.bucket(now)
         b.dispatched += 1
-        index = bucket_of(now - e.ready_at)   # the wait, into the window's histogram
+        wait = now - e.ready_at   # into the window's histogram (no wait, the common case: bucket 0)
+        index = bucket_of(wait) if wait else 0
         counts = b.waits.counts
         counts[index] = counts.get(index, 0) + 1
         c = e.cls
@@ -1103,7 +1127,9 @@ class Core:
         busy = p.busy - 1
         p.busy = busy
         w.busy = busy
-        _group(e).busy -= 1
+        group = e.group
+        assert group is not None
+        group.busy -= 1
         x = e.x
         regular = x is None or x.start is None
         if ok is not None:
@@ -1325,7 +1351,7 @@ class Core:
         e.status = status
         del self.tasks[task_id]
         if self._retain_on:
-            self.retained[task_id] = (status, e.pool.name, e.key, e.kind, e.attempt, message)
+            self.retained[task_id] = (_PLAIN[status], e.pool.name, e.key, e.kind, e.attempt, message)
             self._retain_order.append((now + self._retention, task_id))
             if len(self.retained) > self._retain_max:
                 self._expire_retained(now, True)
@@ -1765,12 +1791,8 @@ class Core:
                     self.actions.append((act.PERSIST, (MUT_STATUS, task_id, FAILED, t.attempt, now, message)))
                 continue
             assert spec is not None
-            payload = t.payload
-            if payload is _SPEC_PAYLOAD:
-                payload = spec.payload
             p = self.pools[t.pool]
-            e = self._register(task_id, p, spec, t.submitted_ns, payload)
-            e.attempt = t.attempt
+            e = self._create(p, spec, now, t)
             if status == RUNNING or status == RETRYING:
                 interrupted[task_id] = RUNNING if status == RUNNING else RETRYING
             if not spec.plain:
@@ -1799,7 +1821,7 @@ class Core:
                     continue
                 key = t.spec.key if t.spec is not None else None
                 kind = t.spec.kind if t.spec is not None else None
-                self.retained[t.id] = (t.status, t.pool, key, kind, t.attempt, t.message)   # type: ignore[assignment]
+                self.retained[t.id] = (_PLAIN[t.status], t.pool, key, kind, t.attempt, t.message)
                 self._retain_order.append((expires, t.id))
                 if key is not None and keys.get(key) not in live_tasks:   # a live task keeps its key
                     keys[key] = t.id
@@ -1991,7 +2013,7 @@ class Core:
         if rec.overlap in ("queue", "queue_on_success") and prev is not None and (
                 prev_live or prev in self.retained) and not (
                 rec.overlap == "queue_on_success" and not prev_live
-                and self.retained[prev][0] is SKIPPED):
+                and self.retained[prev][0] == SKIPPED):
             # (queue_on_success: an occurrence skipped after a failure does not
             # doom the next one too; the chain resumes.)
             spec.edges = ((prev, "complete" if rec.overlap == "queue" else "success"),)
@@ -2094,7 +2116,7 @@ def _group(e: Entry) -> Group:
     return g
 
 
-def _unmet(ref: object, status: Status, cond: str) -> str | None:
+def _unmet(ref: object, status: str, cond: str) -> str | None:
     """Why an edge on a parent that ended with ``status`` can never be satisfied, or None if it is."""
     if status in _SATISFIES[cond]:
         return None

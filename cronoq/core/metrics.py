@@ -9,6 +9,8 @@ non-empty buckets, which are few.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 __all__ = ["bucket_of", "bucket_mid", "Histogram", "DecayingHistogram", "RunStats", "WindowBucket",
            "PoolWindow"]
 
@@ -28,7 +30,7 @@ def bucket_mid(index: int) -> float:
     return ((mantissa << shift) + ((mantissa + 1) << shift)) / 2.0
 
 
-def percentile_of(counts: dict, total: float, q: float) -> float | None:
+def percentile_of(counts: Mapping[int, float], total: float, q: float) -> float | None:
     """The q-quantile (0 < q <= 1) of a bucket -> count mapping."""
     if total <= 0:
         return None
@@ -228,6 +230,7 @@ class PoolWindow:
             return
         if last >= self._current_start and now <= self._current_end:
             bucket = self._current   # the common case: both ends in the current bucket
+            assert bucket is not None
             dt = now - last
             bucket.busy_time += busy * dt
             bucket.capacity_time += capacity * dt

@@ -437,31 +437,35 @@ class Core:
             return self.recurring.get(obj.name) is not obj
         if kind == tm.REFILL or kind == tm.AUTOSCALE:
             return False   # one per resource or pool, and due soon
-        if self.tasks.get(obj.id) is not obj:
+        e: Entry = obj
+        if self.tasks.get(e.id) is not e:
             return True    # the task ended
-        return kind == tm.RETRY and obj.attempt != token   # attempts only grow
+        return kind == tm.RETRY and e.attempt != token   # attempts only grow
 
     def _timer_live(self, kind: int, obj: Any, token: Any) -> bool:
         if kind == tm.TIMEOUT or kind == tm.LEASE:
             return self.running.get(token) is obj
         if kind == tm.REFILL:
-            return obj.refill_at == token
+            return bool(obj.refill_at == token)
         if kind == tm.AUTOSCALE:
-            return obj.scaler.armed == token
+            return bool(obj.scaler.armed == token)
         if kind == tm.RECUR:
-            return self.recurring.get(obj.name) is obj and obj.timer_at == token
+            rec: Recurring = obj
+            return self.recurring.get(rec.name) is rec and rec.timer_at == token
+        e: Entry = obj
         if kind == tm.RETRY:
-            return obj.status is RETRYING and obj.attempt == token and self.tasks.get(obj.id) is obj
-        if self.tasks.get(getattr(obj, "id", None)) is not obj:
+            return e.status is RETRYING and e.attempt == token and self.tasks.get(e.id) is e
+        if self.tasks.get(e.id) is not e:
             return False
         if kind == tm.START:
-            return obj.status is SCHEDULED or obj.status is BLOCKED
+            return e.status is SCHEDULED or e.status is BLOCKED
         if kind == tm.MISS:
-            return obj.attempt == 0 and obj.status is not RUNNING
+            return e.attempt == 0 and e.status is not RUNNING
+        x = _extra(e)
         if kind == tm.HOLD:
-            return obj.attempt == 0 and obj.status is not RUNNING and not obj.x.hold
+            return e.attempt == 0 and e.status is not RUNNING and not x.hold
         if kind == tm.AWAIT:
-            return bool(obj.x.awaits)
+            return bool(x.awaits)
         return True
 
     def _fire(self, kind: int, obj: Any, token: Any) -> None:
@@ -664,8 +668,8 @@ class Core:
                 node, parents = stack[-1]
                 for j, _ in parents:
                     if state[j] == 1:
-                        exc = Cycle(f"the batch's dependencies form a cycle through task {plans[j].index}")
-                        raise exc.at_index(plans[j].index) if batch else exc
+                        cycle = Cycle(f"the batch's dependencies form a cycle through task {plans[j].index}")
+                        raise cycle.at_index(plans[j].index) if batch else cycle
                     if state[j] == 0:
                         state[j] = 1
                         stack.append((j, iter(plans[j].batch_parents)))
@@ -680,8 +684,8 @@ class Core:
                 continue
             waiting = {child.id for child, _ in self.awaiting[key] if child.status not in TERMINAL}
             if waiting and self._reaches(plans, k, waiting):
-                exc = Cycle(f"a task awaiting key {key!r} is among this task's own dependencies")
-                raise exc.at_index(plan.index) if batch else exc
+                cycle = Cycle(f"a task awaiting key {key!r} is among this task's own dependencies")
+                raise cycle.at_index(plan.index) if batch else cycle
 
     def _reaches(self, plans: list[Plan], k: int, targets: set[int]) -> bool:
         """Does plan k depend, directly or not, on a live task in ``targets``?"""
@@ -758,8 +762,9 @@ class Core:
                 what = (f"pool {p.name!r} holds at most {p.max_total} pending tasks" if over_pool
                         else f"the scheduler holds at most {self._max_total} pending tasks")
                 if batch or p.shed is None:
-                    never = (add_pool[p.name] > p.max_total if over_pool
-                             else total - self.pending > self._max_total)
+                    bound = p.max_total if over_pool else self._max_total
+                    assert bound is not None
+                    never = (add_pool[p.name] if over_pool else total - self.pending) > bound
                     raise self._full(plan, batch, what, never)
                 victim = self._victim(p, c)
                 if victim is None:
@@ -788,6 +793,7 @@ class Core:
         shed_oldest the oldest task of the lowest class at or below c.
         """
         index = p.shed
+        assert index is not None
         oldest = p.config.overflow == "shed_oldest"
         floor = c if oldest else c + 1
         for k in range(3, floor - 1, -1):
@@ -808,9 +814,10 @@ class Core:
             e = plan.entry = self._create(plan.pool, plan.spec, now)
             entries.append(e)
             spec = plan.spec
-            if spec.deadline_in_ns is not None or spec.deadline_at_ns is not None:
-                self._set_deadline(e, spec.deadline_at_ns if spec.deadline_at_ns is not None
-                                   else now + spec.deadline_in_ns)   # type: ignore[operator]
+            if spec.deadline_at_ns is not None:
+                self._set_deadline(e, spec, spec.deadline_at_ns)
+            elif spec.deadline_in_ns is not None:
+                self._set_deadline(e, spec, now + spec.deadline_in_ns)
         doomed: list[tuple[Entry, str]] = []
         for plan in plans:
             e = _entry(plan)
@@ -866,10 +873,10 @@ class Core:
             if e.status not in TERMINAL:
                 self._finish(e, SKIPPED, now, message)
 
-    def _set_deadline(self, e: Entry, deadline: int) -> None:
+    def _set_deadline(self, e: Entry, spec: TaskSpec, deadline: int) -> None:
         """Deadline, estimate and latest start (the urgency of the ready queues)."""
         e.deadline = deadline
-        e.est = self._estimate(e.pool, e.spec)   # type: ignore[arg-type]
+        e.est = self._estimate(e.pool, spec)
         e.lst = deadline - e.est
 
     def _book(self, e: Entry, start: int, tolerance: int, on_miss: str, lo: int, hi: int) -> None:
@@ -1033,20 +1040,23 @@ class Core:
         q = p.queues
         while q.total and p.capacity - p.busy - p.held > 0:
             e = q.take(now)
+            assert e is not None
             spec = e.spec
-            group = p.unlabeled
+            unlabeled = p.unlabeled
+            group: Group | None = unlabeled
             if spec is not None:
                 if spec.labels is not None:
                     group = self._group_for(p, spec.labels)
                     if group is None:
                         self._label_park(p, e)
                         continue
-                elif group.busy >= group.capacity:
+                elif unlabeled.busy >= unlabeled.capacity:
                     group = self._group_for(p, None)
                 if spec.resources and not self._acquire(e, now):
                     continue
-            elif group.busy >= group.capacity:
+            elif unlabeled.busy >= unlabeled.capacity:
                 group = self._group_for(p, None)
+            assert group is not None   # (a slot is free, so some group has one)
             self._start(p, e, now, group)
 
     def _group_for(self, p: PoolState, labels: Labels | None) -> Group | None:
@@ -1429,7 +1439,9 @@ class Core:
     def _acquire(self, e: Entry, now: int) -> bool:
         """Take every unit ``e`` asks for, or park it on the first short resource."""
         resources = self.resources
-        request = e.spec.resources
+        spec = e.spec
+        assert spec is not None and spec.resources is not None
+        request = spec.resources
         x = e.x
         reoffered = x is not None and x.reoffered
         short = None
@@ -1463,8 +1475,8 @@ class Core:
         """``e`` was sent back to its queue with units in view and will not
         take them (it ended, or parked on another resource): the waiters of
         those resources may use them."""
-        e.x.reoffered = False
-        for name in e.spec.resources:
+        _extra(e).reoffered = False
+        for name in _request(e):
             r = self.resources[name]
             if r is not keep and r.waiters:
                 self._reoffer(r, now)
@@ -1474,7 +1486,7 @@ class Core:
         head = r.head()
         if head is None:
             return
-        at = now + r.ready_in(head.spec.resources[r.name] + promised, now)
+        at = now + r.ready_in(_request(head)[r.name] + promised, now)
         if r.refill_at is None or at < r.refill_at:
             r.refill_at = at
             self.timers.push(at, tm.REFILL, r, at)
@@ -1486,12 +1498,14 @@ class Core:
             e = r.head()
             if e is None:
                 return
-            need = e.spec.resources[r.name]
+            spec = e.spec
+            x = e.x
+            assert spec is not None and spec.resources is not None and x is not None
+            need = spec.resources[r.name]
             if need > budget:
                 break
             budget -= need
             r.waiters.popleft()
-            x = e.x
             x.parked_on = None
             x.reoffered = True
             self._to_ready_again(e)
@@ -1501,7 +1515,7 @@ class Core:
     # ================================================================ labels
 
     def _label_park(self, p: PoolState, e: Entry) -> None:
-        labels = e.spec.labels
+        labels = _labels(e)
         waiters = p.label_waiters.get(labels)
         if waiters is None:
             waiters = p.label_waiters[labels] = deque()
@@ -1536,18 +1550,18 @@ class Core:
                         best_group = group
             if p.held_label_waiters:
                 held = [e for e in p.held_label_waiters
-                        if e.status is READY and e.where == W_LABEL and e.x.hold]
+                        if e.status is READY and e.where == W_LABEL and _extra(e).hold]
                 p.held_label_waiters = held
                 for e in held:
                     if best is not None and e.id > best.id:
                         continue
-                    group = self._group_for(p, e.spec.labels)
+                    group = self._group_for(p, _labels(e))
                     if group is not None:
                         best = e
                         best_group = group
-            if best is None:
+            if best is None or best_group is None:
                 return
-            waiters = p.label_waiters[best.spec.labels]
+            waiters = p.label_waiters[_labels(best)]
             if waiters[0] is best:
                 waiters.popleft()
             else:
@@ -1556,7 +1570,7 @@ class Core:
                 p.held_label_waiters.remove(best)
             p.label_waiting -= 1
             best.where = W_NONE
-            if best.spec.resources and not self._acquire(best, now):
+            if best.spec is not None and best.spec.resources and not self._acquire(best, now):
                 continue
             self._release_hold(p, best)
             self._start(p, best, now, best_group)
@@ -1564,8 +1578,9 @@ class Core:
     # ================================================================ fixed starts
 
     def _arm_fixed(self, e: Entry, now: int) -> None:
-        x = e.x
+        x = _extra(e)
         start = x.start
+        assert start is not None
         self.timers.push(max(now, start - self.config.max_hold_ns), tm.HOLD, e)
         self.timers.push(start, tm.START, e)
         self.timers.push(start + x.tolerance, tm.MISS, e)
@@ -1576,7 +1591,7 @@ class Core:
         return min(lead, self.config.max_hold_ns)
 
     def _check_hold(self, e: Entry, now: int) -> None:
-        x = e.x
+        x = _extra(e)
         if x.hold or e.attempt > 0 or e.status is RUNNING:
             return
         if e.status is BLOCKED:
@@ -1584,6 +1599,7 @@ class Core:
             # parent needs. _to_ready checks again when the task is unblocked.
             return
         lead = self._hold_lead(e.pool, x.tolerance)
+        assert x.start is not None
         if now < x.start - lead:
             self.timers.push(x.start - lead, tm.HOLD, e)
             return
@@ -1594,7 +1610,7 @@ class Core:
             p.hold_waiters.append(e)
 
     def _grant_hold(self, p: PoolState, e: Entry) -> None:
-        e.x.hold = True
+        _extra(e).hold = True
         p.held += 1
         if e.status is READY and e.where == W_LABEL:
             p.held_label_waiters.append(e)   # already waiting for a labelled slot
@@ -1606,9 +1622,10 @@ class Core:
             p.held -= 1
 
     def _on_start(self, e: Entry, now: int) -> None:
-        guard = e.x.guard
+        x = _extra(e)
+        guard = x.guard
         if guard is not None and guard in self.tasks:
-            rec = self.recurring.get(e.x.recurring)
+            rec = self.recurring.get(x.recurring) if x.recurring is not None else None
             if rec is not None and rec.last_task == e.id:
                 rec.last_task = guard   # the next occurrence must also wait for that run
             self._finish(e, SKIPPED, now, f"the previous occurrence (task {guard}) is still running")
@@ -1644,8 +1661,7 @@ class Core:
         waiters = p.hold_waiters
         while waiters and p.capacity - p.busy - p.held > 0:
             e = waiters.popleft()
-            x = e.x
-            if e.status in TERMINAL or e.status is RUNNING or e.attempt > 0 or x.hold:
+            if e.status in TERMINAL or e.status is RUNNING or e.attempt > 0 or _extra(e).hold:
                 continue
             if self.tasks.get(e.id) is not e:
                 continue
@@ -1665,20 +1681,18 @@ class Core:
         keep = []
         for item in live:
             e = item[2]
-            x = e.x
-            held = x.hold
+            held = _extra(e).hold
             if not held and p.capacity - p.busy - p.held <= 0:
                 keep.append(item)
                 continue
-            spec = e.spec
-            group = self._group_for(p, spec.labels)
+            group = self._group_for(p, _labels(e))
             p.due_n[e.cls] -= 1
             if group is None:
                 e.where = W_NONE
                 self._label_park(p, e)
                 continue
             e.where = W_NONE
-            if spec.resources and not self._acquire(e, now):
+            if e.spec is not None and e.spec.resources and not self._acquire(e, now):
                 continue
             self._release_hold(p, e)
             self._start(p, e, now, group)
@@ -1699,6 +1713,7 @@ class Core:
 
     def _arm_scaler(self, p: PoolState, now: int) -> None:
         scaler = p.scaler
+        assert scaler is not None
         at = now
         if scaler.last_tick is not None:
             at = max(now, scaler.last_tick + scaler.interval)
@@ -1713,11 +1728,13 @@ class Core:
     def _reserved(self, p: PoolState, now: int) -> int:
         if not len(p.calendar):
             return 0
+        assert p.scaler is not None
         horizon = int(p.scaler.config.reservation_horizon * NS)
         return p.calendar.peak(now, now + horizon, exclude=p.started_fixed)
 
     def _autoscale(self, p: PoolState, now: int) -> None:
         scaler = p.scaler
+        assert scaler is not None
         scaler.armed = None
         reserved = self._reserved(p, now)
         before = scaler.target
@@ -1797,7 +1814,7 @@ class Core:
                 interrupted[task_id] = RUNNING if status == RUNNING else RETRYING
             if not spec.plain:
                 if spec.deadline_at_ns is not None:
-                    self._set_deadline(e, spec.deadline_at_ns)
+                    self._set_deadline(e, spec, spec.deadline_at_ns)
                 if spec.start_at_ns is not None:
                     start = spec.start_at_ns
                     tol = spec.tolerance_ns if spec.tolerance_ns is not None else NS
@@ -1832,21 +1849,21 @@ class Core:
             if spec is None or not spec.edges:
                 continue
             parents = []
-            awaits = []
+            awaits: list[tuple[str, str]] = []
             for ref, cond in spec.edges:
-                task_id = keys.get(ref) if isinstance(ref, str) else ref
-                parent = live_tasks.get(task_id) if task_id is not None else None
+                parent_id = keys.get(ref) if isinstance(ref, str) else ref
+                parent = live_tasks.get(parent_id) if parent_id is not None else None
                 if parent is not None and parent is not e:
                     self._link(parent, e, cond)
                     parents.append(parent.id)
                     continue
-                record = self.retained.get(task_id) if task_id is not None else None
+                record = self.retained.get(parent_id) if parent_id is not None else None
                 if record is not None:
                     reason = _unmet(ref, record[0], cond)
                     if reason is not None:
                         doomed.setdefault(e.id, reason)
                 elif isinstance(ref, str) and e.pool.config.unknown_dependency == "await" \
-                        and task_id is None:
+                        and parent_id is None:
                     awaits.append((ref, cond))
                 # Otherwise the parent finished before the retention window: satisfied.
             if parents:
@@ -1974,18 +1991,19 @@ class Core:
 
     def _recur(self, rec: Recurring, now: int) -> None:
         """Create the schedule's next occurrence, then arm the one after."""
-        start = rec.next_start
+        due = rec.next_start
         p = self._pool(rec.template.pool)
-        if start is None:
+        if due is None:
             return
-        if now > start + rec.tolerance_ns:
+        start: int | None = due
+        if now > due + rec.tolerance_ns:
             # Skipped ahead (downtime): one late occurrence at most, then resume.
             if rec.on_miss != "run_late":
                 self._counts["missed"] += 1
                 start = None
         if start is not None:
             self._create_occurrence(rec, start, now)
-        nxt = rec.cron.next_after(max(now, rec.next_start))
+        nxt = rec.cron.next_after(max(now, due))
         rec.next_start = nxt
         if self._persist:
             self.actions.append((act.PERSIST, (MUT_RECURRING, rec.name, rec)))
@@ -2065,7 +2083,7 @@ class Core:
             attempt_time += b.attempt_time
             waits.merge(b.waits)
 
-        def seconds(v):
+        def seconds(v: float | None) -> float | None:
             return None if v is None else v / NS
 
         cost_rate = p.cost_rate
@@ -2109,11 +2127,18 @@ def _extra(e: Entry) -> Extra:
     return x
 
 
-def _group(e: Entry) -> Group:
-    """The worker group of a running task."""
-    g = e.group
-    assert g is not None
-    return g
+def _request(e: Entry) -> dict[str, int]:
+    """The resource units of a task known to ask for some."""
+    spec = e.spec
+    assert spec is not None and spec.resources is not None
+    return spec.resources
+
+
+def _labels(e: Entry) -> Labels | None:
+    """The labels of a task that waits for a labelled slot (None: a held
+    fixed start without labels, waiting for any slot)."""
+    spec = e.spec
+    return spec.labels if spec is not None else None
 
 
 def _unmet(ref: object, status: str, cond: str) -> str | None:

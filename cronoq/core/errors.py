@@ -8,7 +8,7 @@ boundaries.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Self
 
 __all__ = [
     "CronoqError",
@@ -127,7 +127,7 @@ class AdmissionError(CronoqError):
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.message, self.index))
 
-    def at_index(self, index: int) -> AdmissionError:
+    def at_index(self, index: int) -> Self:
         """The same error, naming a batch position."""
         return type(self)(self.message, index)
 

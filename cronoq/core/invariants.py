@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from .model import W_DUE, W_LABEL, W_NONE, W_PARKED, W_QUEUE, Labels, PoolState
+from .model import W_DUE, W_LABEL, W_NONE, W_PARKED, W_QUEUE, Entry, Labels, PoolState
 from .types import BLOCKED, READY, RUNNING, SCHEDULED, TERMINAL
 
 if TYPE_CHECKING:
     from .engine import Core
 
 __all__ = ["check_invariants"]
+
+
+def _request(e: Entry) -> dict[str, int]:
+    """The resource units a task asks for (one parked on a resource asks for some)."""
+    assert e.spec is not None and e.spec.resources is not None
+    return e.spec.resources
 
 
 def check_invariants(core: Core) -> None:
@@ -35,14 +41,16 @@ def check_invariants(core: Core) -> None:
         busy = 0
         held = 0
         label_waiting = 0
-        group_busy: dict = {}
+        group_busy: dict[Labels, int] = {}
         for e in core.tasks.values():
             if e.pool is not p:
                 continue
             check(e.status not in TERMINAL, f"{e} is ended but still live")
             if e.status is RUNNING:
                 busy += 1
-                group_busy[e.group.labels] = group_busy.get(e.group.labels, 0) + 1
+                check(e.group is not None, f"{e} is running in no worker group")
+                labels = e.group.labels   # type: ignore[union-attr]
+                group_busy[labels] = group_busy.get(labels, 0) + 1
                 check(core.running.get(e.lease) is e, f"{e} is running without its lease")
             else:
                 counts[e.cls] += 1
@@ -61,7 +69,7 @@ def check_invariants(core: Core) -> None:
                     label_waiting += 1
                 elif e.where == W_PARKED:
                     check(e.x is not None and e.x.parked_on is not None, f"{e} parked on nothing")
-                    check(e in e.x.parked_on.waiters, f"{e} missing from its resource's waiters")
+                    check(e in e.x.parked_on.waiters, f"{e} missing from its resource's waiters")   # type: ignore[union-attr]
             if e.x is not None and e.x.hold:
                 held += 1
             if e.x is not None and e.x.start is not None:
@@ -100,19 +108,20 @@ def check_invariants(core: Core) -> None:
                   f"resource {r.name}: {r.available} free + {held_units} held != {r.capacity}")
             head = r.head()
             if head is not None and not core._frozen:
+                need = _request(head)[r.name]
                 # Liveness: free permits are either offered to tasks on their way
                 # to a slot, or too few for the first waiter.
                 offered = sum(e.spec.resources.get(r.name, 0) for e in core.tasks.values()
                               if e.status is READY and e.where != W_PARKED and e.x is not None
                               and e.x.reoffered and e.spec is not None and e.spec.resources)
-                check(r.available - offered < head.spec.resources[r.name],
+                check(r.available - offered < need,
                       f"resource {r.name}: {r.available} permits free ({offered} offered) while "
-                      f"{head} waits for {head.spec.resources[r.name]}")
+                      f"{head} waits for {need}")
         else:
             check(r.tokens <= r.capacity + 1e-9, f"resource {r.name}: bucket over its burst")
     for key, waiting in core.awaiting.items():
         for child, _ in waiting:
-            check(child.status in TERMINAL or key in (child.x.awaits or ()),
+            check(child.status in TERMINAL or (child.x is not None and key in (child.x.awaits or ())),
                   f"{child} awaits {key!r} without knowing it")
 
 
@@ -129,7 +138,8 @@ def _check_liveness(core: Core, p: PoolState, check: Callable[[bool, str], None]
     if free > 0:
         check(not p.queues.total, f"pool {p.name}: {p.queues.total} tasks queued with free slots")
         for e in p.hold_waiters:
-            check(core.tasks.get(e.id) is not e or e.attempt > 0 or e.status is RUNNING or e.x.hold,
+            check(core.tasks.get(e.id) is not e or e.attempt > 0 or e.status is RUNNING
+                  or (e.x is not None and e.x.hold),
                   f"pool {p.name}: {e} waits for a hold while {free} slots are free")
     for e in core.tasks.values():
         if e.pool is not p or e.status is not READY:
@@ -139,7 +149,7 @@ def _check_liveness(core: Core, p: PoolState, check: Callable[[bool, str], None]
         if e.where == W_DUE:
             check(False, f"pool {p.name}: {e} is due and may take a slot, but waits")
         elif e.where == W_LABEL:
-            labels = e.spec.labels or frozenset()   # (a held unlabeled task can wait here too)
+            labels = (e.spec.labels if e.spec is not None else None) or frozenset()   # (a held unlabeled task can wait here too)
             fits = [dict(g.labels) for g in open_groups if labels <= g.labels]
             check(not fits, f"pool {p.name}: {e} waits for labels {dict(labels)} "
                             f"while matching groups {fits} have free slots")

@@ -197,7 +197,7 @@ class PoolWindow:
     def __init__(self, window_ns: int, n: int, now: int, capacity: int) -> None:
         self.span = max(1, window_ns // n)
         self.buckets = [WindowBucket() for _ in range(n)]
-        self._current: WindowBucket | None = None
+        self._current = self.buckets[0]   # (not current until _current_end says so)
         self._current_start = 0
         self._current_end = -1
         self._last_t = now
@@ -206,7 +206,7 @@ class PoolWindow:
         self.worker_time = 0        # integral of capacity since start (slot-ns)
 
     def bucket(self, now: int) -> WindowBucket:
-        if self._current_start <= now < self._current_end and self._current is not None:
+        if self._current_start <= now < self._current_end:
             return self._current
         epoch = now // self.span
         bucket = self.buckets[epoch % len(self.buckets)]
@@ -230,7 +230,6 @@ class PoolWindow:
             return
         if last >= self._current_start and now <= self._current_end:
             bucket = self._current   # the common case: both ends in the current bucket
-            assert bucket is not None
             dt = now - last
             bucket.busy_time += busy * dt
             bucket.capacity_time += capacity * dt

@@ -160,7 +160,7 @@ class PoolState:
         self.due_n = [0, 0, 0, 0]
         self.due: list[tuple[int, int, Entry]] = []   # heap (due time, id, entry)
         self.hold_waiters: deque[Entry] = deque()
-        self.label_waiters: dict[Labels, deque[Entry]] = {}
+        self.label_waiters: dict[Labels | None, deque[Entry]] = {}
         self.label_waiting = 0
         # Label waiters that hold a slot: they may start ahead of their label
         # set's head (which may have no slot). Few, and checked lazily.

@@ -60,7 +60,7 @@ class ResourceState:
         if self.semaphore:
             self.available += units
 
-    def ready_in(self, units: int, now: int) -> int:
+    def ready_in(self, units: float, now: int) -> int:
         """Nanoseconds until a bucket holds ``units`` tokens."""
         missing = units - self.level(now)
         if missing <= 0:

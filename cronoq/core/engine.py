@@ -15,11 +15,10 @@ import bisect
 import heapq
 import random
 from collections import deque
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
+from typing import Any, ClassVar, Iterable, Iterator, Sequence
 
 from . import actions as act
 from . import timers as tm
-from .autoscale import Autoscaler
 from .errors import (
     AdmissionError, Cycle, InvalidTask, QueueFull, ReservationConflict, ResourceExceedsCapacity,
     SchedulerError, UnknownDependency, UnknownPool, UnknownResource, UnknownTask,

@@ -69,7 +69,8 @@ def check_invariants(core: Core) -> None:
                     label_waiting += 1
                 elif e.where == W_PARKED:
                     check(e.x is not None and e.x.parked_on is not None, f"{e} parked on nothing")
-                    check(e in e.x.parked_on.waiters, f"{e} missing from its resource's waiters")   # type: ignore[union-attr]
+                    waiters = e.x.parked_on.waiters   # type: ignore[union-attr]
+                    check(e in waiters, f"{e} missing from its resource's waiters")
             if e.x is not None and e.x.hold:
                 held += 1
             if e.x is not None and e.x.start is not None:
@@ -149,7 +150,8 @@ def _check_liveness(core: Core, p: PoolState, check: Callable[[bool, str], None]
         if e.where == W_DUE:
             check(False, f"pool {p.name}: {e} is due and may take a slot, but waits")
         elif e.where == W_LABEL:
-            labels = (e.spec.labels if e.spec is not None else None) or frozenset()   # (a held unlabeled task can wait here too)
+            # (a held fixed start without labels can wait here too)
+            labels = (e.spec.labels if e.spec is not None else None) or frozenset()
             fits = [dict(g.labels) for g in open_groups if labels <= g.labels]
             check(not fits, f"pool {p.name}: {e} waits for labels {dict(labels)} "
                             f"while matching groups {fits} have free slots")

@@ -186,14 +186,6 @@ class PoolState:
     def desired(self) -> int:
         return self.scaler.target if self.scaler is not None else self.capacity
 
-    def free(self) -> int:
-        """Slots neither busy nor held (the hot paths compute this inline)."""
-        return self.capacity - self.busy - self.held
-
-    def work_waits(self) -> bool:
-        """Is anything waiting that a freed slot could serve?"""
-        return bool(self.queues.total or self.due or self.label_waiting or self.hold_waiters)
-
 
 class Plan:
     """One task of an admission being validated (see ``Core._admit``)."""

@@ -199,7 +199,7 @@ class Core:
             entries = [self._create(default if spec.pool is None else self.pools[spec.pool], spec, now)
                        for spec in specs]
             for e in entries:
-                self._queue(e.pool, e, now)
+                self._to_ready(e, now)
             results = [(e.id, False) for e in entries]
         else:
             results = self._admit(now, specs, True)
@@ -550,7 +550,7 @@ class Core:
         """Admit a task with no option beyond pool, kind, priority and a new
         key, whose bounds were checked: it goes straight to its queue."""
         e = self._create(p, spec, now)
-        e.where = W_QUEUE   # (_queue, inlined: the hot path of plain submissions)
+        e.where = W_QUEUE   # (as _to_ready queues a task without a fixed start)
         p.queues.push(e)
         if p.shed is not None:
             self._index_shed(p, e)
@@ -947,16 +947,11 @@ class Core:
         e.ready_at = now
         if x is not None and x.start is not None:
             self._enqueue_due(p, e, x.start if e.attempt == 0 else now)
-            self._arrived(p, e, now)
         else:
-            self._queue(p, e, now)
-
-    def _queue(self, p: PoolState, e: Entry, now: int) -> None:
-        """A ready task joins its pool's ready queues (and the shedding index)."""
-        e.where = W_QUEUE
-        p.queues.push(e)
-        if p.shed is not None:
-            self._index_shed(p, e)
+            e.where = W_QUEUE
+            p.queues.push(e)
+            if p.shed is not None:
+                self._index_shed(p, e)
         self._arrived(p, e, now)
 
     def _enqueue_due(self, p: PoolState, e: Entry, due: int) -> None:

@@ -5,6 +5,7 @@ import pytest
 from cronoq.core import (
     Dep, PoolConfig, QueueFull, RetryPolicy, TaskSpec, UnknownDependency, UnknownPool,
 )
+from cronoq.core import actions as act
 from enginekit import S, dispatches, drain, events, make_core
 
 
@@ -405,3 +406,23 @@ def test_a_bound_of_zero_refuses_for_good_on_every_path(bound, plain):
     assert "the submission alone exceeds it" in str(refused.value)
     core.check_invariants()
     assert pending(core) == 0
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "with-options"])
+def test_a_batch_is_persisted_whole_before_any_of_it_is_announced_ready(plain):
+    # A batch of plain tasks is admitted without planning; it must still give
+    # the actions a planned batch gives: every submission persisted, then the
+    # tasks queued (ready events, dispatch), so a driver that holds events
+    # until their mutations are durable sees the same order either way.
+    core = make_core(PoolConfig("default", max=4, initial=0, autoscale=False),
+                     persist=True, emit_transitions=True)
+    specs = [TaskSpec(f"t{i}") if plain else TaskSpec(f"t{i}", tenant="a") for i in range(3)]
+    ids = [task_id for task_id, _ in core.submit_batch(0, specs)]
+    kinds = []
+    for raw in core.actions:
+        if raw[0] == act.PERSIST:
+            kinds.append(("persist", raw[1][0], raw[1][1]))
+        elif raw[0] == act.EVENT:
+            kinds.append(("event", raw[4], raw[1]))
+    assert kinds == ([("persist", "submit", i) for i in ids] + [("event", "ready", i) for i in ids])
+    core.check_invariants()

@@ -9,6 +9,8 @@ non-empty buckets, which are few.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 __all__ = ["bucket_of", "bucket_mid", "Histogram", "DecayingHistogram", "RunStats", "WindowBucket",
            "PoolWindow"]
 
@@ -28,7 +30,7 @@ def bucket_mid(index: int) -> float:
     return ((mantissa << shift) + ((mantissa + 1) << shift)) / 2.0
 
 
-def percentile_of(counts: dict, total: float, q: float) -> float | None:
+def percentile_of(counts: Mapping[int, float], total: float, q: float) -> float | None:
     """The q-quantile (0 < q <= 1) of a bucket -> count mapping."""
     if total <= 0:
         return None
@@ -42,7 +44,7 @@ def percentile_of(counts: dict, total: float, q: float) -> float | None:
 
 
 class Histogram:
-    """Counts per bucket. The engine's hot path updates ``counts`` inline."""
+    """Counts per bucket."""
 
     __slots__ = ("counts",)
 
@@ -81,11 +83,7 @@ class DecayingHistogram:
         self._cache: dict[float, float | None] = {}
 
     def record(self, value: int) -> None:
-        if value < 16:
-            index = value if value > 0 else 0
-        else:
-            shift = value.bit_length() - 4
-            index = (shift << 3) + (value >> shift)
+        index = bucket_of(value)
         counts = self.counts
         counts[index] = counts.get(index, 0.0) + 1.0
         self.total += 1.0
@@ -199,7 +197,7 @@ class PoolWindow:
     def __init__(self, window_ns: int, n: int, now: int, capacity: int) -> None:
         self.span = max(1, window_ns // n)
         self.buckets = [WindowBucket() for _ in range(n)]
-        self._current: WindowBucket | None = None
+        self._current = self.buckets[0]   # (not current until _current_end says so)
         self._current_start = 0
         self._current_end = -1
         self._last_t = now
@@ -208,7 +206,7 @@ class PoolWindow:
         self.worker_time = 0        # integral of capacity since start (slot-ns)
 
     def bucket(self, now: int) -> WindowBucket:
-        if self._current_start <= now < self._current_end and self._current is not None:
+        if self._current_start <= now < self._current_end:
             return self._current
         epoch = now // self.span
         bucket = self.buckets[epoch % len(self.buckets)]

@@ -32,7 +32,7 @@ from .model import (
 from .mutations import (
     MUT_OUTPUT, MUT_RECURRING, MUT_RECURRING_REMOVED, MUT_STATUS, MUT_SUBMIT, MUT_WITHDRAWN,
 )
-from .persist import _SPEC_PAYLOAD, RestoredSchedule, RestoredTask
+from .persist import SPEC_PAYLOAD, RestoredSchedule, RestoredTask
 from .recurring import OVERLAP_POLICIES, CronSchedule, Recurring, rfc3339
 from .resources import ResourceState
 from .snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo, TOTAL_FIELDS
@@ -351,6 +351,17 @@ class Core:
         now = self._enter(now)
         self._flush(now)
 
+    @property
+    def dispatching(self) -> bool:
+        """False once ``stop_dispatching()`` was called."""
+        return not self._frozen
+
+    @property
+    def settled(self) -> bool:
+        """No pool waits to be offered its free slots, and dispatching is on:
+        the state in which liveness must hold (check_invariants)."""
+        return not self._dirty and not self._frozen
+
     def has_timers(self) -> bool:
         """Whether any timer is armed (live or not yet pruned): a cheap check
         before ``next_wakeup``."""
@@ -539,7 +550,7 @@ class Core:
                 self.actions.append((act.PERSIST, (MUT_SUBMIT, task_id, p.name, spec, now)))
         else:
             task_id = row.id
-            payload = spec.payload if row.payload is _SPEC_PAYLOAD else row.payload
+            payload = spec.payload if row.payload is SPEC_PAYLOAD else row.payload
             e = Entry(task_id, p, spec.priority, row.submitted_ns, payload, key, spec.kind,
                       None if spec.plain else spec)
             e.attempt = row.attempt
@@ -1084,12 +1095,12 @@ class Core:
         e.group = group
         self.running[lease] = e
         w = p.window
-        if now > w._last_t:
+        if now > w.last_t:
             w.integrate(now)
         p.busy += 1
         group.busy += 1
         w.busy = p.busy
-        b = w._current if now < w._current_end else w.bucket(now)
+        b = w.current if now < w.current_end else w.bucket(now)
         b.dispatched += 1
         wait = now - e.ready_at   # into the window's histogram (no wait, the common case: bucket 0)
         index = bucket_of(wait) if wait else 0
@@ -1131,7 +1142,7 @@ class Core:
         says how it ran, for the metrics; None: it never started (given back)."""
         p = e.pool
         w = p.window
-        if now > w._last_t:
+        if now > w.last_t:
             w.integrate(now)
         busy = p.busy - 1
         p.busy = busy
@@ -1143,7 +1154,7 @@ class Core:
         regular = x is None or x.start is None
         if ok is not None:
             run = now - e.started
-            b = w._current if now < w._current_end else w.bucket(now)
+            b = w.current if now < w.current_end else w.bucket(now)
             b.attempt_time += run
             if ok:
                 b.good_time += run

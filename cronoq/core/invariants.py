@@ -90,7 +90,7 @@ def check_invariants(core: Core) -> None:
         live_queue = sum(1 for _ in p.queues.live_entries())
         check(live_queue == sum(queued), f"pool {p.name}: queues hold {live_queue} live entries")
         pending += sum(counts)
-        if not core._dirty and not core._frozen:
+        if core.settled:
             _check_liveness(core, p, check)
     check(core.pending == pending, f"pending {core.pending} != {pending}")
     for lease, e in core.running.items():
@@ -108,7 +108,7 @@ def check_invariants(core: Core) -> None:
             check(r.available + held_units == r.capacity,
                   f"resource {r.name}: {r.available} free + {held_units} held != {r.capacity}")
             head = r.head()
-            if head is not None and not core._frozen:
+            if head is not None and core.dispatching:
                 need = _request(head)[r.name]
                 # Liveness: free permits are either offered to tasks on their way
                 # to a slot, or too few for the first waiter.

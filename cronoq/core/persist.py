@@ -122,7 +122,7 @@ def _template_record(template: TaskSpec) -> dict[str, Any]:
     return record
 
 
-_SPEC_PAYLOAD: Any = object()   # RestoredTask.payload: the spec's own
+SPEC_PAYLOAD: Any = object()   # RestoredTask.payload: the spec's own
 
 
 @dataclass(slots=True)
@@ -142,7 +142,7 @@ class RestoredTask:
     message: str | None = None
     finished_ns: int | None = None
     error: str | None = None       # why the row could not be decoded
-    payload: Any = _SPEC_PAYLOAD   # the task's payload, when not ``spec.payload``
+    payload: Any = SPEC_PAYLOAD   # the task's payload, when not ``spec.payload``
 
 
 @dataclass

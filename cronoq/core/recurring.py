@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter  # type: ignore[import-untyped]
+from croniter import croniter
 
 from .types import NS, TaskSpec
 

@@ -30,7 +30,7 @@ from ..core.engine import Core
 from ..core.errors import InvalidTask, QueueFull, SchedulerError, TaskFailed
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
-    CANCELLED, DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
+    CANCELLED, DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig, Status,
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
@@ -51,7 +51,7 @@ __all__ = ["Scheduler"]
 log = logging.getLogger("cronoq.scheduler")
 
 _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
-_STATUS = {status: status for status in STATUSES}
+_STATUS: dict[str, Status] = {status: status for status in STATUSES}
 # Terminal statuses the event path handles without logging (dead letters are logged).
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
 _NO_OUTPUT: Any = object()   # "no output at hand" (None is a valid output)

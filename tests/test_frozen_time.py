@@ -250,9 +250,9 @@ import asyncio, sys
 import cronoq
 
 async def main():
-    rival = cronoq.SqliteStore(sys.argv[1], lease_ttl=0.5, lease_renew=0.1, lock_poll=0.05)
+    rival = cronoq.SqliteStore(sys.argv[1], lease_ttl=1.5, lease_renew=0.1, lock_poll=0.05)
     try:
-        await asyncio.wait_for(rival.acquire_leadership(), 1.5)   # three lease lengths
+        await asyncio.wait_for(rival.acquire_leadership(), 4.5)   # three lease lengths
         print("took the lease")
     except asyncio.TimeoutError:
         print("the leader kept it")
@@ -272,7 +272,7 @@ def test_a_frozen_clock_never_delays_the_lease_renewal(tmp_path, frozen_at):
     path = tmp_path / "lease.db"
 
     async def main() -> None:
-        store = cronoq.SqliteStore(path, lease_ttl=0.5, lease_renew=0.1)
+        store = cronoq.SqliteStore(path, lease_ttl=1.5, lease_renew=0.1)
         async with cronoq.Scheduler([cronoq.Pool("default", lambda ctx, x: x)], store=store) as sched:
             rival = await asyncio.get_running_loop().run_in_executor(None, lambda: subprocess.run(
                 [sys.executable, "-c", RIVAL, str(path)], capture_output=True, text=True, timeout=60))

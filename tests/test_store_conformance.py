@@ -505,9 +505,10 @@ async def test_the_migrated_database_matches_the_metadata(backend):
                 "include_name": lambda name, type_, parent: type_ != "schema" or name == schema})
             assert compare_metadata(context, tables(schema).metadata) == []
             names = {row[0] for row in conn.exec_driver_sql(
-                "SELECT name FROM sqlite_master WHERE type = 'table'" if schema is None else
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'" if schema is None else
                 f"SELECT tablename FROM pg_tables WHERE schemaname = '{schema}'")}
-            assert names == {"cronoq_tasks", "cronoq_schedules", "cronoq_meta", "cronoq_schema_version"}
+            assert names == {"cronoq_tasks", "cronoq_schedules", "cronoq_meta", "cronoq_schema_version",
+                             "cronoq_members", "cronoq_inbox", "cronoq_attempts"}
             assert conn.exec_driver_sql(
                 f"SELECT version_num FROM {backend.table('cronoq_schema_version')}").scalar() == HEAD
     finally:
@@ -534,6 +535,35 @@ async def test_an_older_build_refuses_a_newer_schema(backend):
         await asyncio.wait_for(sched.start(), 10)
     assert "0099_future" in str(caught.value) and repr(HEAD) in str(caught.value)
     assert not sched.running
+
+
+async def test_a_database_at_the_first_revision_is_upgraded_with_its_tasks(backend):
+    """A store written by a build that knew only 0001 gains the tables of the
+    processes' cluster (0002) on the next connection, and keeps its tasks."""
+    from alembic import command
+
+    from cronoq.store.migrate import alembic_config
+
+    engine = create_engine(backend.store().url if backend.kind == "postgres" else f"sqlite:///{backend.path}",
+                           poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            if backend.schema is not None:
+                conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{backend.schema}"')
+            config = alembic_config(conn, backend.schema)
+            command.upgrade(config, "0001")
+    finally:
+        engine.dispose()
+    tasks = backend.table("cronoq_tasks")
+    backend.sql(f"INSERT INTO {tasks} (id, pool, kind, priority, key, record, payload, status, attempt, "
+                f"submitted_ns, updated_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (7, "default", "default", 2, "kept", '{"v":1}', b"{}", "ready", 0, 1, 1))
+    store = backend.store()
+    await store.prune()   # connects and migrates
+    assert backend.sql(f"SELECT version_num FROM {backend.table('cronoq_schema_version')}") == [(HEAD,)]
+    assert backend.sql(f"SELECT id, key FROM {tasks}") == [(7, "kept")]
+    assert backend.sql(f"SELECT count(*) FROM {backend.table('cronoq_inbox')}") == [(0,)]
+    await store.close()
 
 
 async def test_concurrent_first_connections_migrate_once(backend):

@@ -11,6 +11,15 @@
                      holder identity and expiry on the wall clock, in Unix
                      nanoseconds).
 
+The processes sharing a store form one scheduler (``cronoq.runtime.cluster``,
+docs/architecture.md "Many processes, one scheduler") through three more:
+
+``cronoq_members``    one row per process: its pools, and a heartbeat.
+``cronoq_inbox``      requests of processes that do not lead (submissions,
+                     cancels, ...) in arrival order, and the leader's answers.
+``cronoq_attempts``   attempts the leader leased to another process's
+                     executors, and what became of them.
+
 The schema is created and upgraded by the alembic revisions in
 ``cronoq/_migrations`` (version table ``cronoq_schema_version``); a test checks
 that these definitions and the migrated database do not differ. With
@@ -30,7 +39,7 @@ from sqlalchemy import (
 __all__ = ["Tables", "tables", "metadata", "HEAD", "VERSION_TABLE"]
 
 # The newest alembic revision this build knows (a test checks it against the scripts).
-HEAD = "0001"
+HEAD = "0002"
 VERSION_TABLE = "cronoq_schema_version"
 
 NAMING = {"pk": "pk_%(table_name)s"}
@@ -42,6 +51,9 @@ class Tables:
     tasks: Table
     schedules: Table
     meta: Table
+    members: Table
+    inbox: Table
+    attempts: Table
 
 
 @lru_cache(maxsize=None)
@@ -90,7 +102,50 @@ def tables(schema: str | None = None) -> Tables:
         Column("holder", Text, nullable=True),            # the leader's identity
         Column("lease_expires_ns", BigInteger, nullable=True),   # SQLite lease, wall clock
     )
-    return Tables(md, tasks, schedules, meta)
+    members = Table(
+        "cronoq_members", md,
+        Column("id", Text, primary_key=True),                # the store's identity in that process
+        Column("pid", Integer, nullable=False),
+        Column("host", Text, nullable=False),
+        Column("pools", Text, nullable=False),               # JSON list of the pools it executes
+        Column("state", Text, nullable=False),               # serving | leaving
+        Column("started_ns", BigInteger, nullable=False),
+        Column("heartbeat_ns", BigInteger, nullable=False),  # wall clock of its last heartbeat
+    )
+    inbox = Table(
+        "cronoq_inbox", md,
+        # Never reused (SQLite AUTOINCREMENT): the leader reads past a cursor.
+        Column("seq", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True),
+        Column("member", Text, nullable=False),
+        Column("kind", Text, nullable=False),
+        Column("body", Text, nullable=False),                # JSON
+        Column("payload", LargeBinary, nullable=True),       # encoded payloads, length-prefixed
+        Column("created_ns", BigInteger, nullable=False),
+        Column("answer", Text, nullable=True),               # JSON, once answered
+        Column("answered_ns", BigInteger, nullable=True),
+        sqlite_autoincrement=True,
+    )
+    attempts = Table(
+        "cronoq_attempts", md,
+        Column("lease", BigInteger, primary_key=True, autoincrement=False),
+        Column("epoch", BigInteger, nullable=False),
+        Column("member", Text, nullable=False),
+        Column("task_id", BigInteger, nullable=False),
+        Column("pool", Text, nullable=False),
+        Column("attempt", Integer, nullable=False),
+        Column("record", Text, nullable=False),              # JSON: the task's options and timing
+        Column("payload", LargeBinary, nullable=False),
+        Column("state", Text, nullable=False),               # offered | started | cancelled | done | returned
+        Column("outcome", Text, nullable=True),
+        Column("output", LargeBinary, nullable=True),
+        Column("message", Text, nullable=True),
+        Column("retry_after_ns", BigInteger, nullable=True),
+        Column("heartbeat_ns", BigInteger, nullable=True),
+        Column("updated_ns", BigInteger, nullable=False),
+    )
+    Index("ix_cronoq_attempts_member", attempts.c.member, attempts.c.state)
+    Index("ix_cronoq_attempts_state", attempts.c.state)
+    return Tables(md, tasks, schedules, meta, members, inbox, attempts)
 
 
 metadata = tables(None).metadata

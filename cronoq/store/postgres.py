@@ -31,6 +31,7 @@ from sqlalchemy.pool import NullPool
 from .. import realtime
 from ..core.errors import SchedulerError
 from .base import Batch, Fenced, StoreUnavailable, seconds
+from .cluster import channel_name
 from .migrate import upgrade
 from .schema import tables
 from .sql import SqlStore, Worker
@@ -152,7 +153,7 @@ class PostgresStore(SqlStore):
         return (psycopg.Error,)
 
     def _create_engine(self) -> Engine:
-        return create_engine(self.url, pool_size=2, max_overflow=2,
+        return create_engine(self.url, pool_size=3, max_overflow=3,
                              connect_args=self._connect_args(lock_session=False))
 
     def _migrate(self, engine: Engine) -> None:
@@ -381,6 +382,31 @@ class PostgresStore(SqlStore):
         except Exception:
             pass
         self._close_lock()
+
+    # ----------------------------------------------------------- processes
+
+    def after_fork(self) -> None:
+        super().after_fork()
+        self._lock_conn = None
+        lock_engine, self._lock_engine = self._lock_engine, None
+        if lock_engine is not None:
+            lock_engine.dispose(close=False)
+        self._lock_executor = Worker("cronoq-postgresql-lock")
+
+    def _listen_connection(self) -> Callable[[], Any] | None:
+        import psycopg
+
+        conninfo = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        args = self._connect_args(lock_session=True)
+        args["application_name"] = "cronoq-listen"
+
+        def connect() -> Any:
+            return psycopg.connect(conninfo, autocommit=True, **args)
+
+        return connect
+
+    def _channel(self) -> str | None:
+        return channel_name(self.schema)
 
     # ----------------------------------------------------------- closing
 

@@ -25,6 +25,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Generator, Iterator, TypeVar, overload
 
@@ -39,6 +40,7 @@ from .base import (
     Batch, Fenced, LostCallback, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable,
     seconds,
 )
+from .cluster import ClusterTransport
 from .schema import Tables
 
 __all__ = ["SqlStore", "clean_text"]
@@ -95,6 +97,24 @@ def _record_parser() -> Callable[[str | None], dict[str, Any] | None]:
         return record
 
     return parse
+
+
+def _identity() -> str:
+    """Who a store is, among the processes sharing the database (new in each fork)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+# Every store of this process: a fork's child gives each copy a fresh start (see SqlStore.after_fork).
+_stores: weakref.WeakSet[SqlStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_stores):
+        store.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def describe(exc: BaseException) -> str:
@@ -239,7 +259,7 @@ class SqlStore:
         self.retention_ns = round(self.retention * NS)
         self.keep_finished_ns = round(self.keep_finished * NS)
         self.prune_every = max(1.0, min(self.keep_finished / 10, 600.0))
-        self.identity = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.identity = _identity()
         self.epoch: int | None = None
         self.engine: Engine | None = None   # the SQLAlchemy engine, created on first use
         self._t = tables
@@ -253,6 +273,7 @@ class SqlStore:
         self._wconn: PoolProxiedConnection | None = None
         # What counts as the database failing (an outage, or a refusal of the data).
         self._db_errors: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError, *self._driver_errors())
+        _stores.add(self)
 
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         """The base classes of the DBAPI driver's own errors (raised by raw cursors)."""
@@ -724,6 +745,47 @@ class SqlStore:
         self._drop_writer()
         if self.engine is not None:
             self.engine.dispose()
+
+    # ----------------------------------------------------------- processes
+
+    def after_fork(self) -> None:
+        """In the child of a fork (called by a fork handler): this copy shares
+        nothing with the parent's store any more. It gets an identity of its
+        own (the parent's lease and membership are not the child's), new
+        connections (the parent's stay the parent's: they are forgotten,
+        never closed) and a new worker thread; it neither leads nor follows
+        until a scheduler starts it."""
+        self.identity = _identity()
+        self.epoch = None
+        self._executor = Worker(f"cronoq-{self.dialect}")
+        self._wconn = None
+        self._watch = None
+        self._lost_callback = None
+        self._lost_reason = None
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.dispose(close=False)
+
+    def cluster_transport(self) -> ClusterTransport:
+        """The SQL of the processes sharing this store (``cronoq.store.cluster``),
+        on a connection of its own."""
+        self._ensure()
+        engine = self.engine
+        assert engine is not None
+        q = engine.dialect.identifier_preparer
+        t = self._t
+        tables = {table.name: q.format_table(table) for table in (t.members, t.inbox, t.attempts, t.meta, t.tasks)}
+        return ClusterTransport(dialect=self.dialect, identity=self.identity, host=socket.gethostname(),
+                                pid=os.getpid(), connect=engine.raw_connection, quote_table=tables.__getitem__,
+                                placeholder=self._placeholder, errors=self._db_errors,
+                                listen=self._listen_connection(), channel=self._channel())
+
+    def _listen_connection(self) -> Callable[[], Any] | None:
+        """A factory of connections that may ``LISTEN`` (None: the database cannot notify)."""
+        return None
+
+    def _channel(self) -> str | None:
+        return None
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else (f"leading (epoch {self.epoch})" if self.epoch else "idle")

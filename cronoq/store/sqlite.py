@@ -99,7 +99,7 @@ class SqliteStore(SqlStore):
             return sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=timeout)
 
         engine = create_engine("sqlite+pysqlite://", creator=connect, poolclass=QueuePool,
-                               pool_size=2, max_overflow=2)
+                               pool_size=3, max_overflow=3)
         synchronous = "FULL" if self.full_sync else "NORMAL"
         busy_ms = int(self.busy_timeout * 1000)
 
@@ -125,6 +125,11 @@ class SqliteStore(SqlStore):
             conn.execution_options(cronoq_begin="EXCLUSIVE")
             with conn.begin():
                 upgrade(conn, None)
+
+    def after_fork(self) -> None:
+        super().after_fork()
+        self._read = None
+        self._renewing = None
 
     def _begin_read(self) -> AbstractContextManager[Connection]:
         read = self._read

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import gc
 import logging
 import os
@@ -34,7 +35,7 @@ from ..core.types import (
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
-from ..store.base import STORE_MEMBERS, Store, StoredSchedule, StoredTask
+from ..store.base import STORE_MEMBERS, Store, StoredSchedule, StoredTask, StoreUnavailable
 from ..store.codec import Codec, JsonCodec
 from .clock import Cancellable, Clock, SystemClock
 from .durability import DurableHooks, DurableLog, encoded_payload
@@ -45,6 +46,8 @@ from . import process as _process
 from .local import LocalRunner
 from .runner import Attempt, Runner, RunnerLink
 from .threads import ThreadRunner
+from .cluster import Cluster, ClusterRunner, info_from_dict, snapshot_from_dict
+from ..core.persist import spec_record
 
 __all__ = ["Scheduler"]
 
@@ -188,6 +191,11 @@ class Scheduler:
         _process.after_fork(self._after_fork)
         self.epoch = 0
         self.lost_reason: str | None = None
+        # Many processes, one scheduler (cronoq/runtime/cluster.py): with a store
+        # that supports it, this process leads (runs the engine) or follows.
+        self._cluster: Cluster | None = None
+        self._leading = False
+        self._lead_task: asyncio.Task[None] | None = None
 
     # ================================================================ lifecycle
 
@@ -200,6 +208,9 @@ class Scheduler:
         self._pid = os.getpid()
         self._state = "starting"
         try:
+            if self.store is not None and getattr(self.store, "cluster", False) is True:
+                await self._start_cluster()
+                return
             if self.store is not None:
                 await self._start_durable()
             else:
@@ -212,9 +223,10 @@ class Scheduler:
         self._runners = {p.name: self._make_runner(p) for p in self.pools}
         with self._lock:
             self._state = _RUNNING
+            self._leading = True
             self._pump()
 
-    def _make_runner(self, pool: Pool) -> Runner:
+    def _engine_link(self, pool: Pool) -> RunnerLink:
         loop = self._loop
         assert loop is not None
         name = pool.name
@@ -222,9 +234,16 @@ class Scheduler:
         def set_capacity(labels: dict[str, str], slots: int) -> None:
             self._set_capacity_now(name, labels, slots)
 
-        link = RunnerLink(name, loop, self._report, self._heartbeat, self._not_started, set_capacity)
+        return RunnerLink(name, loop, self._report, self._heartbeat, self._not_started, set_capacity)
+
+    def _make_runner(self, pool: Pool) -> Runner:
+        link = self._engine_link(pool)
         if pool.runner is not None:
             return pool.runner(link)
+        return self._executor_runner(pool, link)
+
+    def _executor_runner(self, pool: Pool, link: RunnerLink) -> Runner:
+        """The runner of a pool's own executor (middleware applied), reporting through ``link``."""
         executor = pool.executor
         assert executor is not None
         for middleware in self._middleware:
@@ -386,6 +405,9 @@ class Scheduler:
                 await realtime.sleep(0.01)
             return
         grace = self.shutdown_grace if grace is None else grace
+        if self._cluster is not None and not self._leading:
+            await self._shutdown_follower(grace)
+            return
         with self._lock:
             self._state = _STOPPING
             core = self._core
@@ -403,7 +425,8 @@ class Scheduler:
                 await realtime.wait_for(self._drained.wait(), grace)   # real time, frozen clock or not
             except asyncio.TimeoutError:
                 pass
-        unstarted = [lease for runner in self._runners.values() for lease in runner.cancel_all()]
+        unstarted = [] if self._cluster is None else await self._cluster.settle_offers()
+        unstarted += [lease for runner in self._runners.values() for lease in runner.cancel_all()]
         if unstarted:
             with self._lock:
                 now = self._now_ns()
@@ -425,6 +448,30 @@ class Scheduler:
                 log.info("leadership released", extra={"action": "leader_released"})
             except Exception as exc:
                 log.error("could not release leadership: %s", exc, extra={"action": "store_outage"})
+        if self._cluster is not None:
+            await self._cluster.stop(0.0)
+        self._finish_shutdown()
+
+    async def _shutdown_follower(self, grace: float) -> None:
+        """A follower leaves: the attempts leased to it get ``grace``; those it
+        never started go back to the leader (no attempt used)."""
+        with self._lock:
+            self._state = _STOPPING
+        task, self._lead_task = self._lead_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._leading:   # it took the lead just before the cancel: shut down as the leader
+            with self._lock:
+                self._state = _RUNNING
+            await self.shutdown(grace)
+            return
+        cluster = self._cluster
+        assert cluster is not None
+        await cluster.stop(grace)
         self._finish_shutdown()
 
     def _finish_shutdown(self) -> None:
@@ -475,6 +522,14 @@ class Scheduler:
 
     def _check_serving(self) -> Core:
         """The engine, if the scheduler serves (from any thread)."""
+        self._check_state()
+        core = self._core
+        if core is None or not self._leading:
+            raise SchedulerError("this process does not lead the store: its calls go through the store")
+        return core
+
+    def _check_state(self) -> None:
+        """Raise unless the scheduler serves here and now (leading or following)."""
         if self._forks != _process.forks:
             raise _process.forked_error(self._pid)
         if self._state != _RUNNING:
@@ -486,9 +541,6 @@ class Scheduler:
         if loop.is_closed():
             self._state = _STOPPED
             raise SchedulerError("the event loop that ran the scheduler is closed")
-        core = self._core
-        assert core is not None
-        return core
 
     # ================================================================ the pump
 
@@ -656,9 +708,14 @@ class Scheduler:
             loop.call_soon_threadsafe(self._lost, reason)
 
     def _lost(self, reason: str) -> None:
-        """Leadership is gone (fenced, lease lost): stop at once, write nothing more."""
+        """Leadership is gone (fenced, lease lost): stop at once, write nothing
+        more (with processes sharing the store: follow from now on)."""
         with self._lock:
             if self._state not in (_RUNNING, _STOPPING):
+                return
+            if self._cluster is not None and self._state == _RUNNING:
+                if self._leading:
+                    self._demote(reason)
                 return
             log.error("leadership lost: %s", reason, extra={"action": "leader_lost", "epoch": self.epoch})
             self._state = _STOPPING
@@ -956,6 +1013,9 @@ class Scheduler:
                            pair: bool = False) -> Any:
         if self._submit_hooks and not hooked:
             spec = self._hooked(spec)
+        if not self._leading and self._cluster is not None:
+            self._check_state()
+            return await self._follow_one(spec, handle, wrap, pair)
         task_id, duplicate = await self._admit(spec)
         with self._lock:
             value: Any = (task_id, duplicate) if pair else task_id
@@ -987,6 +1047,10 @@ class Scheduler:
         """
         if self._submit_hooks:
             spec = self._hooked(spec)
+        if not self._leading and self._cluster is not None:
+            self._check_state()
+            encoded_payload(spec, self.codec)   # TypeError here, at the call
+            return None, lambda: self._follow_one(spec, handle, wrap, not handle)
         if self._log is not None:
             encoded_payload(spec, self.codec)   # outside the lock: it may be slow
         with self._lock:
@@ -1010,13 +1074,17 @@ class Scheduler:
 
         return None, committed
 
-    async def _admit_batch(self, tasks: Iterable[TaskSpec]) -> tuple[list[TaskSpec], list[tuple[int, bool]]]:
+    async def _admit_batch(self, tasks: Iterable[TaskSpec], hooked: bool = False
+                           ) -> tuple[list[TaskSpec], list[tuple[int, bool]]]:
         specs = list(tasks)
         for i, spec in enumerate(specs):
             if not isinstance(spec, TaskSpec):
                 raise TypeError(f"submit_batch takes cronoq.Task objects; item {i} is {type(spec).__name__}")
-        if self._submit_hooks:
+        if self._submit_hooks and not hooked:
             specs = [self._hooked(spec) for spec in specs]
+        if not self._leading and self._cluster is not None:
+            self._check_state()
+            return specs, await self._follow_submit(specs, True)
         for i, spec in enumerate(specs):
             if self._log is not None:
                 try:
@@ -1042,6 +1110,8 @@ class Scheduler:
         """Submit ``cronoq.Task`` objects atomically: all or none. Tasks may
         depend on keys defined anywhere in the batch."""
         specs, results = await self._admit_batch(tasks)
+        if not self._leading and self._cluster is not None:
+            return [self._watched(task_id, spec.key, duplicate) for spec, (task_id, duplicate) in zip(specs, results)]
         with self._lock:
             handles = [self._attach(task_id, spec.key, duplicate)
                        for spec, (task_id, duplicate) in zip(specs, results)]
@@ -1053,6 +1123,8 @@ class Scheduler:
     async def enqueue_batch(self, tasks: Iterable[TaskSpec]) -> list[int]:
         """``submit_batch`` without handles; returns the ids."""
         _, results = await self._admit_batch(tasks)
+        if not self._leading and self._cluster is not None:
+            return [task_id for task_id, _ in results]
         self._pump()
         if self._log is not None:
             await self._log.durable(*_claims(results))
@@ -1063,6 +1135,8 @@ class Scheduler:
     async def cancel(self, ref: int | str) -> bool:
         """Cancel a task by id or key: True if this call cancelled it, False if
         it had already finished. ``UnknownTask`` if no such task is known."""
+        if not self._leading and self._cluster is not None:
+            return bool(await self._follow_call("cancel", {"ref": ref}))
         with self._lock:
             cancelled = self._check().cancel(self.clock.now_ns(), ref)
             self._pump()
@@ -1072,6 +1146,16 @@ class Scheduler:
 
     async def handle(self, ref: int | str) -> TaskHandle:
         """A handle on an existing task, live or finished (within retention)."""
+        if not self._leading and self._cluster is not None:
+            found = info_from_dict(await self._follow_call("info", {"ref": ref}))
+            watched = self._watched(found.id, found.key, True)
+            if found.status in TERMINAL:
+                try:
+                    await watched
+                except (TaskFailed, asyncio.CancelledError):
+                    if watched.status is None:
+                        raise
+            return watched
         with self._lock:
             info = self._check().info(ref)
         if info.status in TERMINAL and self._log is not None:
@@ -1089,11 +1173,15 @@ class Scheduler:
 
     async def info(self, ref: int | str) -> TaskInfo:
         """What the scheduler knows of a task (status, attempt, message...)."""
+        if not self._leading and self._cluster is not None:
+            return info_from_dict(await self._follow_call("info", {"ref": ref}))
         with self._lock:
             return self._check().info(ref)
 
     async def snapshot(self) -> Snapshot:
         """Pools, quality metrics over the window, and totals since start."""
+        if not self._leading and self._cluster is not None:
+            return snapshot_from_dict(await self._follow_call("snapshot", {}))
         with self._lock:
             self._check()
             return self._snapshot_locked()
@@ -1102,6 +1190,8 @@ class Scheduler:
         """``snapshot()`` from any thread, at once (metrics scrapes, the
         blocking facade): read under the engine's lock, waiting for it at
         most ``timeout`` seconds (``SchedulerError`` after that)."""
+        if not self._leading and self._cluster is not None:
+            return self._follow_from_thread(timeout)
         if not self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             raise SchedulerError(f"the scheduler did not let go of its engine within {timeout:g} s")
         try:
@@ -1132,7 +1222,7 @@ class Scheduler:
     def events(self, on_lag: str = "drop") -> EventStream:
         """A stream of status events (terminal ones; every transition with
         ``emit_transitions=True``). Use ``async with`` or close it."""
-        self._check()
+        self._check_state()
         stream = EventStream(self.event_capacity, on_lag, self.unsubscribe)
         self.subscribe(stream)
         return stream
@@ -1142,7 +1232,7 @@ class Scheduler:
         ``deliver`` and ``end`` run on the scheduler's loop. ``events()`` is
         the ready-made sink."""
         with self._lock:
-            self._check_serving()
+            self._check_state()
             self._sinks.append(sink)
 
     def unsubscribe(self, sink: EventSink) -> None:
@@ -1154,12 +1244,18 @@ class Scheduler:
     async def set_capacity(self, pool: str, capacity: int) -> None:
         """Set the capacity of a pool's unlabeled workers (an autoscaled pool
         overrides it at its next evaluation)."""
+        if not self._leading and self._cluster is not None:
+            await self._follow_call("set_capacity", {"pool": pool, "capacity": capacity})
+            return
         with self._lock:
             self._check().set_capacity(self.clock.now_ns(), pool, capacity)
             self._pump()
 
     async def set_group_capacity(self, pool: str, labels: dict[str, str], capacity: int) -> None:
         """Set the capacity of the pool's workers that carry exactly ``labels``."""
+        if not self._leading and self._cluster is not None:
+            await self._follow_call("set_group_capacity", {"pool": pool, "labels": labels, "capacity": capacity})
+            return
         with self._lock:
             self._check().set_group_capacity(self.clock.now_ns(), pool, labels, capacity)
             self._pump()
@@ -1170,9 +1266,21 @@ class Scheduler:
                             **task_options: Any) -> None:
         """Register (or replace) a cron schedule; each occurrence is a
         fixed-start task built from ``payload`` and ``task_options``."""
-        self._check()
+        self._check_state()
         check_name(name, "name", error=ValueError)
         template = TaskSpec(payload, key=key, **task_options)
+        if not self._leading and self._cluster is not None:
+            record = spec_record(template, 0)
+            record.pop("deadline_ns", None)   # relative: sent apart
+            await self._follow_call("add_recurring", {
+                "name": name, "cron": cron, "template": record, "deadline_in_ns": template.deadline_in_ns,
+                "tz": tz, "overlap": overlap, "tolerance": tolerance, "on_miss": on_miss},
+                [encoded_payload(template, self.codec)])
+            return
+        await self._add_recurring_spec(name, cron, template, tz, overlap, tolerance, on_miss)
+
+    async def _add_recurring_spec(self, name: str, cron: str, template: TaskSpec, tz: str, overlap: str,
+                                  tolerance: float | None, on_miss: str | None) -> None:
         if self._log is not None:
             encoded_payload(template, self.codec)
         with self._lock:
@@ -1184,12 +1292,273 @@ class Scheduler:
 
     async def remove_recurring(self, name: str) -> bool:
         """Stop a schedule (an occurrence already created still runs)."""
+        if not self._leading and self._cluster is not None:
+            return bool(await self._follow_call("remove_recurring", {"name": name}))
         with self._lock:
             removed = self._check().remove_recurring(self.clock.now_ns(), name)
             self._pump()
         if self._log is not None:
             await self._log.durable()
         return removed
+
+    # ================================================================ many processes
+
+    @property
+    def leading(self) -> bool:
+        """Whether this process runs the engine: without a store always (once
+        started); with a shared store, only the process that leads it (the
+        others follow: their calls go through the store)."""
+        return self._leading and self._state in (_RUNNING, _STOPPING)
+
+    async def _start_cluster(self) -> None:
+        """Join the store's processes: lead at once if the store has no leader
+        (recovering first), else follow and try to lead in the background."""
+        store = self.store
+        loop = self._loop
+        assert loop is not None
+        transport = await store.cluster_transport()
+        cluster = Cluster(transport, self.codec, pools=[p.name for p in self.pools if p.runner is None],
+                          request_timeout=float(store.request_timeout), poll=float(store.cluster_poll),
+                          heartbeat=float(store.member_heartbeat), member_ttl=float(store.member_ttl))
+        self._cluster = cluster
+        cluster.start(loop)
+        for pool in self.pools:
+            if pool.runner is None:
+                cluster.member_link(pool.name, functools.partial(self._executor_runner, pool))
+        self._abort_start = abort = loop.create_future()
+        epoch: int | None = None
+        try:
+            try:
+                epoch = await store.try_leadership()
+            except StoreUnavailable as exc:   # busy, say: follow, and try again in the background
+                log.warning("could not try to lead at start: %s", exc, extra={"action": "store_outage"})
+            if epoch is not None:
+                self.epoch = epoch
+                try:
+                    await self._recover()
+                    if abort.done():
+                        raise SchedulerError("the scheduler was shut down while it recovered")
+                except BaseException:
+                    await self._release_quietly()
+                    raise
+        except BaseException:
+            self._cluster = None
+            self._core = None
+            self._log = None
+            await cluster.stop(0.0)
+            raise
+        with self._lock:
+            self._state = _RUNNING
+            if epoch is not None:
+                self._become_leader()
+            else:
+                self._lead_task = loop.create_task(self._lead_later())
+
+    async def _release_quietly(self) -> None:
+        try:
+            await self.store.release_leadership()
+        except Exception as exc:
+            log.error("could not release leadership: %s", exc, extra={"action": "store_outage"})
+
+    def _become_leader(self) -> None:
+        """Under the lock, recovered: run the engine from now on."""
+        cluster = self._cluster
+        assert cluster is not None
+        self._runners = {p.name: self._cluster_runner(p, cluster) for p in self.pools}
+        self._leading = True
+        cluster.lead(self.epoch, self._serve_request, self._lost_threadsafe)
+        self._pump()
+
+    def _cluster_runner(self, pool: Pool, cluster: Cluster) -> Runner:
+        link = self._engine_link(pool)
+        if pool.runner is not None:
+            return pool.runner(link)
+
+        def encode(attempt: Attempt) -> bytes:
+            return self.codec.encode(attempt.payload)
+
+        return ClusterRunner(link, cluster, encode, self._give_back,
+                             heartbeats=pool.config.lease_ttl_ns is not None)
+
+    def _give_back(self, lease: int) -> None:
+        """An attempt another process gave back unstarted: it waits again, no attempt used."""
+        with self._lock:
+            core = self._core
+            if self._state not in (_RUNNING, _STOPPING) or core is None or not self._leading:
+                return
+            core.give_back(self._now_ns(), lease)
+            self._pump()
+
+    async def _lead_later(self) -> None:
+        """A follower's background: wait for the store's leadership, recover, lead."""
+        store = self.store
+        while self._state == _RUNNING:
+            try:
+                epoch = await store.acquire_leadership()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("waiting to lead: %s", exc, extra={"action": "store_outage"})
+                await realtime.sleep(1.0)
+                continue
+            self.epoch = epoch
+            try:
+                await self._recover()
+            except asyncio.CancelledError:
+                self._core = None
+                self._log = None
+                await self._release_quietly()
+                raise
+            except Exception as exc:
+                log.error("could not recover after taking the lead: %s", exc, extra={"action": "store_outage"})
+                self._core = None
+                self._log = None
+                await self._release_quietly()
+                await realtime.sleep(1.0)
+                continue
+            with self._lock:
+                if self._state == _RUNNING:
+                    self._become_leader()
+                    return
+            self._core = None
+            self._log = None
+            await self._release_quietly()
+            return
+
+    def _demote(self, reason: str) -> None:
+        """Under the lock: leadership is lost, but this process goes on as a
+        follower; waiting handles are resolved from the store."""
+        cluster = self._cluster
+        core = self._core
+        assert cluster is not None and core is not None
+        log.error("leadership lost: %s; this process follows from now on", reason,
+                  extra={"action": "leader_lost", "epoch": self.epoch})
+        self._leading = False
+        core.stop_dispatching()
+        turns = [t for waiting in self._room.values() for t in waiting]
+        self._room.clear()
+        error = SchedulerError(f"this process lost the lead ({reason}); call again: another process leads")
+        for turn in turns:
+            if turn.future is not None and not turn.future.done():
+                turn.future.set_exception(error)
+        if self._log is not None:
+            self._log.fail_all(error)
+            self._log.discard_open()
+        for lease in list(core.running):
+            for runner in self._runners.values():
+                if runner.abort(lease):
+                    break
+        cluster.step_down()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_at = None
+        handles, self._handles = self._handles, {}
+        for value in handles.values():
+            for handle in value if isinstance(value, list) else (value,):
+                cluster.watch(handle)
+        self._delivering.clear()
+        self._core = None
+        self._log = None
+        self._runners = {}
+        self.lost_reason = reason
+        loop = self._loop
+        assert loop is not None
+        self._lead_task = loop.create_task(self._lead_again())
+
+    async def _lead_again(self) -> None:
+        await self._release_quietly()   # whatever the store still holds of the lost lead
+        await self._lead_later()
+
+    async def _serve_request(self, kind: str, body: dict[str, Any], payloads: list[bytes]) -> Any:
+        """The leader carries out a follower's call (admission first, in inbox order)."""
+        if kind == "submit":
+            specs = []
+            for record, data in zip(body["tasks"], payloads):
+                spec = spec_from_record(record, self.codec.decode(data))
+                spec.__dict__["_encoded"] = data   # stored as the follower encoded it
+                specs.append(spec)
+            if body.get("batch"):
+                _, results = await self._admit_batch(specs, hooked=True)
+                self._pump()
+                if self._log is not None:
+                    await self._log.durable(*_claims(results))
+                return [[task_id, duplicate] for task_id, duplicate in results]
+            pair = await self._submit_spec(specs[0], False, hooked=True, pair=True)
+            return [list(pair)]
+        if kind == "cancel":
+            return await self.cancel(body["ref"])
+        if kind == "info":
+            return (await self.info(body["ref"])).as_dict()
+        if kind == "snapshot":
+            return (await self.snapshot()).as_dict()
+        if kind == "set_capacity":
+            await self.set_capacity(body["pool"], body["capacity"])
+            return None
+        if kind == "set_group_capacity":
+            await self.set_group_capacity(body["pool"], body["labels"], body["capacity"])
+            return None
+        if kind == "add_recurring":
+            template = spec_from_record(body["template"], self.codec.decode(payloads[0]))
+            template.__dict__["_encoded"] = payloads[0]
+            if body.get("deadline_in_ns") is not None:
+                template.deadline_in_ns = body["deadline_in_ns"]
+                template.plain = False
+            await self._add_recurring_spec(body["name"], body["cron"], template, body["tz"], body["overlap"],
+                                           body["tolerance"], body["on_miss"])
+            return None
+        if kind == "remove_recurring":
+            return await self.remove_recurring(body["name"])
+        raise SchedulerError(f"unknown request {kind!r} (a process of a newer cronoq?)")
+
+    async def _follow_submit(self, specs: list[TaskSpec], batch: bool) -> list[tuple[int, bool]]:
+        cluster = self._cluster
+        assert cluster is not None
+        now = self.clock.now_ns()
+        payloads = []
+        for i, spec in enumerate(specs):
+            try:
+                payloads.append(encoded_payload(spec, self.codec))
+            except InvalidTask as exc:
+                raise exc.at_index(i) if batch else exc from None
+        records = [spec_record(spec, now) for spec in specs]
+        answer = await cluster.request("submit", {"tasks": records, "batch": batch}, payloads)
+        return [(int(task_id), bool(duplicate)) for task_id, duplicate in answer]
+
+    async def _follow_one(self, spec: TaskSpec, handle: bool, wrap: Callable[[TaskHandle], Any] | None,
+                          pair: bool) -> Any:
+        ((task_id, duplicate),) = await self._follow_submit([spec], False)
+        if handle:
+            value: Any = self._watched(task_id, spec.key, duplicate)
+            return wrap(value) if wrap is not None else value
+        return (task_id, duplicate) if pair else task_id
+
+    async def _follow_call(self, kind: str, body: dict[str, Any], payloads: Sequence[bytes] = ()) -> Any:
+        self._check_state()
+        cluster = self._cluster
+        assert cluster is not None
+        return await cluster.request(kind, body, payloads)
+
+    def _follow_from_thread(self, timeout: float | None) -> Snapshot:
+        """``snapshot_from_thread`` of a follower: the leader's snapshot, through the store."""
+        self._check_state()
+        loop = self._loop
+        assert loop is not None
+        future = asyncio.run_coroutine_threadsafe(self._follow_call("snapshot", {}), loop)
+        try:
+            return snapshot_from_dict(future.result(timeout))
+        except TimeoutError:
+            future.cancel()
+            raise SchedulerError(f"the leader's snapshot did not come within {timeout:g} s") from None
+
+    def _watched(self, task_id: int, key: str | None, duplicate: bool) -> TaskHandle:
+        """A follower's handle, resolved when the store says its task ended."""
+        loop = self._loop
+        cluster = self._cluster
+        assert loop is not None and cluster is not None
+        handle = TaskHandle(task_id, key, duplicate, loop)
+        cluster.watch(handle)
+        return handle
 
     # ================================================================ hooks
 

@@ -169,6 +169,7 @@ class Incoming:
     stale: list[tuple[int, int]] = field(default_factory=list)        # takeover: (lease, task id) of older epochs
     read: bool = False                                   # the reads ran (something had changed)
     error: BaseException | None = None                   # the leader's writes or the reads failed
+    leader_written: bool = False                         # the leader's writes were committed
 
 
 class ClusterTransport:
@@ -210,6 +211,7 @@ class ClusterTransport:
             "request": (f"INSERT INTO {inbox} (member, kind, body, payload, created_ns) "
                         f"VALUES ({p}, {p}, {p}, {p}, {p}) RETURNING seq"),
             "forget": f"DELETE FROM {inbox} WHERE seq = {p}",
+            "withdraw": f"DELETE FROM {inbox} WHERE seq = {p} AND answer IS NULL",
             "outcome": (f"UPDATE {attempts} SET state = 'done', outcome = {p}, output = {p}, message = {p}, "
                         f"retry_after_ns = {p}, updated_ns = {p} "
                         f"WHERE lease = {p} AND state IN ('started', 'cancelled')"),
@@ -382,6 +384,7 @@ class ClusterTransport:
         finally:
             cur.close()
         conn.commit()
+        got.leader_written = True
 
     def _members_of(self, cur: Any, leases: list[int]) -> set[str]:
         if not leases or self.dialect != "postgresql":
@@ -461,6 +464,27 @@ class ClusterTransport:
             cur.close()
         if self.dialect != "sqlite":
             conn.commit()   # end the read snapshot
+
+    def withdraw(self, seqs: list[int]) -> list[int]:
+        """Delete the inbox rows ``seqs`` that no leader answered yet; returns
+        those deleted (their calls were never carried out)."""
+        try:
+            conn = self._connection()
+            cur = conn.cursor()
+            deleted: list[int] = []
+            try:
+                self._begin_write(cur)
+                for seq in seqs:
+                    cur.execute(self.sql["withdraw"], (seq,))
+                    if cur.rowcount:
+                        deleted.append(seq)
+            finally:
+                cur.close()
+            conn.commit()
+            return deleted
+        except BaseException:
+            self._drop()
+            raise
 
     def tidy(self, members_before_ns: int, answers_before_ns: int) -> None:
         """Delete member rows not renewed since ``members_before_ns`` and

@@ -91,7 +91,9 @@ class PostgresStore(SqlStore):
 
     def __init__(self, url: Any, *, schema: str = "public", lock_poll: float = 0.5,
                  keepalive: float = 1.0, session_timeout: float = 10.0, retention: float = 3600.0,
-                 keep_finished: float = 7 * 86400.0, commit_timeout: float = 30.0) -> None:
+                 keep_finished: float = 7 * 86400.0, commit_timeout: float = 30.0, cluster: bool = True,
+                 cluster_poll: float = 0.05, member_ttl: float = 10.0,
+                 request_timeout: float | None = None) -> None:
         try:
             import psycopg  # noqa: F401
         except ImportError:
@@ -112,7 +114,8 @@ class PostgresStore(SqlStore):
         self.keepalive = seconds(keepalive, "keepalive")
         self.session_timeout = seconds(session_timeout, "session_timeout")
         super().__init__(tables=tables(schema), lock_poll=lock_poll, retention=retention,
-                         keep_finished=keep_finished, commit_timeout=commit_timeout)
+                         keep_finished=keep_finished, commit_timeout=commit_timeout, cluster=cluster,
+                         cluster_poll=cluster_poll, member_ttl=member_ttl, request_timeout=request_timeout)
         self.url = parsed.set(drivername="postgresql+psycopg")
         password = parsed.password
         # Masked in any error text this store produces (the driver's messages included).
@@ -289,6 +292,31 @@ class PostgresStore(SqlStore):
         return epoch
 
     # ----------------------------------------------------------- leadership
+
+    async def try_leadership(self) -> int | None:
+        """One attempt at the advisory lock: the new epoch, or None if another holds it."""
+        if self.epoch is not None:
+            return self.epoch
+        await self._call(self._ensure)
+        self._lost_reason = None
+        try:
+            got = await self._lock_call(self._try_lock_sync)
+            if not got:
+                self._close_lock_later()
+                return None
+            try:
+                epoch = await self._call(self._bump_sync)
+            except BaseException:
+                self._close_lock_later()
+                raise
+        except asyncio.CancelledError:
+            self._close_lock_later()
+            raise
+        self.epoch = epoch
+        log.info("postgresql store: advisory lock taken (epoch %d), schema %s", epoch, self.schema,
+                 extra={"action": "leader", "epoch": epoch})
+        self._watch = asyncio.get_running_loop().create_task(self._keepalive_loop(epoch))
+        return epoch
 
     async def acquire_leadership(self) -> int:
         """Wait until the advisory lock is ours, then return the new epoch."""

@@ -251,8 +251,16 @@ class SqlStore:
     dialect = "sql"
 
     def __init__(self, *, tables: Tables, lock_poll: float, retention: float, keep_finished: float,
-                 commit_timeout: float) -> None:
+                 commit_timeout: float, cluster: bool = True, cluster_poll: float = 0.01,
+                 member_ttl: float = 10.0, request_timeout: float | None = None) -> None:
         self.lock_poll = seconds(lock_poll, "lock_poll")
+        # Many processes, one scheduler (docs/architecture.md): see cluster_transport().
+        self.cluster = bool(cluster)
+        self.cluster_poll = seconds(cluster_poll, "cluster_poll")
+        self.member_ttl = seconds(member_ttl, "member_ttl")
+        self.member_heartbeat = min(1.0, self.member_ttl / 4)
+        self.request_timeout = seconds(request_timeout, "request_timeout") if request_timeout is not None \
+            else seconds(commit_timeout, "commit_timeout")
         self.retention = seconds(retention, "retention", positive=False)
         self.keep_finished = seconds(keep_finished, "keep_finished", positive=False)
         self.commit_timeout = seconds(commit_timeout, "commit_timeout")
@@ -282,6 +290,11 @@ class SqlStore:
     # The leadership of each dialect.
 
     async def acquire_leadership(self) -> int:
+        raise NotImplementedError
+
+    async def try_leadership(self) -> int | None:
+        """One attempt to lead, without waiting: the new epoch, or None when
+        another process leads."""
         raise NotImplementedError
 
     async def release_leadership(self) -> None:
@@ -766,10 +779,10 @@ class SqlStore:
         if engine is not None:
             engine.dispose(close=False)
 
-    def cluster_transport(self) -> ClusterTransport:
+    async def cluster_transport(self) -> ClusterTransport:
         """The SQL of the processes sharing this store (``cronoq.store.cluster``),
-        on a connection of its own."""
-        self._ensure()
+        on a connection of its own (connects and migrates first)."""
+        await self._call(self._ensure)
         engine = self.engine
         assert engine is not None
         q = engine.dialect.identifier_preparer

@@ -54,7 +54,8 @@ class SqliteStore(SqlStore):
     def __init__(self, path: str | bytes | os.PathLike[str] | os.PathLike[bytes], *, lease_ttl: float = 10.0,
                  lease_renew: float = 2.0, lock_poll: float = 0.5, retention: float = 3600.0,
                  full_sync: bool = True, keep_finished: float = 7 * 86400.0,
-                 commit_timeout: float = 30.0) -> None:
+                 commit_timeout: float = 30.0, cluster: bool = True, cluster_poll: float = 0.01,
+                 member_ttl: float = 10.0, request_timeout: float | None = None) -> None:
         try:
             given = os.fspath(path)
         except TypeError:
@@ -67,7 +68,8 @@ class SqliteStore(SqlStore):
         if self.lease_renew >= self.lease_ttl:
             raise ValueError(f"lease_renew ({lease_renew!r}) must be shorter than lease_ttl ({lease_ttl!r})")
         super().__init__(tables=tables(None), lock_poll=lock_poll, retention=retention,
-                         keep_finished=keep_finished, commit_timeout=commit_timeout)
+                         keep_finished=keep_finished, commit_timeout=commit_timeout, cluster=cluster,
+                         cluster_poll=cluster_poll, member_ttl=member_ttl, request_timeout=request_timeout)
         self.path = os.path.abspath(path)
         self.full_sync = bool(full_sync)
         self.busy_timeout = min(self.commit_timeout, 5.0)
@@ -172,6 +174,17 @@ class SqliteStore(SqlStore):
             if not self._closed:
                 self._executor.submit(self._release_sync, None)
             raise
+
+    async def try_leadership(self) -> int | None:
+        """One attempt to take the lease: the new epoch, or None if another holds it."""
+        if self.epoch is not None:
+            return self.epoch
+        self._lost_reason = None
+        result = await self._call(self._try_acquire_sync)
+        if isinstance(result, int):
+            self.epoch = result
+            self._start_renewing(result)
+        return result
 
     def _try_acquire_sync(self) -> int | None:
         self._ensure()

@@ -34,7 +34,7 @@ def scheduler(store, *pools_, **options) -> cronoq.Scheduler:
 
 async def test_restart_recovers_queued_running_retrying_and_finished_tasks(backend):
     work = Work()
-    a = scheduler(backend.store(), pool(work, "work", capacity=1,
+    a = scheduler(backend.store(cluster=False), pool(work, "work", capacity=1,
                                         retry=cronoq.RetryPolicy(max_attempts=3, initial_backoff=0.05,
                                                                  jitter=False)),
                   pool(work, "flaky", capacity=1))
@@ -58,7 +58,7 @@ async def test_restart_recovers_queued_running_retrying_and_finished_tasks(backe
 
     work2 = Work()
     work2.release.set()   # the blocker's next attempt returns at once
-    b = scheduler(backend.store(), pool(work2, "work", capacity=1,
+    b = scheduler(backend.store(cluster=False), pool(work2, "work", capacity=1,
                                         retry=cronoq.RetryPolicy(max_attempts=3, initial_backoff=0.05,
                                                                  jitter=False)),
                   pool(work2, "flaky", capacity=1))
@@ -199,10 +199,10 @@ async def test_acknowledged_submit_survives_a_killed_process(backend):
 
 
 async def test_standby_waits_and_takes_over_at_once_on_clean_shutdown(backend):
-    a = scheduler(backend.store(), pool(Work(), capacity=0))
+    a = scheduler(backend.store(cluster=False), pool(Work(), capacity=0))
     await a.start()
     task_id = await a.enqueue({"name": "from a"}, key="from-a")
-    b = scheduler(backend.store(), pool(Work(), capacity=0))
+    b = scheduler(backend.store(cluster=False), pool(Work(), capacity=0))
     starting = asyncio.create_task(b.start())
     await asyncio.sleep(0.4)
     assert not starting.done(), "the standby must wait in start() while the leader runs"
@@ -220,9 +220,9 @@ async def test_standby_waits_and_takes_over_at_once_on_clean_shutdown(backend):
 
 
 async def test_a_waiting_standby_can_be_shut_down(backend):
-    a = scheduler(backend.store(), pool(Work(), capacity=0))
+    a = scheduler(backend.store(cluster=False), pool(Work(), capacity=0))
     await a.start()
-    b = scheduler(backend.store(), pool(Work(), capacity=0))
+    b = scheduler(backend.store(cluster=False), pool(Work(), capacity=0))
     starting = asyncio.create_task(b.start())
     await asyncio.sleep(0.2)
     await b.shutdown()
@@ -232,21 +232,21 @@ async def test_a_waiting_standby_can_be_shut_down(backend):
     with pytest.raises(cronoq.SchedulerError):
         await b.start()
     # Cancelling a waiting start() leaves no leadership behind either.
-    c = scheduler(backend.store(), pool(Work(), capacity=0))
+    c = scheduler(backend.store(cluster=False), pool(Work(), capacity=0))
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(c.start(), 0.3)
     assert a.running
     await a.shutdown()
-    d = scheduler(backend.store(), pool(Work(), capacity=0))
+    d = scheduler(backend.store(cluster=False), pool(Work(), capacity=0))
     await asyncio.wait_for(d.start(), 1.0)   # at once: nobody else holds the lease / lock
     await d.shutdown()
 
 
 async def test_standby_takes_over_when_the_leader_dies(backend):
-    a = scheduler(backend.store(), pool(Work(), capacity=0))
+    a = scheduler(backend.store(cluster=False), pool(Work(), capacity=0))
     await a.start()
     task_id = await a.enqueue({"name": "from a"}, key="from-a")
-    b = scheduler(backend.store(), pool(Work(), capacity=0))
+    b = scheduler(backend.store(cluster=False), pool(Work(), capacity=0))
     starting = asyncio.create_task(b.start())
     await asyncio.sleep(0.3)
     assert not starting.done()
@@ -268,10 +268,10 @@ async def test_standby_takes_over_when_the_leader_dies(backend):
 
 
 async def test_a_paused_leader_is_fenced_and_stops(backend):
-    a = scheduler(backend.store(), pool(Work(), capacity=0))
+    a = scheduler(backend.store(cluster=False), pool(Work(), capacity=0))
     await a.start()
     before = await a.enqueue({"name": "before"}, key="before")
-    b = scheduler(backend.store(), pool(Work(), capacity=0))
+    b = scheduler(backend.store(cluster=False), pool(Work(), capacity=0))
     starting = asyncio.create_task(b.start())
     await asyncio.sleep(0.2)
     await backend.depose(a.store)    # a is "paused": it does not notice
@@ -304,14 +304,14 @@ async def test_recurring_schedule_continues_across_a_failover(backend):
     def due(key: str) -> float:
         return dt.datetime.fromisoformat(key.split("@", 1)[1].replace("Z", "+00:00")).timestamp()
 
-    a = scheduler(backend.store(), ticker("a"))
+    a = scheduler(backend.store(cluster=False), ticker("a"))
     await a.start()
     await a.add_recurring("tick", "* * * * * *", {"n": 1}, key="tick", tolerance=0.3)
     await eventually(lambda: len(started) >= 2, timeout=5, what="two occurrences on the first leader")
     a._lost("simulated crash")
     await backend.crash(a.store)
     await asyncio.sleep(1.6)   # nobody leads for a while: at least one occurrence comes due meanwhile
-    b = scheduler(backend.store(), ticker("b"))
+    b = scheduler(backend.store(cluster=False), ticker("b"))
     await asyncio.wait_for(b.start(), 10)
     resumed = dt.datetime.now(dt.timezone.utc).timestamp()
     try:

@@ -19,10 +19,10 @@ from storekit import POSTGRES_FAST, Work, child_env, eventually, pool, postgres_
 
 @pytest.mark.asyncio
 async def test_terminating_the_lock_session_makes_the_leader_step_down(postgres_backend):
-    a = cronoq.Scheduler([pool(Work(), capacity=0)], store=postgres_backend.store())
+    a = cronoq.Scheduler([pool(Work(), capacity=0)], store=postgres_backend.store(cluster=False))
     await a.start()
     kept = await a.enqueue({"name": "kept"}, key="kept")
-    b = cronoq.Scheduler([pool(Work(), capacity=0)], store=postgres_backend.store())
+    b = cronoq.Scheduler([pool(Work(), capacity=0)], store=postgres_backend.store(cluster=False))
     starting = asyncio.create_task(b.start())
     await asyncio.sleep(0.2)
     assert not starting.done()
@@ -40,7 +40,7 @@ async def test_terminating_the_lock_session_makes_the_leader_step_down(postgres_
 
 @pytest.mark.asyncio
 async def test_an_unresponsive_lock_session_makes_the_leader_step_down(postgres_backend):
-    store = postgres_backend.store(session_timeout=0.8, keepalive=0.1)
+    store = postgres_backend.store(cluster=False, session_timeout=0.8, keepalive=0.1)
     a = cronoq.Scheduler([pool(Work(), capacity=0)], store=store)
     await a.start()
     loop = asyncio.get_running_loop()
@@ -51,7 +51,7 @@ async def test_an_unresponsive_lock_session_makes_the_leader_step_down(postgres_
     assert 0.6 < took < 1.8, f"stepped down after {took:.2f} s; session_timeout is 0.8 s"
     assert "did not answer" in a.lost_reason
     # Once the session is closed, another instance leads.
-    b = cronoq.Scheduler([pool(Work(), capacity=0)], store=postgres_backend.store())
+    b = cronoq.Scheduler([pool(Work(), capacity=0)], store=postgres_backend.store(cluster=False))
     await asyncio.wait_for(b.start(), 5)
     await b.shutdown()
 
@@ -97,7 +97,7 @@ async def test_schemas_are_independent_clusters(pg_server):
 async def test_a_server_that_goes_away_and_comes_back(tmp_path):
     server = start_or_skip()   # its own server: this test stops it
     try:
-        store = cronoq.PostgresStore(server.url, **POSTGRES_FAST)
+        store = cronoq.PostgresStore(server.url, cluster=False, **POSTGRES_FAST)
         a = cronoq.Scheduler([pool(Work(), capacity=0)], store=store)
         await a.start()
         accepted = [await a.enqueue({"n": i}, key=f"k{i}") for i in range(5)]
@@ -107,12 +107,12 @@ async def test_a_server_that_goes_away_and_comes_back(tmp_path):
             await a.enqueue({"n": 99})
         await store.close()
         # A store that cannot reach the server fails start() clearly instead of hanging.
-        down = cronoq.PostgresStore(server.url, **POSTGRES_FAST)
+        down = cronoq.PostgresStore(server.url, cluster=False, **POSTGRES_FAST)
         with pytest.raises(cronoq.SchedulerError, match="unavailable"):
             await cronoq.Scheduler([pool(Work())], store=down).start()
         await down.close()
         await asyncio.to_thread(server.restart)
-        again = cronoq.PostgresStore(server.url, **POSTGRES_FAST)
+        again = cronoq.PostgresStore(server.url, cluster=False, **POSTGRES_FAST)
         work = Work()
         b = cronoq.Scheduler([pool(work)], store=again)
         await asyncio.wait_for(b.start(), 10)

@@ -44,9 +44,9 @@ async def test_wal_and_synchronous_settings(sqlite_backend, full_sync, expected)
 
 @pytest.mark.asyncio
 async def test_the_leader_renews_its_lease_and_a_standby_keeps_waiting(sqlite_backend):
-    a = cronoq.Scheduler([pool(Work(), capacity=0)], store=sqlite_backend.store())
+    a = cronoq.Scheduler([pool(Work(), capacity=0)], store=sqlite_backend.store(cluster=False))
     await a.start()
-    b = cronoq.Scheduler([pool(Work(), capacity=0)], store=sqlite_backend.store())
+    b = cronoq.Scheduler([pool(Work(), capacity=0)], store=sqlite_backend.store(cluster=False))
     starting = asyncio.create_task(b.start())
     await asyncio.sleep(2.0)   # twice the 1 s lease
     assert not starting.done()
@@ -61,11 +61,11 @@ async def test_the_leader_renews_its_lease_and_a_standby_keeps_waiting(sqlite_ba
 
 @pytest.mark.asyncio
 async def test_a_hung_leader_loses_its_lease_and_notices_when_it_wakes(sqlite_backend):
-    a_store = sqlite_backend.store()
+    a_store = sqlite_backend.store(cluster=False)
     a = cronoq.Scheduler([pool(Work(), capacity=0)], store=a_store)
     await a.start()
     await a.enqueue({"name": "kept"}, key="kept")
-    b = cronoq.Scheduler([pool(Work(), capacity=0)], store=sqlite_backend.store())
+    b = cronoq.Scheduler([pool(Work(), capacity=0)], store=sqlite_backend.store(cluster=False))
     starting = asyncio.create_task(b.start())
     loop = asyncio.get_running_loop()
     hung = loop.time()
@@ -195,7 +195,7 @@ async def test_the_lease_is_renewed_while_a_long_recovery_runs(sqlite_backend, m
     from cronoq.core.engine import Core
 
     busy = 2.5   # seconds, against a lease of 1 s
-    store = sqlite_backend.store(lease_ttl=1.0, lease_renew=0.2)
+    store = sqlite_backend.store(cluster=False, lease_ttl=1.0, lease_renew=0.2)
     read = store._recover_sync
 
     def slow_read(*args):
@@ -214,7 +214,7 @@ async def test_the_lease_is_renewed_while_a_long_recovery_runs(sqlite_backend, m
     leader = cronoq.Scheduler([pool(work)], store=store)
     leading = asyncio.ensure_future(leader.start())
     await eventually(lambda: store.epoch is not None, what="the first scheduler to take the lease")
-    standby_store = sqlite_backend.store()
+    standby_store = sqlite_backend.store(cluster=False)
     standby = cronoq.Scheduler([pool(Work())], store=standby_store)
     waiting = asyncio.ensure_future(standby.start())
     await leading

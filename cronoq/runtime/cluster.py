@@ -755,6 +755,13 @@ class Cluster:
             got = await self._worker.call(self.transport.cycle, out, want)
         except self.transport.errors as exc:
             self._withdraw[:0] = withdraw
+            # Calls that could not even be written fail now: nothing of them was carried out.
+            failed = StoreUnavailable(f"the store is unavailable, the call was not sent to the leader: {exc}")
+            for token, *_ in out.requests:
+                call = self._calls.pop(token, None)
+                if call is not None and not call.future.done():
+                    call.future.set_result({"error": encode_error(failed)})
+            out.requests = []
             self._requeue(out, member=True)
             self._outage(exc)
             return None

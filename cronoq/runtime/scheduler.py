@@ -1392,13 +1392,20 @@ class Scheduler:
     async def _lead_later(self) -> None:
         """A follower's background: wait for the store's leadership, recover, lead."""
         store = self.store
+        logged = False
         while self._state == _RUNNING:
             try:
                 epoch = await store.acquire_leadership()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("waiting to lead: %s", exc, extra={"action": "store_outage"})
+                if getattr(store, "closed", False):
+                    log.error("the store was closed while this scheduler follows: it will never lead",
+                              extra={"action": "store_outage"})
+                    return
+                if not logged:
+                    log.warning("waiting to lead: %s", exc, extra={"action": "store_outage"})
+                    logged = True
                 await realtime.sleep(1.0)
                 continue
             self.epoch = epoch

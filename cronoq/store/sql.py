@@ -759,6 +759,11 @@ class SqlStore:
         if self.engine is not None:
             self.engine.dispose()
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
     # ----------------------------------------------------------- processes
 
     def after_fork(self) -> None:

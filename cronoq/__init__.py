@@ -19,7 +19,7 @@ from .core.types import ResourceConfig as Resource
 from .core.types import TaskSpec as Task
 from .runtime import EventStream, Pool, Scheduler, SystemClock, TaskContext, TaskHandle, VirtualClock
 from .blocking import BlockingEventStream, BlockingHandle, BlockingScheduler
-from .store.base import Fenced, StoreRejected, StoreUnavailable
+from .store.base import Fenced, LeaderUnavailable, StoreRejected, StoreUnavailable
 from .store.codec import JsonCodec
 
 if TYPE_CHECKING:   # loaded on first use (below); type checkers see them at once
@@ -32,7 +32,7 @@ __all__ = [
     "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock", "SystemClock",
     "SqliteStore", "PostgresStore", "JsonCodec",
     "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo",
-    "CronoqError", "SchedulerError", "StoreUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
+    "CronoqError", "SchedulerError", "StoreUnavailable", "LeaderUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
     "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
     "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",

@@ -15,6 +15,7 @@ import contextvars
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (ours runs first)
 import logging
 import os
+import signal
 import threading
 import time
 import weakref
@@ -35,7 +36,7 @@ from .runtime.scheduler import Scheduler
 from .store.base import Store
 from .store.codec import Codec
 
-__all__ = ["BlockingScheduler", "BlockingHandle", "BlockingEventStream"]
+__all__ = ["BlockingScheduler", "BlockingHandle", "BlockingEventStream", "schedulers"]
 
 log = logging.getLogger("cronoq.scheduler")
 
@@ -192,6 +193,15 @@ _NEW, _STARTING, _RUNNING, _STOPPING, _STOPPED = "new", "starting", "running", "
 
 # Every BlockingScheduler that may be serving, for the exit hook.
 _live: weakref.WeakSet[BlockingScheduler] = weakref.WeakSet()
+# Every BlockingScheduler of this process (and those it inherited through a fork), for server hooks.
+_made: weakref.WeakSet[BlockingScheduler] = weakref.WeakSet()
+
+
+def schedulers() -> list[BlockingScheduler]:
+    """Every ``BlockingScheduler`` this process holds, those a fork's child
+    inherited from its parent included: for server hooks that start or stop
+    them all (``cronoq.contrib.gunicorn``)."""
+    return list(_made)
 _exit_hook_lock = threading.Lock()
 _exit_hook_registered = False
 # How long interpreter exit waits, beyond the grace and a store's commit timeout,
@@ -215,6 +225,30 @@ def _register_exit_hook() -> None:
         except RuntimeError:   # missing, or the interpreter is already shutting down
             atexit.register(_shutdown_at_exit)
         _exit_hook_registered = True
+
+
+def _exit_on_sigterm() -> None:
+    """From a scheduler's start: a program that keeps SIGTERM's default action
+    (killed at once, no cleanup: a plain script, waitress) exits cleanly on
+    SIGTERM instead, so interpreter exit shuts its schedulers down. Only from
+    the main thread (Python sets handlers there); a handler of the program's
+    own (gunicorn's workers have one) is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError, AttributeError):   # not the main interpreter, or no SIGTERM here
+        pass
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM kills at once
+    if any(not bs._forked() and bs._state in (_STARTING, _RUNNING) for bs in list(_live)):
+        log.info("SIGTERM: exiting; the schedulers shut down first", extra={"action": "sigterm"})
+        raise SystemExit(128 + signum)
+    os.kill(os.getpid(), signum)   # nothing to shut down: the default action
 
 
 def _shutdown_at_exit() -> None:
@@ -258,6 +292,20 @@ class BlockingScheduler:
         self._forks = _process.forks
         self._pid = os.getpid()
         _process.after_fork(self._after_fork)
+        _made.add(self)
+
+    def ensure_started(self) -> BlockingScheduler:
+        """Start it unless it runs in this process (new, or inherited through
+        a fork); returns it. ``SchedulerError`` if it was shut down here."""
+        if self._forks != _process.forks:
+            self._adopt()
+        elif self._state != _RUNNING:
+            with self._lifecycle:
+                if self._state == _NEW:
+                    self._start_locked()
+            if self._state != _RUNNING:
+                raise self._refuse()
+        return self
 
     @property
     def scheduler(self) -> Scheduler:
@@ -273,6 +321,13 @@ class BlockingScheduler:
         return self._state == _RUNNING and self._sched.running and not self._forked()
 
     @property
+    def state_here(self) -> str:
+        """``"new"``, ``"starting"``, ``"running"``, ``"stopping"`` or
+        ``"stopped"`` in this process; ``"inherited"`` for a scheduler a
+        fork's child holds from its parent (its first call starts it here)."""
+        return "inherited" if self._forked() else self._state
+
+    @property
     def _ev(self) -> asyncio.AbstractEventLoop:
         """The loop, once started (internal use, where it is known to be set)."""
         loop = self._loop
@@ -284,39 +339,75 @@ class BlockingScheduler:
     def start(self) -> None:
         """Start the loop thread and the scheduler on it; returns once it serves.
 
-        A standby (a store another process leads) waits here until it leads;
-        ``shutdown()`` from another thread makes it give up. If the start
-        fails, no thread is left behind and ``start()`` may be called again."""
-        self._check_process()
+        With a store other processes share, it returns at once whether this
+        process leads or follows (``scheduler.leading``); a store without
+        that (``cluster=False``) makes a standby wait here until it leads,
+        and ``shutdown()`` from another thread makes it give up. If the start
+        fails, no thread is left behind and ``start()`` may be called again.
+
+        In the child of a fork, a scheduler that came from the parent
+        (started there or not) becomes a new scheduler of this process, with
+        the same configuration, and starts: ``start()`` does it, and so does
+        its first call here. The parent's scheduler is not touched."""
+        if self._forks != _process.forks:
+            self._adopt()
+            return
         with self._lifecycle:
-            with self._gate:
-                if self._state in (_STOPPING, _STOPPED):
-                    raise SchedulerError("this BlockingScheduler is shut down; create a new one to start again")
-                if self._state != _NEW:
-                    raise SchedulerError(f"this BlockingScheduler was already started (it is {self._state})")
-                self._state = _STARTING
-            loop = realtime.new_event_loop()   # real timers even while a test freezes time
-            ready = _Waiter()
-            thread = threading.Thread(target=self._run, args=(loop, ready), name="cronoq-scheduler",
-                                      daemon=True)
-            self._loop = loop
-            self._thread = thread
+            self._start_locked()
+
+    def _adopt(self) -> None:
+        """In a fork's child: start afresh here (once, whichever thread comes first)."""
+        with self._lifecycle:
+            if self._forks == _process.forks:
+                return
+            self._sched = self._sched.fresh_copy()
+            self._loop = None
+            self._thread = None
+            self._calls = set()
             self._stop_grace = None
-            _register_exit_hook()
-            _live.add(self)
-            try:
-                thread.start()
-                ready.wait()
-            except BaseException as exc:  # noqa: B036 - re-raised once the thread is gone
-                self._start_failed(thread, loop, failed=exc is ready.error)
-                raise
-            with self._gate:
-                serving = self._state == _STARTING
-                if serving:
-                    self._state = _RUNNING
-            if not serving:   # shut down meanwhile, from another thread
-                thread.join()
-                raise SchedulerError("the scheduler was shut down while it started")
+            self._stop_requested = None
+            self._stop_error = None
+            self._state = _NEW
+            self._forks = _process.forks
+            self._pid = os.getpid()
+            self._start_locked()
+
+    def _here(self) -> None:
+        """Before a call: a scheduler inherited through a fork starts here first."""
+        if self._forks != _process.forks:
+            self._adopt()
+
+    def _start_locked(self) -> None:
+        """start(), holding the lifecycle lock."""
+        with self._gate:
+            if self._state in (_STOPPING, _STOPPED):
+                raise SchedulerError("this BlockingScheduler is shut down; create a new one to start again")
+            if self._state != _NEW:
+                raise SchedulerError(f"this BlockingScheduler was already started (it is {self._state})")
+            self._state = _STARTING
+        loop = realtime.new_event_loop()   # real timers even while a test freezes time
+        ready = _Waiter()
+        thread = threading.Thread(target=self._run, args=(loop, ready), name="cronoq-scheduler",
+                                  daemon=True)
+        self._loop = loop
+        self._thread = thread
+        self._stop_grace = None
+        _register_exit_hook()
+        _live.add(self)
+        try:
+            thread.start()
+            ready.wait()
+        except BaseException as exc:  # noqa: B036 - re-raised once the thread is gone
+            self._start_failed(thread, loop, failed=exc is ready.error)
+            raise
+        with self._gate:
+            serving = self._state == _STARTING
+            if serving:
+                self._state = _RUNNING
+        if not serving:   # shut down meanwhile, from another thread
+            thread.join()
+            raise SchedulerError("the scheduler was shut down while it started")
+        _exit_on_sigterm()
 
     def _start_failed(self, thread: threading.Thread, loop: asyncio.AbstractEventLoop, failed: bool) -> None:
         """Leave no thread behind after a start that failed (``failed``) or was
@@ -342,7 +433,8 @@ class BlockingScheduler:
         cancel the rest, and stop the loop thread. A standby that waits to
         lead stops waiting. Calls still in flight get ``SchedulerError``."""
         self._check_thread()     # the loop thread must never wait for itself
-        self._check_process()
+        if self._forks != _process.forks:
+            return   # inherited through a fork and never started here: nothing runs in this process
         thread = self._request_stop(grace)
         if thread is not None:
             thread.join()
@@ -488,6 +580,7 @@ class BlockingScheduler:
         """Call ``fn(waiter, *args)`` on the loop; the waiter is answered there
         (or failed when the scheduler stops). Raises if the scheduler does not serve."""
         self._check_thread()
+        self._here()
         waiter = _Waiter()
         with self._gate:
             if self._state != _RUNNING or self._forks != _process.forks:
@@ -523,6 +616,7 @@ class BlockingScheduler:
         engine answers at once; the loop is needed only to wait for a
         commit, or for room in a full queue."""
         self._check_thread()
+        self._here()
         with self._gate:
             if self._state != _RUNNING or self._forks != _process.forks:
                 raise self._refuse()
@@ -576,6 +670,7 @@ class BlockingScheduler:
     def snapshot(self) -> Snapshot:
         """Pools, quality metrics over the window, and totals since start."""
         self._check_thread()
+        self._here()
         with self._gate:
             if self._state != _RUNNING or self._forks != _process.forks:
                 raise self._refuse()
@@ -584,6 +679,7 @@ class BlockingScheduler:
     def events(self, on_lag: str = "drop") -> BlockingEventStream:
         """A blocking iterator of status events; close it (or use ``with``)."""
         self._check_thread()
+        self._here()
         with self._gate:
             if self._state != _RUNNING or self._forks != _process.forks:
                 raise self._refuse()
@@ -602,6 +698,7 @@ class BlockingScheduler:
         """Deliver every status event to ``sink`` (its ``deliver`` and ``end``
         run on the scheduler's loop thread); ``events()`` is the ready-made one."""
         self._check_thread()
+        self._here()
         with self._gate:
             if self._state != _RUNNING or self._forks != _process.forks:
                 raise self._refuse()

@@ -11,10 +11,10 @@ from .core.errors import (
     ReservationConflict, ResourceExceedsCapacity, Retryable, SchedulerError, TaskFailed,
     UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
 )
-from .store.base import Fenced, StoreRejected, StoreUnavailable
+from .store.base import Fenced, LeaderUnavailable, StoreRejected, StoreUnavailable
 
 __all__ = [
-    "CronoqError", "SchedulerError", "StoreUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
+    "CronoqError", "SchedulerError", "StoreUnavailable", "LeaderUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
     "Permanent", "EventsLagged", "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle",
     "UnknownDependency", "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull",
     "InvalidTask",

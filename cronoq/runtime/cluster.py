@@ -40,23 +40,17 @@ from ..core.errors import CronoqError, SchedulerError
 from ..core.snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
 from ..core.types import CLASSES, NS, RETRYABLE, SUCCESS
 from ..realtime import real_time_ns
-from ..store.base import StoreRejected, StoreUnavailable
+from ..store.base import LeaderUnavailable, StoreRejected, StoreUnavailable
 from ..store.cluster import ClusterTransport, Incoming, MemberRow, Offer, Outgoing, Report, Wants
 from ..store.codec import Codec
 from ..store.sql import Worker
 from .handle import TaskHandle
 from .runner import Attempt, Runner, RunnerLink
 
-__all__ = ["Cluster", "ClusterRunner", "LeaderUnavailable", "encode_error", "decode_error", "snapshot_from_dict",
+__all__ = ["Cluster", "ClusterRunner", "encode_error", "decode_error", "snapshot_from_dict",
            "info_from_dict", "RemoteEntry"]
 
 log = logging.getLogger("cronoq.scheduler")
-
-
-class LeaderUnavailable(StoreUnavailable):
-    """No process answered this follower's call in time (leadership is
-    moving, or no process leads): the call was taken back before any leader
-    carried it out, so nothing of it was admitted. Call again."""
 
 
 # ---------------------------------------------------------------- answers

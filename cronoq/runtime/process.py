@@ -10,13 +10,17 @@ started with and refuses every call once it differs.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import sys
+import tempfile
 import weakref
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..core.errors import SchedulerError
 
-__all__ = ["forks", "forked_error", "after_fork"]
+__all__ = ["forks", "forked_error", "after_fork", "note_in_memory"]
 
 forks = 0    # forks between the interpreter's start and this process
 
@@ -47,3 +51,87 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ---------------------------------------------------------------- in-memory schedulers in sibling processes
+
+_MARKER_DIR = "cronoq-{uid}"
+
+
+def _marker_path(pools: Sequence[str]) -> str | None:
+    """The file where the in-memory schedulers of this program's sibling
+    processes (same parent, same command line and directory, same pools) note
+    their pids; None where that cannot be told (no parent to share, Windows)."""
+    ppid = os.getppid()
+    if ppid <= 1 or not hasattr(os, "getuid") or sys.argv[:1] in (["-c"], [""], []):
+        return None   # no parent to share, or "python -c" / an embedded interpreter: not a server's workers
+    key = "\0".join([str(ppid), os.getcwd(), *sys.argv, "|", *sorted(pools)])
+    name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return os.path.join(tempfile.gettempdir(), _MARKER_DIR.format(uid=os.getuid()), name + ".pids")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _update(path: str, change: Callable[[set[int]], None]) -> set[int]:
+    """Apply ``change`` to the pids noted in ``path`` (locked); the live pids before it."""
+    import fcntl
+
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+        pids = {int(p) for p in data.split() if p.isdigit()}
+        pids = {p for p in pids if p != os.getpid() and _alive(p)}
+        before = set(pids)
+        change(pids)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, " ".join(str(p) for p in sorted(pids)).encode())
+        return before
+    finally:
+        os.close(fd)
+
+
+def note_in_memory(pools: Sequence[str], log: logging.Logger) -> Callable[[], None]:
+    """An in-memory scheduler starts in this process: warn (once per start) if
+    a sibling process runs one too (a pre-forking server's workers), or if
+    this process is a fork of one that imported cronoq. Returns what to call
+    at shutdown."""
+    others: set[int] = set()
+    path = None
+    try:
+        path = _marker_path(pools)
+        if path is not None:
+            me = os.getpid()
+            others = _update(path, lambda pids: pids.add(me))
+    except (OSError, ValueError, ImportError):
+        path = None   # no marker here: the warning below for forks still applies
+    if others or forks:
+        who = (f"and so does process {', '.join(str(p) for p in sorted(others))} (same parent, same program)"
+               if others else "and it is a fork of a process that imported cronoq (a pre-forking server?)")
+        log.warning(
+            "process %d runs a scheduler without a store, %s: each process is a scheduler of its own, so keys, "
+            "statuses, handles and capacity are per process and a retried key may run once in each. Give the "
+            "processes one store (cronoq.SqliteStore on one host, cronoq.PostgresStore on several) to make "
+            "them one scheduler", os.getpid(), who, extra={"action": "several_processes"})
+
+    def forget() -> None:
+        if path is not None:
+            me = os.getpid()
+            try:
+                _update(path, lambda pids: pids.discard(me))
+            except (OSError, ValueError, ImportError):
+                pass
+
+    return forget

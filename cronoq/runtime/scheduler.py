@@ -111,6 +111,10 @@ class Scheduler:
                  clock: Clock | None = None, max_pending_total: int | None = None, output_cache: int = 1024,
                  seed: int | None = None, config: CoreConfig | None = None) -> None:
         pools = list(pools)
+        # What fresh_copy() makes a new scheduler from (a fork's child starts one of its own).
+        self._given = (pools, resources, emit_transitions, dict(
+            shutdown_grace=shutdown_grace, event_capacity=event_capacity, store=store, codec=codec, clock=clock,
+            max_pending_total=max_pending_total, output_cache=output_cache, seed=seed, config=config))
         if not pools:
             raise ValueError("pools must name at least one Pool")
         names = set()
@@ -196,6 +200,7 @@ class Scheduler:
         self._cluster: Cluster | None = None
         self._leading = False
         self._lead_task: asyncio.Task[None] | None = None
+        self._forget_siblings: Callable[[], None] | None = None   # in memory: see process.note_in_memory
 
     # ================================================================ lifecycle
 
@@ -216,6 +221,7 @@ class Scheduler:
             else:
                 self._core = Core(self._config, [p.config for p in self.pools], self.resources,
                                   now=self.clock.now_ns())
+                self._forget_siblings = _process.note_in_memory([p.name for p in self.pools], log)
         except BaseException:
             aborted = self._abort_start is not None and self._abort_start.done()
             self._state = _STOPPED if aborted else _NEW
@@ -492,6 +498,9 @@ class Scheduler:
             self._state = _STOPPED
         for sink in sinks:
             sink.end()
+        forget, self._forget_siblings = self._forget_siblings, None
+        if forget is not None:
+            forget()
 
     async def __aenter__(self) -> Scheduler:
         await self.start()
@@ -507,6 +516,11 @@ class Scheduler:
     def _check(self) -> Core:
         """The engine, if calls are allowed now and here (on the loop)."""
         core = self._check_serving()
+        self._check_loop()
+        return core
+
+    def _check_loop(self) -> None:
+        """Raise unless called on the scheduler's loop."""
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -514,7 +528,6 @@ class Scheduler:
         if running is not self._loop:
             raise SchedulerError("the scheduler belongs to another event loop; call it from that loop "
                                  "(or use BlockingScheduler from threads)")
-        return core
 
     def _after_fork(self) -> None:
         # In the child of a fork: a thread of the parent may have held it.
@@ -1223,6 +1236,7 @@ class Scheduler:
         """A stream of status events (terminal ones; every transition with
         ``emit_transitions=True``). Use ``async with`` or close it."""
         self._check_state()
+        self._check_loop()
         stream = EventStream(self.event_capacity, on_lag, self.unsubscribe)
         self.subscribe(stream)
         return stream
@@ -1309,6 +1323,17 @@ class Scheduler:
         started); with a shared store, only the process that leads it (the
         others follow: their calls go through the store)."""
         return self._leading and self._state in (_RUNNING, _STOPPING)
+
+    def fresh_copy(self) -> Scheduler:
+        """A new, unstarted scheduler with this one's configuration, submit
+        hooks and executor middleware (and the same store object). For the
+        child of a fork, whose copy of a started scheduler has none of its
+        threads: ``BlockingScheduler`` starts one of these there."""
+        pools, resources, emit_transitions, options = self._given
+        copy_ = Scheduler(pools, resources, emit_transitions, **options)
+        copy_._submit_hooks = list(self._submit_hooks)
+        copy_._middleware = list(self._middleware)
+        return copy_
 
     async def _start_cluster(self) -> None:
         """Join the store's processes: lead at once if the store has no leader
@@ -1521,6 +1546,7 @@ class Scheduler:
     async def _follow_submit(self, specs: list[TaskSpec], batch: bool) -> list[tuple[int, bool]]:
         cluster = self._cluster
         assert cluster is not None
+        self._check_loop()
         now = self.clock.now_ns()
         payloads = []
         for i, spec in enumerate(specs):
@@ -1542,6 +1568,7 @@ class Scheduler:
 
     async def _follow_call(self, kind: str, body: dict[str, Any], payloads: Sequence[bytes] = ()) -> Any:
         self._check_state()
+        self._check_loop()
         cluster = self._cluster
         assert cluster is not None
         return await cluster.request(kind, body, payloads)

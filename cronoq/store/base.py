@@ -17,7 +17,7 @@ from ..core.types import ID_EPOCH_BITS   # task ids carry the leader's epoch abo
 from ..core.errors import SchedulerError
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
-           "StoredSchedule", "Fenced", "StoreUnavailable", "StoreRejected", "ID_EPOCH_BITS", "LostCallback",
+           "StoredSchedule", "Fenced", "StoreUnavailable", "StoreRejected", "LeaderUnavailable", "ID_EPOCH_BITS", "LostCallback",
            "STORE_MEMBERS", "seconds"]
 
 
@@ -30,6 +30,13 @@ class StoreUnavailable(SchedulerError):
     """
 
     uncertain = False
+
+
+class LeaderUnavailable(StoreUnavailable):
+    """A call of a process that does not lead the store got no answer in
+    time (leadership is moving, or no process leads): it was taken back
+    before any leader carried it out, so nothing of it was admitted. Call
+    again."""
 
 
 class StoreRejected(SchedulerError):

@@ -293,6 +293,8 @@ class BlockingScheduler:
         self._pid = os.getpid()
         _process.after_fork(self._after_fork)
         _made.add(self)
+        # Here too: a server that starts it on a request thread (waitress) imported it on the main thread.
+        _exit_on_sigterm()
 
     def ensure_started(self) -> BlockingScheduler:
         """Start it unless it runs in this process (new, or inherited through
@@ -309,7 +311,9 @@ class BlockingScheduler:
 
     @property
     def scheduler(self) -> Scheduler:
-        """The async ``Scheduler`` underneath (use it only from its loop)."""
+        """The async ``Scheduler`` underneath (use it only from its loop). In
+        a fork's child, the one started there (not the parent's copy)."""
+        self._here()
         return self._sched
 
     @property
@@ -368,9 +372,11 @@ class BlockingScheduler:
             self._stop_requested = None
             self._stop_error = None
             self._state = _NEW
-            self._forks = _process.forks
             self._pid = os.getpid()
             self._start_locked()
+            # Only now: the other threads of the child wait above (on the lock)
+            # until it serves, instead of being told it is starting.
+            self._forks = _process.forks
 
     def _here(self) -> None:
         """Before a call: a scheduler inherited through a fork starts here first."""

@@ -682,7 +682,9 @@ class Cluster:
         now = realtime.real_monotonic()
         if now - self._last_beat >= self.heartbeat:
             self._last_beat = now
-            out.beat = (json.dumps(self.pools), "serving" if self._serving else "leaving")
+            # "leading": a new leader places nothing on a member still marked so (its predecessor, likely dead).
+            state = "leaving" if not self._serving else "leading" if self.epoch is not None else "serving"
+            out.beat = (json.dumps(self.pools), state)
         for token in self._to_send:
             call = self._calls.get(token)
             if call is not None:

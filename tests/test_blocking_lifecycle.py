@@ -238,7 +238,7 @@ def test_ctrl_c_while_a_standby_waits_in_start_stops_its_thread():
     assert proc.stdout.splitlines() == ["interrupted", "loop threads left: 0", "leader works: 8"]
 
 
-def test_in_a_fork_child_calls_handles_and_streams_raise_instead_of_waiting(monkeypatch):
+def test_in_a_fork_child_the_parents_handles_and_streams_raise_instead_of_waiting(monkeypatch):
     from cronoq.runtime import process
 
     release = threading.Event()
@@ -254,11 +254,11 @@ def test_in_a_fork_child_calls_handles_and_streams_raise_instead_of_waiting(monk
         stream = bs.events()
         monkeypatch.setattr(process, "forks", process.forks + 1)   # as the fork handler does in a child
         bs._after_fork()
-        for call in (lambda: bs.submit(1), bs.snapshot, bs.shutdown, lambda: handle.result(timeout=WAIT),
-                     lambda: stream.next(timeout=WAIT)):
+        for call in (lambda: handle.result(timeout=WAIT), lambda: stream.next(timeout=WAIT)):
             with pytest.raises(cronoq.SchedulerError, match="fork"):
                 call()
-        assert not bs.running
+        assert not bs.running and bs.state_here == "inherited"
+        bs.shutdown()       # inherited and never started here: nothing to stop, the parent's is untouched
         stream.close()
         bs._at_exit()       # the child's exit hook leaves the parent's scheduler alone
         monkeypatch.undo()
@@ -268,3 +268,41 @@ def test_in_a_fork_child_calls_handles_and_streams_raise_instead_of_waiting(monk
     finally:
         release.set()
         bs.shutdown()
+
+
+FORK_CHILD_STARTS_ITS_OWN = r"""
+import os, sys, threading
+import cronoq
+
+def work(ctx, payload):
+    return (payload, os.getpid())
+
+bs = cronoq.BlockingScheduler([cronoq.Pool("p", work, min=2, max=2, autoscale=False)])
+bs.start()
+before = bs.submit("parent").result(timeout=30)
+pid = os.fork()
+if pid == 0:
+    results = []
+    def call(i):
+        results.append(bs.submit(i).result(timeout=30))   # the first call starts the child's own scheduler
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join(60)
+    ok = sorted(r[0] for r in results) == list(range(8)) and {r[1] for r in results} == {os.getpid()}
+    bs.shutdown()
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+print("child exit:", os.waitstatus_to_exitcode(status))
+print("parent still runs here:", bs.submit("again").result(timeout=30) == ("again", os.getpid()))
+bs.shutdown()
+"""
+
+
+def test_a_scheduler_started_before_a_fork_starts_afresh_in_the_child_on_first_use():
+    """gunicorn --preload with a scheduler started at import: each worker's
+    first calls (from several threads at once) start a scheduler of its own."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", FORK_CHILD_STARTS_ITS_OWN], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["child exit: 0", "parent still runs here: True"], proc.stderr

@@ -459,9 +459,9 @@ class Cluster:
             self._leased_here[row.lease] = attempt
             runner.start(attempt)
         for lease in got.cancelled:
-            attempt = self._leased_here.pop(lease, None)
-            if attempt is not None:
-                runner = self._runners.get(attempt.pool)
+            cancelled = self._leased_here.pop(lease, None)
+            if cancelled is not None:
+                runner = self._runners.get(cancelled.pool)
                 if runner is not None:
                     runner.abort(lease)
             self._outcomes.append((lease, "cancelled", None, None, None))
@@ -794,9 +794,9 @@ class Cluster:
                 call.seq = seq
                 self._by_seq[seq] = token
         for seq, text in got.answers.items():
-            token = self._by_seq.pop(seq, None)
+            answered = self._by_seq.pop(seq, None)
             self._forget.append(seq)
-            call = self._calls.pop(token, None) if token is not None else None
+            call = self._calls.pop(answered, None) if answered is not None else None
             if call is not None and not call.future.done():
                 try:
                     call.future.set_result(json.loads(text))

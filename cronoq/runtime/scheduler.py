@@ -112,7 +112,7 @@ class Scheduler:
                  seed: int | None = None, config: CoreConfig | None = None) -> None:
         pools = list(pools)
         # What fresh_copy() makes a new scheduler from (a fork's child starts one of its own).
-        self._given = (pools, resources, emit_transitions, dict(
+        self._given: tuple[list[Pool], Any, bool, dict[str, Any]] = (pools, resources, emit_transitions, dict(
             shutdown_grace=shutdown_grace, event_capacity=event_capacity, store=store, codec=codec, clock=clock,
             max_pending_total=max_pending_total, output_cache=output_cache, seed=seed, config=config))
         if not pools:

@@ -55,7 +55,7 @@ def settings_error(config: Any) -> str | None:
     return None
 
 
-def build(config: dict[str, Any]) -> BlockingScheduler:
+def build(config: Any) -> BlockingScheduler:
     """The scheduler a ``CRONOQ`` setting describes (not started)."""
     error = settings_error(config)
     if error:

@@ -30,7 +30,7 @@ class CronoqConfig(AppConfig):
         except (ValueError, ImportError, AttributeError) as exc:
             raise ImproperlyConfigured(f"settings.CRONOQ: {exc}") from exc
         request_started.connect(_start_on_request, dispatch_uid="cronoq-start")
-        if config.get("START") == "ready" and not _autoreloader_parent():
+        if isinstance(config, dict) and config.get("START") == "ready" and not _autoreloader_parent():
             sched.ensure_started()
 
 

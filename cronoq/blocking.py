@@ -364,7 +364,7 @@ class BlockingScheduler:
         with self._lifecycle:
             if self._forks == _process.forks:
                 return
-            self._sched = self._sched.fresh_copy()
+            self._sched = self._sched._fresh_copy()
             self._loop = None
             self._thread = None
             self._calls = set()

@@ -111,7 +111,7 @@ class Scheduler:
                  clock: Clock | None = None, max_pending_total: int | None = None, output_cache: int = 1024,
                  seed: int | None = None, config: CoreConfig | None = None) -> None:
         pools = list(pools)
-        # What fresh_copy() makes a new scheduler from (a fork's child starts one of its own).
+        # What _fresh_copy() makes a new scheduler from (a fork's child starts one of its own).
         self._given: tuple[list[Pool], Any, bool, dict[str, Any]] = (pools, resources, emit_transitions, dict(
             shutdown_grace=shutdown_grace, event_capacity=event_capacity, store=store, codec=codec, clock=clock,
             max_pending_total=max_pending_total, output_cache=output_cache, seed=seed, config=config))
@@ -1324,7 +1324,7 @@ class Scheduler:
         others follow: their calls go through the store)."""
         return self._leading and self._state in (_RUNNING, _STOPPING)
 
-    def fresh_copy(self) -> Scheduler:
+    def _fresh_copy(self) -> Scheduler:
         """A new, unstarted scheduler with this one's configuration, submit
         hooks and executor middleware (and the same store object). For the
         child of a fork, whose copy of a started scheduler has none of its

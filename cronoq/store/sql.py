@@ -138,6 +138,49 @@ def _resolve(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
             future.set_exception(value)
 
 
+class _ForkGate:
+    """Database calls in flight hold it shared; a fork waits until none is.
+
+    SQLite keeps per-process bookkeeping of the file locks its connections
+    hold: a fork taken while a thread of the parent is inside a transaction
+    copies locks the child can never release, and the child's own connections
+    then wait on them forever (gunicorn --preload with a scheduler started at
+    import). Waiting for a quiet moment is bounded (``FORK_WAIT``)."""
+
+    FORK_WAIT = 30.0
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._busy = 0
+
+    def enter(self) -> None:
+        with self._cond:
+            self._busy += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._busy -= 1
+            if self._busy == 0:
+                self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        self._cond.acquire()    # held across the fork: no call starts meanwhile
+        self._cond.wait_for(lambda: self._busy == 0, timeout=self.FORK_WAIT)
+
+    def after_fork_in_parent(self) -> None:
+        self._cond.release()
+
+    def after_fork_in_child(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._busy = 0   # the parent's threads are not in this process
+
+
+fork_gate = _ForkGate()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=fork_gate.before_fork, after_in_parent=fork_gate.after_fork_in_parent,
+                        after_in_child=fork_gate.after_fork_in_child)
+
+
 class Worker:
     """One thread that runs a store's blocking database calls, in order.
 
@@ -188,10 +231,13 @@ class Worker:
                 return
             future, fn, args = item
             value: Any
+            fork_gate.enter()
             try:
                 ok, value = True, fn(*args)
             except BaseException as exc:
                 ok, value = False, exc
+            finally:
+                fork_gate.leave()
             if isinstance(future, concurrent.futures.Future):
                 if future.set_running_or_notify_cancel():
                     if ok:

@@ -34,7 +34,7 @@ from ..realtime import real_time_ns
 from .base import Fenced, StoreUnavailable, seconds
 from .migrate import upgrade
 from .schema import tables
-from .sql import NS, SqlStore
+from .sql import NS, SqlStore, fork_gate
 
 __all__ = ["SqliteStore"]
 
@@ -225,6 +225,7 @@ class SqliteStore(SqlStore):
         while not stop.wait(self.lease_renew):
             if self.epoch != epoch or self._closed:
                 return
+            fork_gate.enter()
             try:
                 holder = self._renew_sync(epoch)
             except Exception as exc:   # unavailable: try again at the next period
@@ -233,6 +234,8 @@ class SqliteStore(SqlStore):
                               extra={"action": "store_outage"})
                     logged = True
                 continue
+            finally:
+                fork_gate.leave()
             if logged:
                 logged = False
                 log.warning("sqlite store: the lease is renewed again", extra={"action": "store_recovered"})

@@ -227,3 +227,52 @@ async def test_the_lease_is_renewed_while_a_long_recovery_runs(sqlite_backend, m
         await leader.shutdown()
     await asyncio.wait_for(waiting, 10)   # released on shutdown: the standby leads now
     await standby.shutdown()
+
+
+FORK_DURING_A_TRANSACTION = r"""
+import asyncio, os, signal, sys, threading, time
+import cronoq
+from sqlalchemy import update
+
+path = sys.argv[1]
+store = cronoq.SqliteStore(path, commit_timeout=2.0)
+inside = threading.Event()
+
+def long_transaction():
+    meta = store._t.meta
+    with store._begin() as conn:
+        conn.execute(update(meta).where(meta.c.id == 1).values(holder=None))
+        inside.set()
+        time.sleep(0.5)
+
+done = store._executor.submit(long_transaction)
+inside.wait(10)
+pid = os.fork()        # while the store's thread is inside the transaction
+if pid == 0:
+    signal.alarm(60)   # a hang ends the child
+    child = cronoq.SqliteStore(path, commit_timeout=2.0)
+    try:
+        asyncio.run(asyncio.wait_for(child.acquire_leadership(), 30))
+        os._exit(0)
+    except BaseException as exc:
+        print("child:", repr(exc)[:300], flush=True)
+        os._exit(3)
+done.result(10)
+_, status = os.waitpid(pid, 0)
+print("child exit:", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_fork_during_a_transaction_of_the_parent_leaves_the_child_a_usable_database(tmp_path):
+    """gunicorn --preload with a scheduler started at import forks while the
+    master's store threads write: the fork waits for the transaction to end,
+    else the child inherits SQLite's lock bookkeeping and its own connections
+    find the database locked forever."""
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", FORK_DURING_A_TRANSACTION, str(tmp_path / "tasks.db")],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["child exit: 0"], proc.stdout + proc.stderr

@@ -234,7 +234,8 @@ def test_gunicorn_two_workers_in_memory_warn(tmp_path):
     server = serve(wsgikit.gunicorn(str(tmp_path), "app_plain:app", workers=2, threads=4, env=env, conf=HOOKS))
     try:
         load = wsgikit.drive(server, keys(60), clients=8)
-        check_load(load, keys(60))
+        # In memory each process is a scheduler of its own (what the warning says): only no loss is checked.
+        assert load.hangs == 0 and set(load.acked) == set(keys(60))
     finally:
         server.stop()
     assert "runs a scheduler without a store" in server.output()
@@ -254,8 +255,8 @@ def test_waitress_sigterm_in_memory_logs_the_dropped_backlog(tmp_path):
     out = server.output()
     ran = len(wsgikit.executions(env["APP_LOG"]))
     assert ran < 200, "the backlog ran out before the SIGTERM: nothing tested"
-    assert code == 128 + signal.SIGTERM, out[-3000:]
-    assert "dropped" in out and "WARNING" in out.upper(), out[-3000:]
+    assert code in (0, 128 + signal.SIGTERM), out[-3000:]   # exited (not killed by the signal)
+    assert "WARNING:cronoq.scheduler:shutdown: " in out and "unfinished tasks are dropped" in out, out[-3000:]
 
 
 def test_waitress_sigterm_with_a_store_then_restart_runs_everything_once(sqlite_env, tmp_path):
@@ -267,7 +268,7 @@ def test_waitress_sigterm_with_a_store_then_restart_runs_everything_once(sqlite_
         check_load(load, sent)
     finally:
         code = server.stop()
-    assert code == 128 + signal.SIGTERM, server.output()[-3000:]
+    assert code in (0, 128 + signal.SIGTERM), server.output()[-3000:]   # exited (not killed by the signal)
     assert len(wsgikit.runs_by_key(env["APP_LOG"])) < len(sent), "nothing was left for the restart"
     again = serve(wsgikit.waitress(str(tmp_path), "app_plain:app", threads=8, env=env))
     try:

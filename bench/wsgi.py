@@ -3,7 +3,8 @@ threads against 1 worker x 8 threads, in the same run, on a shared SQLite
 store and on a throwaway PostgreSQL.
 
 The app is tests/wsgi_apps/app_plain.py (a module-level BlockingScheduler,
-the cronoq.contrib.gunicorn hooks): each request submits one task with a key
+the cronoq.contrib.gunicorn hooks; its pool's capacity, which counts the
+slots of all processes together, is 8 per process): each request submits one task with a key
 (``GET /submit?key=...``); the handler sleeps ``--work`` seconds (I/O-like
 work) and appends a line to an execution log. ``--tasks`` requests come from
 ``--clients`` threads, a quarter of the keys sent twice (retried keys).
@@ -39,7 +40,9 @@ HOOKS = os.path.join(wsgikit.APPS, "gunicorn_hooks.py")
 
 def one_run(store: str, workers: int, args: argparse.Namespace, pg_url: str | None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
-        env = {"APP_LOG": os.path.join(tmp, "executions.log"), "APP_LEASE_TTL": "5.0", "APP_SLEEP": str(args.work)}
+        env = {"APP_LOG": os.path.join(tmp, "executions.log"), "APP_LEASE_TTL": "5.0", "APP_SLEEP": str(args.work),
+               # The pool's capacity is the cluster's: 8 slots per process, as many as its threads.
+               "APP_SLOTS": str(8 * workers)}
         if store == "sqlite":
             env["APP_STORE"] = "sqlite:///" + os.path.join(tmp, "tasks.db")
         else:

@@ -9,10 +9,13 @@ processes it started, by pid (tests/wsgikit.py)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -114,6 +117,25 @@ def test_gunicorn_two_workers_are_one_scheduler(store_env, tmp_path, preload):
         check_runs(runs, set(load.acked))
         workers = set(load.by_pid)
         assert set(run_pids(runs)) == workers, f"executions {run_pids(runs)}, workers {workers}"
+        # Handles, results and info from either process (until both answered, at most 240 requests).
+        answered: dict[int, int] = {}
+        lock = threading.Lock()
+
+        def run(i: int) -> None:
+            with lock:
+                if set(answered) == workers:
+                    return
+            status, body = server.get(f"/run?key=r{i}", timeout=40)
+            assert status == 200, body
+            data = json.loads(body)
+            assert data["result"] == f"r{i}" and data["status"] == "succeeded", data
+            with lock:
+                answered[data["pid"]] = answered.get(data["pid"], 0) + 1
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            for future in [pool.submit(run, i) for i in range(240)]:
+                future.result()
+        assert set(answered) == workers, f"only {answered} answered /run"
     finally:
         code = server.stop()
     assert code == 0, server.output()[-3000:]

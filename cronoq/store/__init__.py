@@ -7,13 +7,14 @@ importing cronoq stays light; ``PostgresStore`` needs psycopg 3 (the extra
 
 from .base import (
     Batch, Fenced, Recovered, ScheduleRow, StatusRow, Store, StoredSchedule, StoredTask,
-    StoreRejected, StoreUnavailable, TaskRow,
+    StoreRejected, StoreUnavailable, TaskRecord,
+    TaskRow,
 )
 from .codec import Codec, JsonCodec
 from .memory import InMemoryStore, MemoryDatabase
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
-           "StoredSchedule", "Fenced", "StoreUnavailable", "StoreRejected", "Codec", "JsonCodec", "InMemoryStore",
+           "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "Codec", "JsonCodec", "InMemoryStore",
            "MemoryDatabase", "SqliteStore", "PostgresStore"]
 
 

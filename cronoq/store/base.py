@@ -15,7 +15,7 @@ from typing import Any, Iterable, Protocol, runtime_checkable
 from ..core.errors import SchedulerError
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
-           "StoredSchedule", "Fenced", "StoreUnavailable", "StoreRejected", "ID_EPOCH_BITS"]
+           "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "ID_EPOCH_BITS"]
 
 ID_EPOCH_BITS = 44   # task ids carry the leader's epoch above these bits
 
@@ -114,6 +114,25 @@ class StoredTask:
     message: str | None
     submitted_ns: int
     finished_ns: int | None
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """A task's stored summary, as the listing queries read it (no payload):
+    ``finished_ns`` is None while it is live, ``has_output`` whether an
+    output is stored."""
+
+    id: int
+    pool: str
+    kind: str
+    key: str | None
+    priority: int
+    status: str
+    attempt: int
+    message: str | None
+    submitted_ns: int
+    finished_ns: int | None
+    has_output: bool
 
 
 @dataclass

@@ -1,3 +1,5 @@
+import signal
+
 import pytest
 
 
@@ -29,3 +31,22 @@ def pg_server():
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def servers(tmp_path):
+    """Starts cronoq-server processes (tests/serverkit.py) and stops each, by pid, at the end."""
+    from serverkit import ServerProcess
+
+    started: list = []
+
+    def start(config, *, wait_for="serving as the leader", env=None, args=(), name=None, timeout=30.0):
+        server = ServerProcess(config, tmp_path, env=env, args=args, name=name or f"server{len(started)}")
+        started.append(server)
+        return server.start(wait_for=wait_for, timeout=timeout)
+
+    yield start
+    for server in started:
+        if server.process is not None and server.process.poll() is None:
+            server.signal(signal.SIGCONT)   # a test may have paused it
+            server.stop(timeout=15)

@@ -343,7 +343,7 @@ class StatusEvent(_message.Message):
     def __init__(self, id: _Optional[int] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., at_unix_ns: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("pool", "slots", "worker_name", "protocol_version", "labels")
+    __slots__ = ("pool", "slots", "worker_name", "protocol_version", "labels", "accept_batches")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -356,12 +356,14 @@ class Register(_message.Message):
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_BATCHES_FIELD_NUMBER: _ClassVar[int]
     pool: str
     slots: int
     worker_name: str
     protocol_version: int
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, pool: _Optional[str] = ..., slots: _Optional[int] = ..., worker_name: _Optional[str] = ..., protocol_version: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    accept_batches: bool
+    def __init__(self, pool: _Optional[str] = ..., slots: _Optional[int] = ..., worker_name: _Optional[str] = ..., protocol_version: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., accept_batches: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("lease",)
@@ -413,8 +415,14 @@ class SetSlots(_message.Message):
     slots: int
     def __init__(self, slots: _Optional[int] = ...) -> None: ...
 
+class WorkerBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[WorkerMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[WorkerMessage, _Mapping]]] = ...) -> None: ...
+
 class WorkerMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "complete", "fail", "nack", "cancelled", "set_slots")
+    __slots__ = ("register", "heartbeat", "complete", "fail", "nack", "cancelled", "set_slots", "batch")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -422,6 +430,7 @@ class WorkerMessage(_message.Message):
     NACK_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     SET_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
     complete: Complete
@@ -429,7 +438,8 @@ class WorkerMessage(_message.Message):
     nack: Nack
     cancelled: Cancelled
     set_slots: SetSlots
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., cancelled: _Optional[_Union[Cancelled, _Mapping]] = ..., set_slots: _Optional[_Union[SetSlots, _Mapping]] = ...) -> None: ...
+    batch: WorkerBatch
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., cancelled: _Optional[_Union[Cancelled, _Mapping]] = ..., set_slots: _Optional[_Union[SetSlots, _Mapping]] = ..., batch: _Optional[_Union[WorkerBatch, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("worker_id", "lease_ttl_s", "slots", "protocol_version", "max_message_bytes")
@@ -513,19 +523,27 @@ class SlotsGranted(_message.Message):
     slots: int
     def __init__(self, slots: _Optional[int] = ...) -> None: ...
 
+class ServerBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ServerMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ServerMessage, _Mapping]]] = ...) -> None: ...
+
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "lease", "abort", "shutdown", "slots_granted")
+    __slots__ = ("registered", "lease", "abort", "shutdown", "slots_granted", "batch")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     SLOTS_GRANTED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     lease: Lease
     abort: Abort
     shutdown: Shutdown
     slots_granted: SlotsGranted
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., slots_granted: _Optional[_Union[SlotsGranted, _Mapping]] = ...) -> None: ...
+    batch: ServerBatch
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., slots_granted: _Optional[_Union[SlotsGranted, _Mapping]] = ..., batch: _Optional[_Union[ServerBatch, _Mapping]] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ("pools",)

@@ -128,6 +128,7 @@ class _Session:
         self.not_leader = False
         self.shut = False
         self.registered = False
+        self.max_bytes = 4 * 1024 * 1024
 
 
 class Worker:
@@ -251,7 +252,7 @@ class Worker:
         try:
             await call.write(pb.WorkerMessage(register=pb.Register(
                 pool=self.pool, slots=self.slots, worker_name=self.name, protocol_version=PROTOCOL_VERSION,
-                labels=self.labels)))
+                labels=self.labels, accept_batches=True)))
             first = await call.read()
             if first is grpc.aio.EOF:
                 await self._raise_status(call)
@@ -263,6 +264,7 @@ class Worker:
             session.lease_ttl = registered.lease_ttl_s or 30.0
             self.granted_slots = registered.slots
             self.worker_id = registered.worker_id
+            session.max_bytes = registered.max_message_bytes or session.max_bytes
             self.connected = True
             log.info("worker %d registered for pool %s with %d slots", registered.worker_id, self.pool,
                      registered.slots)
@@ -294,34 +296,60 @@ class Worker:
                                        await call.details())
 
     async def _read(self, call: Any, session: _Session) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             message = await call.read()
             if message is grpc.aio.EOF:
                 await self._raise_status(call)
                 return
-            kind = message.WhichOneof("msg")
-            if kind == "lease":
-                lease = Lease(message.lease, session.lease_ttl)
-                task = loop.create_task(self._run_one(lease, session))
-                session.running[lease.id] = (task, lease)
-            elif kind == "abort":
-                running = session.running.pop(message.abort.lease, None)
-                if running is not None:
-                    task, lease = running
-                    lease.cancelled.set()
-                    task.cancel()
-            elif kind == "slots_granted":
-                self.granted_slots = message.slots_granted.slots
-            elif kind == "shutdown":
-                session.shut = True
-                session.not_leader = message.shutdown.not_leader
-                log.info("the server asked this worker to go (%s)", message.shutdown.reason)
+            if message.WhichOneof("msg") == "batch":
+                for inner in message.batch.messages:
+                    if self._receive(inner, session):
+                        return
+            elif self._receive(message, session):
                 return
 
+    def _receive(self, message: pb.ServerMessage, session: _Session) -> bool:
+        """Act on one message from the server; True at Shutdown."""
+        kind = message.WhichOneof("msg")
+        if kind == "lease":
+            lease = Lease(message.lease, session.lease_ttl)
+            task = asyncio.get_running_loop().create_task(self._run_one(lease, session))
+            session.running[lease.id] = (task, lease)
+        elif kind == "abort":
+            running = session.running.pop(message.abort.lease, None)
+            if running is not None:
+                task, lease = running
+                lease.cancelled.set()
+                task.cancel()
+        elif kind == "slots_granted":
+            self.granted_slots = message.slots_granted.slots
+        elif kind == "shutdown":
+            session.shut = True
+            session.not_leader = message.shutdown.not_leader
+            log.info("the server asked this worker to go (%s)", message.shutdown.reason)
+            return True
+        return False
+
     async def _write(self, call: Any, session: _Session) -> None:
+        """Send what the handlers queue; what queued up meanwhile goes as one batch."""
+        out = session.out
+        limit = session.max_bytes // 2
         while True:
-            message = await session.out.get()
+            message = await out.get()
+            if message is not None and not out.empty():
+                batch = pb.WorkerBatch()
+                batch.messages.append(message)
+                size = message.ByteSize()
+                while not out.empty() and len(batch.messages) < 512:
+                    nxt = out.get_nowait()
+                    if nxt is None:   # the end: it is always the last item
+                        out.put_nowait(None)
+                        break
+                    size += nxt.ByteSize() + 8
+                    batch.messages.append(nxt)
+                    if size > limit:
+                        break
+                message = pb.WorkerMessage(batch=batch)
             if message is None:
                 await call.done_writing()
                 return

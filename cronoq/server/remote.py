@@ -38,6 +38,7 @@ log = logging.getLogger("cronoq.server")
 
 _PRIORITY = (pb.PRIORITY_CRITICAL, pb.PRIORITY_HIGH, pb.PRIORITY_NORMAL, pb.PRIORITY_LOW)
 _MAX_RETRY_AFTER = 100 * 365 * 86_400.0
+_BATCH = 512   # messages in one ServerBatch at most
 
 
 class WorkerConn:
@@ -59,6 +60,7 @@ class WorkerConn:
         self.done: asyncio.Future[ServiceError | None] = asyncio.get_running_loop().create_future()
         self.draining = False     # Shutdown sent: the stream ends shortly
         self.reason = "the server ended the stream"
+        self.batches = False      # the worker accepts ServerBatch messages
 
     @property
     def free(self) -> int:
@@ -406,6 +408,7 @@ class WorkerSession:
             raise ServiceError(Code.RESOURCE_EXHAUSTED,
                                f"pool {name!r} already has its max of {pool.max} slots; try again later")
         conn = WorkerConn(self.hub, self.hub.next_id(), worker_name, name, labels, granted)
+        conn.batches = reg.accept_batches
         conn.send(pb.ServerMessage(registered=pb.Registered(
             worker_id=conn.id, lease_ttl_s=pool.lease_ttl, slots=granted, protocol_version=PROTOCOL_VERSION,
             max_message_bytes=limits.max_message_bytes)))
@@ -417,10 +420,25 @@ class WorkerSession:
         conn = self.conn
         assert conn is not None
         out = conn.out
+        # Messages that queued up while a write was under way go out as one
+        # batch (to workers that accept them), within half the message limit.
+        limit = self.hub.limits.max_message_bytes // 2
         try:
             while True:
                 while out:
-                    await write(out.popleft())
+                    if not conn.batches or len(out) == 1:
+                        await write(out.popleft())
+                        continue
+                    batch = pb.ServerBatch()
+                    messages = batch.messages
+                    size = 0
+                    while out and len(messages) < _BATCH:
+                        n = out[0].ByteSize() + 8
+                        if messages and size + n > limit:
+                            break
+                        messages.append(out.popleft())
+                        size += n
+                    await write(pb.ServerMessage(batch=batch))
                 if conn.done.done():
                     return
                 conn.writable.clear()
@@ -480,6 +498,12 @@ class WorkerSession:
         elif kind == "set_slots":
             granted = pool.set_slots(conn, message.set_slots.slots)
             conn.send(pb.ServerMessage(slots_granted=pb.SlotsGranted(slots=granted)))
+        elif kind == "batch":
+            for inner in message.batch.messages:
+                if inner.WhichOneof("msg") in ("batch", "register"):
+                    raise ServiceError(Code.INVALID_ARGUMENT,
+                                       f"a batch may not hold a {inner.WhichOneof('msg')} message")
+                self._handle(inner)
         elif kind == "register":
             raise ServiceError(Code.INVALID_ARGUMENT, "a second Register ends the stream")
         else:

@@ -1,0 +1,218 @@
+"""cronoq-server against the in-process scheduler, side by side in one run.
+
+For each setup, no-op tasks are submitted in batches and awaited:
+
+- ``in-process``: ``cronoq.Scheduler`` with one pool of 32 slots running an
+  ``async def`` no-op executor; batches through ``submit_batch``, every handle
+  awaited.
+- ``server, W workers``: a ``cronoq-server`` process (in memory, no auth) on
+  loopback, W worker processes (``cronoq.client.Worker``, 8 slots each), the
+  client in this process: batches through ``SubmitBatch``, completion awaited
+  by polling the snapshot's ``succeeded`` total every 20 ms.
+
+Figures: tasks/s (submission of the first batch to the last completion),
+and the start latency of a high-priority task submitted into a standing
+backlog of normal no-op tasks: the time from the submit call to the
+executor (or the remote handler) starting it, p50 and p99 over many probes.
+The baseline row runs the probes on an idle pool: the "added" latency is
+the difference. Targets: >= 5,000 tasks/s with 4 workers; p99 < 5 ms.
+
+    python bench/server.py [--tasks 20000] [--batch 500] [--probes 200] [--workers 1,4]
+
+Workers and the server are child processes of this one, stopped by pid at
+the end. The machine is shared and noisy: compare the rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import cronoq  # noqa: E402
+
+PROBE = b"probe"
+
+
+# ---------------------------------------------------------------- worker processes
+
+
+def worker_main(target: str, slots: int) -> None:
+    from cronoq.client import Worker
+
+    async def handle(lease):
+        if lease.payload == PROBE:
+            return time.monotonic()
+        return None
+
+    async def main() -> None:
+        worker = Worker(target, "default", handle, slots=slots, name=f"bench-{os.getpid()}", grace=1.0)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop)
+        await worker.run()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------- in-process
+
+
+async def in_process(tasks: int, batch: int, probes: int) -> dict[str, float]:
+    started: dict[int, float] = {}
+
+    async def run(ctx, payload):
+        if payload == PROBE:
+            started[ctx.id] = time.monotonic()
+        return None
+
+    pool = cronoq.Pool("default", run, min=32, max=32, autoscale=False)
+    async with cronoq.Scheduler([pool]) as sched:
+        begin = time.perf_counter()
+        handles = []
+        for start in range(0, tasks, batch):
+            handles += await sched.submit_batch([cronoq.Task(i) for i in range(start, min(tasks, start + batch))])
+        for handle in handles:
+            await handle
+        rate = tasks / (time.perf_counter() - begin)
+
+        async def probe_latencies(backlog: bool) -> list[float]:
+            latencies = []
+            if backlog:
+                await sched.enqueue_batch([cronoq.Task(i) for i in range(tasks)])
+            for _ in range(probes):
+                t0 = time.monotonic()
+                handle = await sched.submit(PROBE, priority="high")
+                await handle
+                latencies.append(started[handle.id] - t0)
+                await asyncio.sleep(0.002)
+            return latencies
+
+        idle = await probe_latencies(False)
+        loaded = await probe_latencies(True)
+    return {"rate": rate, **_percentiles(idle, "idle"), **_percentiles(loaded, "backlog")}
+
+
+def _percentiles(values: list[float], name: str) -> dict[str, float]:
+    values = sorted(values)
+    return {f"{name}_p50": statistics.median(values) * 1000,
+            f"{name}_p99": values[min(len(values) - 1, int(len(values) * 0.99))] * 1000}
+
+
+# ---------------------------------------------------------------- through the server
+
+
+async def through_server(tasks: int, batch: int, probes: int, workers: int, slots: int) -> dict[str, float]:
+    from cronoq.client import Client
+
+    with tempfile.TemporaryDirectory() as directory:
+        config = Path(directory) / "bench.toml"
+        config.write_text('[server]\ngrpc_addr = "127.0.0.1:0"\nhttp_addr = "127.0.0.1:0"\nshutdown_grace_s = 1\n'
+                          '[limits]\nmax_tasks_per_batch = 10000\n')
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        server = subprocess.Popen([sys.executable, "-m", "cronoq.server", "--config", str(config)],
+                                  stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+        children = [server]
+        try:
+            assert server.stderr is not None
+            port = None
+            while port is None:
+                line = server.stderr.readline()
+                if not line:
+                    raise RuntimeError("the server exited")
+                match = re.search(r"listening: grpc [^ ]+:(\d+)", line)
+                if match:
+                    port = int(match.group(1))
+            # Drain the log from now on, so the server never blocks on a full pipe.
+            asyncio.get_running_loop().run_in_executor(None, lambda: [None for _ in server.stderr])
+            target = f"127.0.0.1:{port}"
+            for _ in range(workers):
+                children.append(subprocess.Popen([sys.executable, __file__, "--worker", target, "--slots", str(slots)],
+                                                 env=env, stdout=subprocess.DEVNULL))
+            async with Client(target) as client:
+                deadline = time.monotonic() + 30
+                while len(await client.workers()) < workers:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the workers did not connect")
+                    await asyncio.sleep(0.05)
+
+                async def succeeded() -> int:
+                    return int((await client.snapshot())["totals"].get("succeeded", 0))
+
+                base = await succeeded()
+                begin = time.perf_counter()
+                for start in range(0, tasks, batch):
+                    await client.submit_batch([{"payload": b""} for _ in range(start, min(tasks, start + batch))])
+                while await succeeded() - base < tasks:
+                    await asyncio.sleep(0.02)
+                rate = tasks / (time.perf_counter() - begin)
+
+                async def probe_latencies(backlog: bool) -> list[float]:
+                    latencies = []
+                    if backlog:
+                        for start in range(0, tasks, batch):
+                            await client.submit_batch([{"payload": b""} for _ in range(batch)])
+                    for _ in range(probes):
+                        t0 = time.monotonic()
+                        sub = await client.submit(PROBE, priority="high", wait=True, wait_timeout=30)
+                        assert sub.result is not None and sub.result.ok, sub
+                        latencies.append(sub.result.json() - t0)
+                        await asyncio.sleep(0.002)
+                    return latencies
+
+                idle = await probe_latencies(False)
+                loaded = await probe_latencies(True)
+                pending = (await client.snapshot())["pending"]
+            return {"rate": rate, **_percentiles(idle, "idle"), **_percentiles(loaded, "backlog"),
+                    "pending_after": pending}
+        finally:
+            for child in reversed(children):
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+            for child in reversed(children):
+                try:
+                    child.wait(20)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--probes", type=int, default=200)
+    parser.add_argument("--workers", default="1,4", help="worker process counts to measure (comma-separated)")
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--worker", metavar="TARGET", help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args.worker, args.slots)
+        return
+    rows = [("in-process, 32 slots", asyncio.run(in_process(args.tasks, args.batch, args.probes)))]
+    for count in (int(w) for w in args.workers.split(",")):
+        rows.append((f"server, {count} worker{'s' if count > 1 else ''} x {args.slots}",
+                     asyncio.run(through_server(args.tasks, args.batch, args.probes, count, args.slots))))
+    if args.json:
+        print(json.dumps(dict(rows), indent=2))
+        return
+    print(f"{args.tasks} no-op tasks in batches of {args.batch}; {args.probes} high-priority probes")
+    print(f"{'setup':<26} {'tasks/s':>9} {'idle p50':>9} {'idle p99':>9} {'backlog p50':>12} {'backlog p99':>12}")
+    for name, row in rows:
+        print(f"{name:<26} {row['rate']:>9.0f} {row['idle_p50']:>7.2f}ms {row['idle_p99']:>7.2f}ms "
+              f"{row['backlog_p50']:>10.2f}ms {row['backlog_p99']:>10.2f}ms")
+
+
+if __name__ == "__main__":
+    main()

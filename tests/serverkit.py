@@ -165,3 +165,109 @@ class ServerProcess:
         self.signal(signal.SIGKILL)
         if self.process is not None:
             self.process.wait(10)
+
+
+# ---------------------------------------------------------------- raw gRPC
+
+
+class RawWorker:
+    """A Workers.Work stream driven by hand (no cronoq.client.Worker), for the protocol rules.
+
+    A reader task moves what the server sends into a queue, so waiting for a
+    message with a timeout never cancels the call (cancelling a read would)."""
+
+    def __init__(self, target: str, token: str | None = None, *, credentials=None) -> None:
+        import grpc
+        from cronoq._proto import cronoq_pb2_grpc as pb_grpc
+
+        self.channel = (grpc.aio.secure_channel(target, credentials) if credentials is not None
+                        else grpc.aio.insecure_channel(target))
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self.call = pb_grpc.WorkersStub(self.channel).Work(metadata=metadata)
+        self._queue = None
+        self._reader = None
+
+    def _start_reading(self) -> None:
+        import asyncio
+        import grpc
+        if self._reader is not None:
+            return
+        self._queue = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                while True:
+                    message = await self.call.read()
+                    if message is grpc.aio.EOF:
+                        break
+                    self._queue.put_nowait(message)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.CancelledError):
+                pass   # the stream ended (or was cancelled by close)
+            finally:
+                self._queue.put_nowait(None)
+
+        self._reader = asyncio.get_running_loop().create_task(read())
+
+    async def send(self, **fields) -> None:
+        from cronoq._proto import cronoq_pb2 as pb
+        await self.call.write(pb.WorkerMessage(**fields))
+
+    async def register(self, pool: str = "default", slots: int = 1, *, version: int = 3, labels=None,
+                       batches: bool = False, name: str = "raw"):
+        from cronoq._proto import cronoq_pb2 as pb
+        await self.send(register=pb.Register(pool=pool, slots=slots, worker_name=name, protocol_version=version,
+                                             labels=labels or {}, accept_batches=batches))
+        first = await self.recv()
+        assert first is not None and first.WhichOneof("msg") == "registered", first
+        return first.registered
+
+    async def recv(self, timeout: float = 30.0):
+        """The next ServerMessage, or None once the stream ended (asyncio.TimeoutError if none comes)."""
+        import asyncio
+        self._start_reading()
+        message = await asyncio.wait_for(self._queue.get(), timeout)
+        if message is None:
+            self._queue.put_nowait(None)   # stays ended
+        return message
+
+    async def recv_kind(self, kind: str, timeout: float = 30.0):
+        """The next message, which must be of ``kind``."""
+        message = await self.recv(timeout)
+        assert message is not None, f"the stream ended waiting for {kind}: {await self.status()}"
+        assert message.WhichOneof("msg") == kind, message
+        return getattr(message, kind)
+
+    async def status(self):
+        """(code, details) once the stream ended."""
+        return await self.call.code(), await self.call.details()
+
+    async def finish(self, timeout: float = 30.0):
+        """Read to the end; returns (messages, code, details)."""
+        messages = []
+        while True:
+            message = await self.recv(timeout)
+            if message is None:
+                break
+            messages.append(message)
+        code, details = await self.status()
+        return messages, code, details
+
+    async def close(self) -> None:
+        self.call.cancel()
+        if self._reader is not None:
+            await self._reader
+        await self.channel.close()
+
+
+def stubs(target: str, *, credentials=None):
+    """(channel, TasksStub, AdminStub) for raw calls."""
+    import grpc
+    from cronoq._proto import cronoq_pb2_grpc as pb_grpc
+
+    channel = (grpc.aio.secure_channel(target, credentials) if credentials is not None
+               else grpc.aio.insecure_channel(target))
+    return channel, pb_grpc.TasksStub(channel), pb_grpc.AdminStub(channel)
+
+
+def bearer(token: str):
+    return (("authorization", f"Bearer {token}"),)

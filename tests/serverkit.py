@@ -209,8 +209,15 @@ class RawWorker:
         self._reader = asyncio.get_running_loop().create_task(read())
 
     async def send(self, **fields) -> None:
+        """Send one message; if the server already ended the stream, nothing
+        happens (the test reads the status with ``finish`` or ``status``)."""
+        import asyncio
+        import grpc
         from cronoq._proto import cronoq_pb2 as pb
-        await self.call.write(pb.WorkerMessage(**fields))
+        try:
+            await self.call.write(pb.WorkerMessage(**fields))
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass
 
     async def register(self, pool: str = "default", slots: int = 1, *, version: int = 3, labels=None,
                        batches: bool = False, name: str = "raw"):

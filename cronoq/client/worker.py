@@ -257,6 +257,9 @@ class Worker:
             if first is grpc.aio.EOF:
                 await self._raise_status(call)
                 return
+            rest: list[pb.ServerMessage] = []
+            if first.WhichOneof("msg") == "batch" and first.batch.messages:
+                first, *rest = first.batch.messages
             if first.WhichOneof("msg") != "registered":
                 raise CronoqError(f"the server answered Register with {first.WhichOneof('msg')}")
             registered = first.registered
@@ -268,6 +271,8 @@ class Worker:
             self.connected = True
             log.info("worker %d registered for pool %s with %d slots", registered.worker_id, self.pool,
                      registered.slots)
+            for message in rest:
+                self._receive(message, session)
             loop = asyncio.get_running_loop()
             reader = loop.create_task(self._read(call, session))
             tasks = [reader, loop.create_task(self._write(call, session)),

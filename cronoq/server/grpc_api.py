@@ -144,7 +144,18 @@ class WorkersServicer(_Base, pb_grpc.WorkersServicer):
             await context.write(message)
 
         try:
-            caller = self.caller(context)
+            try:
+                caller = self.caller(context)
+            except ServiceError as exc:
+                # Refused: still read the Register first (see WorkerSession.run).
+                caller = None
+                refusal = exc
+            if caller is None:
+                try:
+                    await asyncio.wait_for(read(), self.service.limits.register_timeout_s)
+                except (asyncio.TimeoutError, Exception):
+                    pass
+                raise refusal
             session = WorkerSession(self.hub, caller, self.service.check_serving, self.service.pools)
             await session.run(read, write)
         except ServiceError as exc:

@@ -200,8 +200,14 @@ class RemotePool:
         held = sum(c.slots for workers in self.groups.values() for c in workers if c is not conn)
         return max(0, self.max - held)
 
-    def attach(self, conn: WorkerConn) -> None:
+    def reserve(self, conn: WorkerConn) -> None:
+        """Hold the worker's slots (``room`` counts them) before they are used."""
         self.groups.setdefault(conn.group, []).append(conn)
+
+    def attach(self, conn: WorkerConn) -> None:
+        """The worker's slots join the pool's capacity."""
+        if conn not in self.groups.get(conn.group, ()):
+            self.reserve(conn)
         self._set_capacity(conn.group)
 
     def detach(self, conn: WorkerConn, reason: str) -> None:
@@ -328,15 +334,18 @@ class WorkerSession:
         self.pool: RemotePool | None = None
 
     async def run(self, read: Reader, write: Writer) -> None:
-        """Serve the stream; raises ``ServiceError`` to end it with a status."""
-        self.caller.require("worker")
-        self.serving()
+        """Serve the stream; raises ``ServiceError`` to end it with a status.
+
+        The first message is read before the caller is judged, so a worker
+        that is refused has finished sending its Register when it hears why."""
         limits = self.hub.limits
         try:
             first = await asyncio.wait_for(read(), limits.register_timeout_s)
         except asyncio.TimeoutError:
             raise ServiceError(Code.DEADLINE_EXCEEDED,
                                f"no Register within {limits.register_timeout_s:g} s of opening the stream") from None
+        self.caller.require("worker")
+        self.serving()
         if first is None:
             return
         if first.WhichOneof("msg") != "register":
@@ -344,6 +353,18 @@ class WorkerSession:
                                f"the first message must be Register, got {first.WhichOneof('msg') or 'an empty one'}")
         conn, pool = self._register(first.register)
         self.conn, self.pool = conn, pool
+        # The slots are the worker's from now on; they count once Registered went out, alone and first.
+        pool.reserve(conn)
+        self.hub.workers[conn.id] = conn
+        try:
+            await write(pb.ServerMessage(registered=pb.Registered(
+                worker_id=conn.id, lease_ttl_s=pool.lease_ttl, slots=conn.slots, protocol_version=PROTOCOL_VERSION,
+                max_message_bytes=limits.max_message_bytes)))
+        except BaseException:
+            self.hub.workers.pop(conn.id, None)
+            pool.detach(conn, "the Registered message could not be sent")
+            raise
+        pool.attach(conn)
         log.info("worker %d %r registered for pool %s with %d slots (labels %s)", conn.id, conn.name, pool.name,
                  conn.slots, conn.labels or "none",
                  extra={"action": "worker_registered", "pool": pool.name, "worker": conn.id})
@@ -409,11 +430,6 @@ class WorkerSession:
                                f"pool {name!r} already has its max of {pool.max} slots; try again later")
         conn = WorkerConn(self.hub, self.hub.next_id(), worker_name, name, labels, granted)
         conn.batches = reg.accept_batches
-        conn.send(pb.ServerMessage(registered=pb.Registered(
-            worker_id=conn.id, lease_ttl_s=pool.lease_ttl, slots=granted, protocol_version=PROTOCOL_VERSION,
-            max_message_bytes=limits.max_message_bytes)))
-        self.hub.workers[conn.id] = conn
-        pool.attach(conn)
         return conn, pool
 
     async def _write(self, write: Writer) -> None:

@@ -278,3 +278,57 @@ def stubs(target: str, *, credentials=None):
 
 def bearer(token: str):
     return (("authorization", f"Bearer {token}"),)
+
+
+WORKER_SCRIPT = r"""
+import asyncio, sys, time
+from cronoq.client import Worker
+
+target, pool, sleep = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+async def handle(lease):
+    print(f"started {lease.task_id} {lease.attempt}", flush=True)
+    await asyncio.sleep(sleep)
+    print(f"finished {lease.task_id} {lease.attempt}", flush=True)
+    return {"by": "process", "attempt": lease.attempt}
+
+asyncio.run(Worker(target, pool, handle, slots=1, initial_backoff=0.05, max_backoff=0.5).run())
+"""
+
+
+class WorkerProcess:
+    """A cronoq.client.Worker in a child process whose handler prints
+    'started TASK ATTEMPT', sleeps ``sleep`` seconds, then returns."""
+
+    def __init__(self, target: str, pool: str = "default", sleep: float = 3600.0) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, target, pool, str(sleep)],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                        text=True, env=server_env(), cwd=ROOT)
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._changed:
+                self.lines.append(line.strip())
+                self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while text not in self.lines:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"the worker did not print {text!r}: {self.lines}")
+                self._changed.wait(min(left, 0.5))
+
+    def signal(self, signum: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signum)
+
+    def stop(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        self.process.wait(10)

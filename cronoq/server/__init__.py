@@ -14,5 +14,6 @@ graceful stop).
 """
 
 from .config import ConfigError, ServerConfig, default_config, load, parse
+from .embed import RunningServer, serve
 
-__all__ = ["ConfigError", "ServerConfig", "default_config", "load", "parse"]
+__all__ = ["ConfigError", "ServerConfig", "default_config", "load", "parse", "serve", "RunningServer"]

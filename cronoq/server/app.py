@@ -57,8 +57,10 @@ def _pool(section: PoolSection, hub: WorkerHub) -> Pool:
 
 
 class Server:
-    def __init__(self, config: ServerConfig, *, insecure_no_auth: bool = False) -> None:
+    def __init__(self, config: ServerConfig, *, insecure_no_auth: bool = False, handle_signals: bool = True) -> None:
         self.config = config
+        self.handle_signals = handle_signals
+        self.serving = asyncio.Event()     # set while this process leads
         self.insecure_no_auth = insecure_no_auth or config.server.insecure_no_auth
         self.stopping: asyncio.Event | None = None
         self.grpc_port = 0
@@ -180,17 +182,20 @@ class Server:
         config = self.config
         loop = asyncio.get_running_loop()
         self.stopping = asyncio.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(signum, self.stop)
-            except (NotImplementedError, RuntimeError):   # not the main thread (embedded)
-                pass
+        if self.handle_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    loop.add_signal_handler(signum, self.stop)
+                except (NotImplementedError, RuntimeError):   # not the main thread
+                    pass
         tokens = check_environment(config, insecure_no_auth=self.insecure_no_auth,
                                    warn=lambda text: log.warning("%s", text))
         auth = Authenticator(config, tokens)
         if not config.auth_enabled:
-            log.warning("authentication is off: every caller is an admin%s",
-                        "" if not self.insecure_no_auth else " (--insecure-no-auth)")
+            # Expected on a laptop (loopback only); worth a warning when the network can reach it.
+            level = logging.WARNING if self.insecure_no_auth else logging.INFO
+            log.log(level, "authentication is off: every caller is an admin%s",
+                    " (--insecure-no-auth)" if self.insecure_no_auth else " (listening on loopback only)")
         lease_ttls = {p.name: p.lease_ttl_s for p in config.pools}
         hub = WorkerHub(config.limits, lease_ttls, config.server.standby_close_s)
         service = Service(config, hub)
@@ -252,6 +257,7 @@ class Server:
         await self._stop_grpc(None)
         await self._start_grpc(service, auth, hub, standby=False)
         service.lead(sched)
+        self.serving.set()
         log.info("serving as the leader (epoch %d)", sched.epoch, extra={"action": "serving", "epoch": sched.epoch})
         stop_wait = asyncio.get_running_loop().create_task(self.stopping.wait())
         try:
@@ -259,6 +265,7 @@ class Server:
                 await asyncio.wait((stop_wait,), timeout=0.2)
         finally:
             stop_wait.cancel()
+        self.serving.clear()
         if self.stopping.is_set() and sched.running:
             await self._drain(service, hub, sched)
             await self._close_store(store)

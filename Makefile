@@ -3,13 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 
-.PHONY: venv demo test test-all bench ci clean
+.PHONY: venv demo types test test-all bench ci clean
 
 venv:
 	$(PYTHON) -m venv $(VENV) && $(BIN)/pip install -q -e '.[dev,postgres,otel]'
 
 demo: venv
 	$(BIN)/python -m cronoq demo
+
+types: venv
+	$(BIN)/mypy
 
 test: venv
 	$(BIN)/python -m pytest -n 2 -q

@@ -4,6 +4,8 @@
 synchronous twin, ``cronoq.core`` the deterministic engine underneath.
 """
 
+from typing import TYPE_CHECKING
+
 from ._version import __version__
 from .core.actions import StatusEvent
 from .core.errors import (
@@ -22,6 +24,10 @@ from .blocking import BlockingEventStream, BlockingHandle, BlockingScheduler
 from .store.base import Fenced, StoreRejected, StoreUnavailable
 from .store.codec import JsonCodec
 
+if TYPE_CHECKING:   # loaded on first use (below); type checkers see them at once
+    from .store.postgres import PostgresStore
+    from .store.sqlite import SqliteStore
+
 __all__ = [
     "__version__",
     "Scheduler", "BlockingScheduler", "BlockingHandle", "BlockingEventStream", "Pool", "Task", "Dep", "RetryPolicy", "Priority", "Resource", "AutoscaleConfig",
@@ -35,7 +41,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     # The stores load SQLAlchemy (and PostgresStore psycopg) only when used.
     if name in ("SqliteStore", "PostgresStore"):
         from . import store

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (ours runs first)
 import logging
 import os
@@ -18,16 +19,14 @@ import threading
 import time
 import weakref
 import _thread
-from collections import deque
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .core.actions import StatusEvent
-from .core.errors import QueueFull, SchedulerError
+from .core.errors import SchedulerError
 from .core.snapshot import Snapshot, TaskInfo
 from .core.types import ResourceConfig, TaskSpec
 from . import realtime
-from .runtime.durability import encoded_payload
-from .runtime.events import EventBuffer
+from .runtime.events import EventBuffer, EventSink
 from .runtime.handle import TaskHandle
 from .runtime import process as _process
 from .runtime.pool import Pool
@@ -52,7 +51,7 @@ class BlockingHandle:
         lock.acquire()
         self._lock = lock
         self._forks = _process.forks
-        handle._on_done(self._resolved)   # called on the loop thread
+        handle.add_done_callback(self._resolved)   # called on the loop thread
 
     def _resolved(self, _handle: TaskHandle) -> None:
         self._lock.release()
@@ -93,13 +92,14 @@ class BlockingEventStream(EventBuffer):
         self._owner = owner
         self._forks = _process.forks
 
-    # called on the loop thread, as a subscriber of the async scheduler
-    def _push(self, event: StatusEvent) -> None:
+    def deliver(self, event: StatusEvent) -> None:
+        """From the scheduler (its loop thread): buffer one event."""
         with self._cond:
             self._store(event)
             self._cond.notify()
 
-    def _end(self) -> None:
+    def end(self) -> None:
+        """From the scheduler: it stopped."""
         with self._cond:
             self.closed = True
             self._cond.notify_all()
@@ -109,8 +109,8 @@ class BlockingEventStream(EventBuffer):
             if self._forks != _process.forks:
                 self.closed = True    # (its lock may be held by a thread the fork left behind)
                 return
-            self._owner._unsubscribe(self)
-            self._end()
+            self._owner.scheduler.unsubscribe(self)
+            self.end()
 
     def __iter__(self) -> BlockingEventStream:
         return self
@@ -242,12 +242,11 @@ class BlockingScheduler:
                                 seed=seed, config=config)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        # The gate guards the state, the inbox and the calls in flight: a call
+        # The gate guards the state and the calls in flight: a call
         # checks the state and reaches the loop under it, so a call that does
         # not raise is one the loop will answer (or fail when it stops).
         self._gate = threading.Lock()
         self._state = _NEW
-        self._inbox: deque = deque()
         self._calls: set[_Waiter] = set()
         self._lifecycle = threading.Lock()     # one start() at a time
         self._stop_grace: float | None = None
@@ -255,7 +254,7 @@ class BlockingScheduler:
         self._stop_error: Exception | None = None
         self._forks = _process.forks
         self._pid = os.getpid()
-        _process.reset_after_fork(self)
+        _process.after_fork(self._after_fork)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -372,7 +371,7 @@ class BlockingScheduler:
         if thread is None or thread is threading.current_thread():
             return
         store = self._sched.store
-        commit_timeout = float(getattr(store, "commit_timeout", 0.0) or 0.0) if store is not None else 0.0
+        commit_timeout = float(store.commit_timeout) if store is not None else 0.0
         limit = self._sched.shutdown_grace + commit_timeout + _EXIT_MARGIN
         thread.join(limit)
         if thread.is_alive():
@@ -406,8 +405,6 @@ class BlockingScheduler:
                 # From here no call reaches the loop: fail those in flight.
                 self._state = _NEW if self._state == _STARTING else _STOPPED
                 pending = list(self._calls)
-                pending.extend(waiter for _, _, waiter in self._inbox)
-                self._inbox.clear()
             error = SchedulerError("the scheduler shut down")
             for waiter in pending:
                 waiter.fail(error)
@@ -438,9 +435,10 @@ class BlockingScheduler:
         stop = self._stop_requested
         if stop is not None and not stop.done():
             stop.set_result(None)
-        abort = self._sched._abort_start
-        if self._sched._state == "starting" and abort is not None and not abort.done():
-            abort.set_result(None)   # a standby waiting to lead (or recovering) gives up
+        if not self._sched.running:
+            # A standby waiting to lead (or recovering) gives up: shutdown()
+            # of a scheduler that is still starting makes its start() raise.
+            self._ev.create_task(self._sched.shutdown())
 
     @staticmethod
     def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -496,11 +494,14 @@ class BlockingScheduler:
         return waiter
 
     def _call(self, coro_fn, *args, **kwargs):
-        """Run ``coro_fn(*args)`` on the loop and wait for its result."""
-        return self._send(self._start_call, coro_fn, args, kwargs).wait()
+        """Run ``coro_fn(*args)`` on the loop and wait for its result. It runs
+        in a copy of the caller's context, as it would on the caller's thread
+        (submission hooks read the caller's context variables: its trace)."""
+        context = contextvars.copy_context()
+        return self._send(self._start_call, coro_fn, args, kwargs, context).wait()
 
-    def _start_call(self, waiter: _Waiter, coro_fn, args, kwargs) -> None:
-        self._ev.create_task(self._run_call(waiter, coro_fn, args, kwargs))
+    def _start_call(self, waiter: _Waiter, coro_fn, args, kwargs, context: contextvars.Context) -> None:
+        self._ev.create_task(self._run_call(waiter, coro_fn, args, kwargs), context=context)
 
     @staticmethod
     async def _run_call(waiter: _Waiter, coro_fn, args, kwargs) -> None:
@@ -511,89 +512,19 @@ class BlockingScheduler:
         else:
             waiter.set(value)
 
-    def _on_loop(self, fn, *args):
-        """Run a plain function on the loop and wait for its result."""
-        return self._send(self._run_plain, fn, args).wait()
-
-    @staticmethod
-    def _run_plain(waiter: _Waiter, fn, args) -> None:
-        try:
-            waiter.set(fn(*args))
-        except BaseException as exc:  # noqa: B036 - handed to the caller
-            waiter.fail(exc)
-
-    def _post(self, spec: TaskSpec, want_handle: bool):
+    def _post(self, spec: TaskSpec, want_handle: bool) -> Any:
+        """Submit on this thread (see ``Scheduler.submit_from_thread``): the
+        engine answers at once; the loop is needed only to wait for a
+        commit, or for room in a full queue."""
         self._check_thread()
-        waiter = _Waiter()
         with self._gate:
             if self._state != _RUNNING or self._forks != _process.forks:
                 raise self._refuse()
-            inbox = self._inbox
-            first = not inbox
-            inbox.append((spec, want_handle, waiter))
-        if first:
-            try:
-                self._ev.call_soon_threadsafe(self._drain)
-            except RuntimeError:
-                pass   # the loop closed meanwhile: its thread fails what is left in the inbox
-        return waiter.wait()
-
-    def _drain(self) -> None:
-        """On the loop: admit everything the threads posted, in one step."""
-        with self._gate:
-            items = list(self._inbox)
-            self._inbox.clear()
-        sched = self._sched
-        answers: list[tuple[_Waiter, Any]] = []
-        for spec, want_handle, waiter in items:
-            try:
-                core = sched._check()
-                if sched._log is not None:
-                    encoded_payload(spec, sched.codec)
-                try:
-                    task_id, duplicate = core.submit(sched.clock.now_ns(), spec)
-                except QueueFull:
-                    if core.overflow_policy(spec.pool) != "wait":
-                        raise
-                    waiter.track(self._calls)   # failed when the scheduler stops, if not settled before
-                    self._ev.create_task(self._submit_waiting(spec, want_handle, waiter))
-                    continue
-                if want_handle:
-                    answers.append((waiter, BlockingHandle(sched._attach(task_id, spec.key, duplicate))))
-                else:
-                    answers.append((waiter, task_id))
-            except BaseException as exc:  # noqa: B036 - handed to the caller
-                waiter.fail(exc)
-        if sched.running:
-            sched._pump()
-        if sched._log is not None and answers:
-            for waiter, _ in answers:
-                waiter.track(self._calls)
-            self._ev.create_task(self._answer_when_durable(answers))
-        else:
-            for waiter, value in answers:
-                waiter.set(value)
-
-    async def _answer_when_durable(self, answers: list) -> None:
-        try:
-            await self._sched._durable()
-        except BaseException as exc:  # noqa: B036 - handed to the callers
-            for waiter, _ in answers:
-                waiter.fail(exc)
-        else:
-            for waiter, value in answers:
-                waiter.set(value)
-
-    async def _submit_waiting(self, spec: TaskSpec, want_handle: bool, waiter: _Waiter) -> None:
-        try:
-            task_id, duplicate = await self._sched._admit(spec)
-            value = (BlockingHandle(self._sched._attach(task_id, spec.key, duplicate)) if want_handle
-                     else task_id)
-            self._sched._pump()
-            await self._sched._durable()
-            waiter.set(value)
-        except BaseException as exc:  # noqa: B036 - handed to the caller
-            waiter.fail(exc)
+        value, later = self._sched.submit_from_thread(spec, handle=want_handle,
+                                                      wrap=BlockingHandle if want_handle else None)
+        if later is not None:
+            value = self._call(later)
+        return value
 
     # ================================================================ the API
 
@@ -636,23 +567,45 @@ class BlockingScheduler:
 
     def snapshot(self) -> Snapshot:
         """Pools, quality metrics over the window, and totals since start."""
-        return self._call(self._sched.snapshot)
+        self._check_thread()
+        with self._gate:
+            if self._state != _RUNNING or self._forks != _process.forks:
+                raise self._refuse()
+        return self._sched.snapshot_from_thread()
 
     def events(self, on_lag: str = "drop") -> BlockingEventStream:
         """A blocking iterator of status events; close it (or use ``with``)."""
+        self._check_thread()
+        with self._gate:
+            if self._state != _RUNNING or self._forks != _process.forks:
+                raise self._refuse()
         stream = BlockingEventStream(self._sched.event_capacity, on_lag, self)
-
-        def subscribe() -> None:
-            self._sched._check()
-            self._sched._streams.append(stream)
-
-        self._on_loop(subscribe)
+        self._sched.subscribe(stream)
         return stream
 
-    def _unsubscribe(self, stream: BlockingEventStream) -> None:
+    def subscribe(self, sink: EventSink) -> None:
+        """Deliver every status event to ``sink`` (its ``deliver`` and ``end``
+        run on the scheduler's loop thread); ``events()`` is the ready-made one."""
+        self._check_thread()
         with self._gate:
-            if self._state == _RUNNING and self._forks == _process.forks:
-                self._ev.call_soon_threadsafe(self._sched._detach, stream)
+            if self._state != _RUNNING or self._forks != _process.forks:
+                raise self._refuse()
+        self._sched.subscribe(sink)
+
+    def unsubscribe(self, sink: EventSink) -> None:
+        """Stop delivering events to ``sink``."""
+        self._sched.unsubscribe(sink)
+
+    def add_submit_hook(self, hook: Callable[[TaskSpec], TaskSpec]) -> Callable[[], None]:
+        """Call ``hook(task)`` for every task before it is admitted (see
+        ``Scheduler.add_submit_hook``); returns a function that removes it."""
+        return self._sched.add_submit_hook(hook)
+
+    def add_executor_middleware(
+            self, middleware: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> Callable[[], None]:
+        """Before ``start()``: wrap every pool's executor (see
+        ``Scheduler.add_executor_middleware``)."""
+        return self._sched.add_executor_middleware(middleware)
 
     def set_capacity(self, pool: str, capacity: int) -> None:
         """Set the capacity of a pool's unlabeled workers."""

@@ -49,7 +49,7 @@ def build(seed: int) -> tuple[Core, Simulator, dict]:
 
 def workload(sim: Simulator, seed: int, minutes: int, meta: dict) -> None:
     rng = random.Random(seed + 1)
-    t = START
+    t = float(START)
     end = START + minutes * 60
 
     def submit(spec, at, label, deadline=None):

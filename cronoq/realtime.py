@@ -70,7 +70,8 @@ def wall_clock_is_real() -> bool:
     now = time.time_ns
     if not isinstance(now, _BUILTIN):
         return False
-    return abs(now() - real_time_ns()) < _DRIFT_NS
+    now_ns: int = now()
+    return abs(now_ns - real_time_ns()) < _DRIFT_NS
 
 
 def loop_clock_is_real(loop: asyncio.AbstractEventLoop) -> bool:

@@ -161,7 +161,8 @@ class ElasticPriorityScheduler:
 
     def __init__(self, initial_workers: int = 1, max_workers: int = 4, *, min_workers: int = 1,
                  cost_per_worker_second: float = 0.0, shutdown_grace: float = 5.0,
-                 native_pools: Iterable[cronoq.Pool] = (), resources=None, **scheduler_options) -> None:
+                 native_pools: Iterable[cronoq.Pool] = (), resources: Sequence[cronoq.Resource] | None = None,
+                 **scheduler_options: Any) -> None:
         if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
             raise ValueError(f"max_workers must be an integer >= 1, got {max_workers!r}")
         if isinstance(initial_workers, bool) or not isinstance(initial_workers, int) \
@@ -310,7 +311,7 @@ class ElasticPriorityScheduler:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- the way to the native API
@@ -337,9 +338,10 @@ class ElasticPriorityScheduler:
 
     async def _run(self, ctx: cronoq.TaskContext, job: _Job) -> None:
         started = self._now()
-        if job.fixed_start is not None and ctx.attempt == 1:
+        key = ctx.key   # every legacy task is submitted with its id as the key
+        if job.fixed_start is not None and ctx.attempt == 1 and key is not None:
             with self._lock:
-                if self._open_starts.pop(ctx.key, None) is not None:
+                if self._open_starts.pop(key, None) is not None:
                     self._fixed_judged += 1
                     if abs(started - job.fixed_start) <= _TOLERANCE:
                         self._fixed_met += 1
@@ -351,8 +353,8 @@ class ElasticPriorityScheduler:
                 await realtime.sleep(job.duration)   # a frozen clock must not stop the "work"
         with self._lock:
             self._completed += 1
-            if self._open_deadlines.pop(ctx.key, None) is not None:
+            if key is not None and self._open_deadlines.pop(key, None) is not None:
                 self._deadline_judged += 1
-                if self._now() <= job.deadline:
+                if job.deadline is not None and self._now() <= job.deadline:
                     self._deadline_met += 1
         return None

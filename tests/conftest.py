@@ -20,13 +20,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def pg_server():
     """A throwaway PostgreSQL server for this test session (see tests/pgserver.py):
-    initdb + pg_ctl on a temporary directory and a free port, stopped at the end."""
-    from pgserver import PgServer, unavailable_reason
+    initdb + pg_ctl on a temporary directory and a free port, stopped at the end.
+    Without the server binaries the tests skip, or fail under CRONOQ_REQUIRE_POSTGRES=1."""
+    from pgserver import start_or_skip
 
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(f"PostgreSQL store tests skipped: {reason}")
-    server = PgServer().start()
+    server = start_or_skip()
     try:
         yield server
     finally:

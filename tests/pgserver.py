@@ -3,10 +3,14 @@
 ``PgServer().start()`` runs ``initdb`` and ``pg_ctl`` on a fresh temporary
 directory and a free port, listening on 127.0.0.1 only with trust
 authentication; ``stop()`` stops that server (and only it) and removes the
-directory. The binaries are looked up on PATH, then under
-``/usr/lib/postgresql/*/bin``. PostgreSQL refuses to run as root: as root the
-commands run as the ``postgres`` user through ``runuser``, which then owns
-the directory.
+directory. The binaries are looked up in ``$CRONOQ_PG_BINDIR`` when it is
+set (and only there), else on PATH, then under ``/usr/lib/postgresql/*/bin``.
+PostgreSQL refuses to run as root: as root the commands run as the
+``postgres`` user through ``runuser``, which then owns the directory.
+
+Where no server can be had, the tests that need one skip with the reason;
+with ``CRONOQ_REQUIRE_POSTGRES=1`` (CI sets it) they fail instead, so a green
+run cannot hide them (``skip_or_fail``).
 """
 
 from __future__ import annotations
@@ -17,17 +21,27 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from typing import Any, NoReturn
 
-__all__ = ["PgServer", "find_binaries", "unavailable_reason"]
+__all__ = ["PgServer", "find_binaries", "unavailable_reason", "required", "skip_or_fail", "start_or_skip",
+           "need_psycopg", "REQUIRE_VARIABLE", "BINDIR_VARIABLE"]
+
+REQUIRE_VARIABLE = "CRONOQ_REQUIRE_POSTGRES"
+BINDIR_VARIABLE = "CRONOQ_PG_BINDIR"
+
+_NAMES = ("initdb", "pg_ctl")
 
 
 def find_binaries() -> str | None:
     """The directory holding initdb and pg_ctl, or None."""
+    chosen = os.environ.get(BINDIR_VARIABLE)
+    if chosen:
+        return chosen if all(os.path.exists(os.path.join(chosen, name)) for name in _NAMES) else None
     found = shutil.which("initdb")
     if found and shutil.which("pg_ctl"):
         return os.path.dirname(os.path.realpath(found))
     for directory in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
-        if all(os.path.exists(os.path.join(directory, name)) for name in ("initdb", "pg_ctl")):
+        if all(os.path.exists(os.path.join(directory, name)) for name in _NAMES):
             return directory
     return None
 
@@ -35,6 +49,9 @@ def find_binaries() -> str | None:
 def unavailable_reason() -> str | None:
     """Why a server cannot be started here (None if it can)."""
     if find_binaries() is None:
+        where = os.environ.get(BINDIR_VARIABLE)
+        if where:
+            return f"the PostgreSQL server binaries (initdb, pg_ctl) are not in {BINDIR_VARIABLE}={where}"
         return "the PostgreSQL server binaries (initdb, pg_ctl) are not installed"
     try:
         import psycopg  # noqa: F401
@@ -49,6 +66,38 @@ def unavailable_reason() -> str | None:
         except KeyError:
             return "running as root and there is no 'postgres' user to run the server as"
     return None
+
+
+def required() -> bool:
+    """Must the PostgreSQL tests run here (``CRONOQ_REQUIRE_POSTGRES`` set, not 0)?"""
+    return os.environ.get(REQUIRE_VARIABLE, "").strip() not in ("", "0")
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip the calling test for ``reason``, or fail it when PostgreSQL is required."""
+    import pytest
+
+    if required():
+        pytest.fail(f"PostgreSQL tests cannot run, and {REQUIRE_VARIABLE}=1 requires them: {reason}",
+                    pytrace=False)
+    pytest.skip(f"PostgreSQL tests skipped: {reason}")
+
+
+def start_or_skip(**options: Any) -> PgServer:
+    """A started server; where none can be had, ``skip_or_fail``. A server
+    that is there but fails to start is an error either way."""
+    reason = unavailable_reason()
+    if reason:
+        skip_or_fail(reason)
+    return PgServer(**options).start()
+
+
+def need_psycopg() -> None:
+    """For tests that need only the driver: ``skip_or_fail`` without psycopg."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        skip_or_fail("psycopg is not installed (pip install 'cronoq[postgres]')")
 
 
 def _free_port() -> int:

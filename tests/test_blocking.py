@@ -56,7 +56,9 @@ def _shape(fn):
 
 
 def test_every_public_scheduler_method_has_a_synchronous_twin():
-    async_methods = _public_methods(cronoq.Scheduler)
+    # The entry points other threads use to reach a running Scheduler need no twin.
+    async_methods = {name: fn for name, fn in _public_methods(cronoq.Scheduler).items()
+                     if not name.endswith("_from_thread")}
     sync_methods = _public_methods(cronoq.BlockingScheduler)
     assert len(async_methods) >= 15
     missing = sorted(set(async_methods) - set(sync_methods))

@@ -85,12 +85,12 @@ def test_a_call_in_flight_when_the_scheduler_stops_gets_a_scheduler_error():
     bs.start()
     entered = threading.Event()
 
-    async def never_answers():
+    async def never_answers(ref):
         entered.set()
         await asyncio.Event().wait()
 
-    bs.scheduler.snapshot = never_answers
-    thread, outcome = in_thread(bs.snapshot)
+    bs.scheduler.info = never_answers      # a call that goes through the loop
+    thread, outcome = in_thread(lambda: bs.info(1))
     assert entered.wait(WAIT)
     bs.shutdown()
     thread.join(WAIT)

@@ -144,11 +144,8 @@ async def test_a_full_disk_under_sqlite_loses_nothing_acknowledged(tmp_path):
 
 
 async def test_a_postgresql_server_that_stops_loses_nothing_acknowledged():
-    from pgserver import PgServer, unavailable_reason
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    server = PgServer().start()   # its own server: this test stops it
+    from pgserver import start_or_skip
+    server = start_or_skip()   # its own server: this test stops it
     try:
         acked_before_stop: list[int] = []
 

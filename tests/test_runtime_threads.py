@@ -63,9 +63,13 @@ async def test_hung_timed_out_functions_do_not_starve_healthy_ones():
             return "late"
         return "healthy"
 
+    clock = cronoq.VirtualClock()
     try:
-        async with cronoq.Scheduler([fixed("default", work, capacity=n)], shutdown_grace=0) as sched:
+        async with cronoq.Scheduler([fixed("default", work, capacity=n)], shutdown_grace=0,
+                                    clock=clock) as sched:
             hung = [await sched.submit("hang", timeout=0.05, retry=cronoq.RetryPolicy.none()) for _ in range(n)]
+            await until(lambda: len(started) == n)     # every one runs on a thread of its own
+            await clock.advance(0.05)                  # then they all time out
             for handle in hung:
                 with pytest.raises(cronoq.TaskFailed) as info:
                     await asyncio.wait_for(handle, WAIT)

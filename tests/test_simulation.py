@@ -583,6 +583,9 @@ class World:
 
     def op_capacity(self) -> None:
         rng = self.rng
+        # Fire what is due first: an autoscaler evaluation at this instant would
+        # change the groups between the check below and the call.
+        self.call(self.core.advance)
         name = rng.choice(list(self.pool_configs))
         limit = self.pool_configs[name].max
         p = self.core.pools[name]

@@ -50,7 +50,7 @@ async def test_restart_recovers_queued_running_retrying_and_finished_tasks(backe
     await eventually(lambda: _status_is(a, flaky, "retrying"), what="flaky retrying")
     assert (await a.info(blocker.id)).status == "running"
     old_ids = [done.id, blocker.id, *queued, flaky]
-    await a._durable()   # everything above is stored
+    await a._log.durable()   # everything above is stored
     assert [row[2:4] for row in backend.rows("key = ?", ("flaky",))] == [("retrying", 1)]
     assert [row[2:4] for row in backend.rows("key = ?", ("blocker",))] == [("running", 1)]
     a._lost("simulated crash")

@@ -13,6 +13,7 @@ import pytest
 import cronoq
 from cronoq.core.types import KEY_LIMIT, NAME_LIMIT, RECURRING_KEY_LIMIT, VALUE_LIMIT
 from cronoq.store import InMemoryStore, MemoryDatabase, StoreRejected
+from pgserver import need_psycopg
 from storekit import Work, backend, eventually, pool, postgres_backend, sqlite_backend  # noqa: F401
 
 pytestmark = pytest.mark.asyncio
@@ -265,7 +266,7 @@ async def test_a_submit_that_raised_on_sqlite_is_not_in_the_file(sqlite_backend)
 
 
 async def test_a_postgresql_password_is_masked_in_every_form(unused_tcp_port):
-    pytest.importorskip("psycopg")
+    need_psycopg()
     secret = "pa@ss-SEKRIT"
     urls = [f"postgresql://user:{secret}@127.0.0.1:{unused_tcp_port}/db",
             f"postgresql://user@127.0.0.1:{unused_tcp_port}/db?password={secret}&sslmode=disable"]

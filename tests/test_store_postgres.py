@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 import cronoq
-from pgserver import PgServer, unavailable_reason
+from pgserver import need_psycopg, start_or_skip
 from storekit import POSTGRES_FAST, Work, child_env, eventually, pool, postgres_backend  # noqa: F401
 
 
@@ -95,10 +95,7 @@ async def test_schemas_are_independent_clusters(pg_server):
 
 @pytest.mark.asyncio
 async def test_a_server_that_goes_away_and_comes_back(tmp_path):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    server = PgServer().start()   # its own server: this test stops it
+    server = start_or_skip()   # its own server: this test stops it
     try:
         store = cronoq.PostgresStore(server.url, **POSTGRES_FAST)
         a = cronoq.Scheduler([pool(Work(), capacity=0)], store=store)
@@ -134,7 +131,7 @@ async def test_a_server_that_goes_away_and_comes_back(tmp_path):
 
 
 def test_urls_and_schema_names_are_checked():
-    pytest.importorskip("psycopg")
+    need_psycopg()
     for url in ("mysql://x@localhost/db", "sqlite:///x.db", "not a url"):
         with pytest.raises(ValueError):
             cronoq.PostgresStore(url)

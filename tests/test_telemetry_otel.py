@@ -60,7 +60,12 @@ def task_spans(exporter):
                   key=lambda s: (s.attributes["task.id"], s.attributes["task.attempt"]))
 
 
+seen_traceparents: dict = {}    # key -> the traceparent an attempt saw
+
+
 async def flaky(ctx, payload):
+    if ctx.key is not None:
+        seen_traceparents[ctx.key] = ctx.traceparent
     if payload == "fail":
         raise cronoq.Permanent("refused")
     if ctx.attempt < 3:
@@ -239,23 +244,26 @@ async def test_instrument_rules_and_uninstrument(tracing, meters):
     sched = cronoq.Scheduler([cronoq.Pool("default", flaky)])
     pool = sched.pools[0]
     handle = instrument(sched, tracer_provider=tracer_provider, meter_provider=meters[0])
-    assert sched.pools[0] is not pool and pool.executor is flaky   # the caller's Pool is untouched
+    # Attached through the scheduler's hooks: the caller's pools are untouched.
+    assert sched.pools[0] is pool and pool.executor is flaky and "submit" not in vars(sched)
     with pytest.raises(RuntimeError):
         instrument(sched)
     handle.uninstrument()
-    assert sched.pools[0] is pool and "submit" not in vars(sched)
+    tracer = tracer_provider.get_tracer("test")
     async with sched:
         with pytest.raises(RuntimeError):
             instrument(sched, tracer_provider=tracer_provider)    # spans need the executors before start
         late = instrument(sched, traces=False, meter_provider=meters[0])
-        assert "submit" in vars(sched)
+        with tracer.start_as_current_span("request"):
+            traced = await sched.submit("ok", retry=cronoq.RetryPolicy.none(), key="traced")
         late.uninstrument()
-        assert "submit" not in vars(sched)
-        with tracer_provider.get_tracer("test").start_as_current_span("request"):
-            handle = await sched.submit("ok", retry=cronoq.RetryPolicy.none())
-        with pytest.raises(cronoq.TaskFailed):
-            await handle       # attempt 1 of flaky fails; with no retries it is final
+        with tracer.start_as_current_span("request"):
+            handle = await sched.submit("ok", retry=cronoq.RetryPolicy.none(), key="plain")
+        for h in (traced, handle):
+            with pytest.raises(cronoq.TaskFailed):
+                await h       # attempt 1 of flaky fails; with no retries it is final
     assert task_spans(exporter) == []
+    assert seen_traceparents.get("traced") and seen_traceparents.get("plain") is None
     for bad in (-1, float("nan"), True):
         with pytest.raises(ValueError):
             instrument(cronoq.Scheduler([cronoq.Pool("default", flaky)]), snapshot_max_age=bad)

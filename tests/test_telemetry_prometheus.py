@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import threading
 import time
 import urllib.request
 
@@ -241,18 +242,45 @@ def test_collector_rejects_other_objects_and_bad_timeouts():
             PrometheusCollector(sched, timeout=bad)
 
 
-def test_a_scheduler_that_does_not_answer_in_time_reports_down(caplog):
-    async def hog(ctx, payload):
-        time.sleep(0.6)      # blocks the scheduler's loop on purpose
+def test_a_scrape_does_not_wait_for_a_busy_loop():
+    # The snapshot is read under the scheduler's lock on the scrape's thread:
+    # an executor that blocks the loop does not block the metrics.
+    release = threading.Event()
 
-    with cronoq.BlockingScheduler([cronoq.Pool("default", hog, min=1, max=1, autoscale=False)]) as sched:
+    async def hog(ctx, payload):
+        release.wait(10)      # blocks the scheduler's loop on purpose
+
+    with cronoq.BlockingScheduler([cronoq.Pool("default", hog, min=1, max=1, autoscale=False)],
+                                  shutdown_grace=0) as sched:
         registry = metrics_registry(sched, timeout=0.1)
         sched.enqueue(None)
-        with caplog.at_level(logging.WARNING, logger="cronoq.telemetry"):
-            samples = parse(generate_latest(registry))
+        samples = parse(generate_latest(registry))
+        release.set()
+        assert value(samples, "cronoq_scheduler_up") == 1
+        assert value(samples, "cronoq_pool_busy_workers", pool="default") == 1
+
+
+def test_a_scheduler_that_does_not_answer_in_time_reports_down(caplog):
+    with cronoq.BlockingScheduler([cronoq.Pool("default", lambda ctx, p: p)]) as sched:
+        registry = metrics_registry(sched, timeout=0.1)
+        held, release = threading.Event(), threading.Event()
+
+        def hold_the_engine():
+            with sched.scheduler._lock:     # as a long engine step would
+                held.set()
+                release.wait(10)
+
+        holder = threading.Thread(target=hold_the_engine)
+        holder.start()
+        held.wait(10)
+        try:
+            with caplog.at_level(logging.WARNING, logger="cronoq.telemetry"):
+                samples = parse(generate_latest(registry))
+        finally:
+            release.set()
+            holder.join(10)
         assert value(samples, "cronoq_scheduler_up") == 0
         assert any(r.action == "snapshot_timeout" for r in caplog.records)
-        time.sleep(0.6)
         assert value(parse(generate_latest(registry)), "cronoq_scheduler_up") == 1
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection
 
 from cronoq.store.schema import VERSION_TABLE, tables
 
@@ -19,7 +20,7 @@ schema = config.attributes.get("schema", config.get_main_option("cronoq.schema")
 target_metadata = tables(schema).metadata
 
 
-def _run(connection) -> None:
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
@@ -43,7 +44,10 @@ def run() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:
+        raise SystemExit("cronoq's migrations need sqlalchemy.url in the alembic configuration")
+    engine = create_engine(url)
     try:
         with engine.begin() as connection:
             _run(connection)

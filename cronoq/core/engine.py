@@ -527,6 +527,11 @@ class Core:
         now = self._enter(now)
         self._flush(now)
 
+    def has_timers(self) -> bool:
+        """Whether any timer is armed (live or not yet pruned): a cheap check
+        before ``next_wakeup``."""
+        return bool(self._timer_heap)
+
     def next_wakeup(self) -> int | None:
         """When the engine next needs ``advance``, or None if nothing is timed."""
         heap = self.timers.entries()

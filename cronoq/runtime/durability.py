@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Callable, Iterable
 
 from .. import realtime
 from ..core.engine import (
@@ -40,10 +40,7 @@ from ..core.persist import schedule_record, spec_record
 from ..store.base import Batch, Fenced, ScheduleRow, StatusRow, StoreRejected, StoreUnavailable, TaskRow
 from .runner import clean_message
 
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
-
-__all__ = ["DurableLog"]
+__all__ = ["DurableLog", "DurableHooks"]
 
 log = logging.getLogger("cronoq.store")
 
@@ -56,8 +53,32 @@ def encoded_payload(spec, codec) -> bytes:
             data = codec.encode(spec.payload)
         except RecursionError:
             raise InvalidTask("payload is nested too deeply for the codec to store it") from None
-        spec._encoded = data
+        spec.__dict__["_encoded"] = data   # a cache on the spec, for the store's rows
     return data
+
+
+class DurableHooks:
+    """How the durable log reaches the scheduler it serves (on its loop):
+
+    - ``accepting_commits()``: whether writing still makes sense (False once
+      leadership is lost or the scheduler stopped);
+    - ``release(effects)``: effects whose mutations are now committed;
+    - ``withdraw(task_ids, message)``: submissions that were not made
+      durable and whose callers are told so: forget them;
+    - ``drop_schedule(name)``: a schedule the database refused: remove it;
+    - ``fenced(reason)``: a newer leader took over: stop at once.
+    """
+
+    __slots__ = ("accepting_commits", "release", "withdraw", "drop_schedule", "fenced")
+
+    def __init__(self, *, accepting_commits: Callable[[], bool], release: Callable[[list[Any]], None],
+                 withdraw: Callable[[Iterable[int], str], None], drop_schedule: Callable[[str], None],
+                 fenced: Callable[[str], None]) -> None:
+        self.accepting_commits = accepting_commits
+        self.release = release
+        self.withdraw = withdraw
+        self.drop_schedule = drop_schedule
+        self.fenced = fenced
 
 
 class _Waiter:
@@ -129,8 +150,8 @@ def _merge(units: list[Batch]) -> Batch:
 
 
 class DurableLog:
-    def __init__(self, scheduler: Scheduler, store, codec, epoch: int, commit_timeout: float) -> None:
-        self.scheduler = scheduler
+    def __init__(self, hooks: DurableHooks, store: Any, codec: Any, epoch: int, commit_timeout: float) -> None:
+        self.hooks = hooks
         self.store = store
         self.codec = codec
         self.epoch = epoch
@@ -263,7 +284,7 @@ class DurableLog:
         every call that vouches for them."""
         ids = set(task_ids)
         attempted = self._strip(ids)
-        self.scheduler._withdraw(ids, str(error))
+        self.hooks.withdraw(ids, str(error))
         # A row only an attempt that failed may have written (its answer lost)
         # needs the delete the engine asked for; one never sent does not.
         open_batch = self.open
@@ -330,6 +351,12 @@ class DurableLog:
             self.timer.cancel()
             self.timer = None
 
+    def discard_open(self) -> None:
+        """Leadership is lost: nothing more may be written, so the open
+        batch is dropped (the next leader recovers from what is stored)."""
+        self.open = Batch()
+        self.open_effects = []
+
     # -- the commit loop
 
     async def _run(self) -> None:
@@ -349,11 +376,11 @@ class DurableLog:
                         break
                     except Fenced as exc:
                         self._settle_deferred(exc)
-                        self.scheduler._lost(f"fenced: {exc}")
+                        self.hooks.fenced(f"fenced: {exc}")
                         return
                     except Exception as exc:  # unavailable: not written; keep the rest, retry it
                         error = exc if isinstance(exc, SchedulerError) else StoreUnavailable(str(exc))
-                        if not self.scheduler._accepting_commits():
+                        if not self.hooks.accepting_commits():
                             self._settle_deferred(error)
                             return   # stopped meanwhile (leadership lost): nothing more to write
                         if not self.outage:
@@ -387,13 +414,13 @@ class DurableLog:
                 waiters = self.inflight_waiters
                 self.inflight_effects = []
                 self.inflight_waiters = []
-                self.scheduler._release(effects)
+                self.hooks.release(effects)
                 for waiter in waiters:
                     if not waiter.future.done():
                         waiter.future.set_result(None)
         finally:
             self.task = None
-            if self.open and self.scheduler._accepting_commits():
+            if self.open and self.hooks.accepting_commits():
                 self.kick()
 
     def _settle_deferred(self, error: SchedulerError) -> None:
@@ -459,7 +486,7 @@ class DurableLog:
             for name in names:
                 log.error("the store refused a change of schedule %r, which is removed: %s", name, exc,
                           extra={"action": "store_rejected"})
-                self.scheduler._drop_schedule(name)
+                self.hooks.drop_schedule(name)
                 error = StoreRejected(f"the store refused schedule {name!r}, which is removed: {exc}")
                 for waiter in (*self.open_waiters, *self.inflight_waiters):
                     if not waiter.future.done() and name in waiter.needs:

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Callable, Protocol
 
 from ..core.actions import StatusEvent
 from ..core.errors import EventsLagged
 
-__all__ = ["EventBuffer", "EventStream"]
+__all__ = ["EventBuffer", "EventSink", "EventStream"]
+
+
+class EventSink(Protocol):
+    """What receives a scheduler's status events (``Scheduler.subscribe``):
+    both methods are called on the scheduler's loop thread."""
+
+    def deliver(self, event: StatusEvent) -> None:
+        """One event (never blocks)."""
+
+    def end(self) -> None:
+        """The scheduler stopped: no more events."""
 
 
 class EventBuffer:
@@ -54,18 +66,20 @@ class EventStream(EventBuffer):
     the stream is closed.
     """
 
-    def __init__(self, capacity: int, on_lag: str, detach) -> None:
+    def __init__(self, capacity: int, on_lag: str, detach: Callable[[EventStream], object]) -> None:
         super().__init__(capacity, on_lag)
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._detach = detach
 
-    def _push(self, event: StatusEvent) -> None:
+    def deliver(self, event: StatusEvent) -> None:
+        """From the scheduler: buffer one event."""
         self._store(event)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _end(self) -> None:
+    def end(self) -> None:
+        """From the scheduler: it stopped."""
         self.closed = True
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -75,7 +89,7 @@ class EventStream(EventBuffer):
         """Stop receiving events; buffered ones can still be read."""
         if not self.closed:
             self._detach(self)
-            self._end()
+            self.end()
 
     async def aclose(self) -> None:
         self.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
 from ..core.errors import TaskFailed
 
@@ -32,16 +32,20 @@ class TaskHandle:
         self._future: asyncio.Future | list[asyncio.Future] | None = None
         self._callbacks: list | None = None
 
-    # -- resolution (scheduler side, on its loop)
+    # -- resolution (the scheduler's side, on its loop, as asyncio.Future's set_result)
 
-    def _succeed(self, value: Any) -> None:
+    def set_result(self, value: Any) -> None:
+        """Resolve with the task's output (the scheduler calls this; the first
+        resolution wins)."""
         if self._state:
             return
         self._state = _OK
         self._value = value
         self._wake()
 
-    def _fail(self, status: str, message: str | None) -> None:
+    def set_failure(self, status: str, message: str | None) -> None:
+        """Resolve as ended without a result: awaiting raises ``TaskFailed``
+        (the scheduler calls this; the first resolution wins)."""
         if self._state:
             return
         self._state = _FAILED
@@ -60,8 +64,9 @@ class TaskHandle:
                 callback(self)
             self._callbacks = None
 
-    def _on_done(self, callback) -> None:
-        """Call ``callback(handle)`` once resolved (at once if it already is)."""
+    def add_done_callback(self, callback: Callable[[TaskHandle], Any]) -> None:
+        """Call ``callback(handle)`` once resolved (at once if it already is),
+        on the scheduler's loop."""
         if self._state:
             callback(self)
         elif self._callbacks is None:

@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any
+from typing import Callable
 
 from ..core.errors import SchedulerError
 
-__all__ = ["forks", "forked_error", "reset_after_fork"]
+__all__ = ["forks", "forked_error", "after_fork"]
 
 forks = 0    # forks between the interpreter's start and this process
 
-_to_reset: weakref.WeakSet[Any] = weakref.WeakSet()
+_callbacks: list[weakref.WeakMethod[Callable[[], None]]] = []
 
 
-def reset_after_fork(obj: Any) -> None:
-    """Call ``obj._after_fork()`` in the child of every later fork (it
-    replaces locks that a thread of the parent may have held)."""
-    _to_reset.add(obj)
+def after_fork(method: Callable[[], None]) -> None:
+    """Call the bound ``method`` in the child of every later fork, while its
+    object lives (it replaces locks that a thread of the parent may have held)."""
+    _callbacks[:] = [ref for ref in _callbacks if ref() is not None]
+    _callbacks.append(weakref.WeakMethod(method))
 
 
 def forked_error(pid: int) -> SchedulerError:
@@ -38,8 +39,10 @@ def forked_error(pid: int) -> SchedulerError:
 def _after_fork_in_child() -> None:
     global forks
     forks += 1
-    for obj in list(_to_reset):
-        obj._after_fork()
+    for ref in list(_callbacks):
+        method = ref()
+        if method is not None:
+            method()
 
 
 if hasattr(os, "register_at_fork"):

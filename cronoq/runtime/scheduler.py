@@ -2,9 +2,15 @@
 
 Every call applies one change to the engine and then runs the action pump:
 dispatches go to the pool's runner, aborts cancel attempts, terminal events
-resolve handles and reach event streams. One timer, armed for the engine's
-next wake-up, is the only thing that runs on its own; an idle scheduler arms
-none and uses no CPU.
+resolve handles and reach event subscribers. One timer, armed for the
+engine's next wake-up, is the only thing that runs on its own; an idle
+scheduler arms none and uses no CPU.
+
+The engine and the handle table are guarded by one lock. The loop takes it
+for every step; other threads take it to admit a task or read a snapshot
+at once (``submit_from_thread``, ``snapshot_from_thread``: the entry points
+of ``BlockingScheduler``, the legacy compat and the metrics scrapes), and
+then ask the loop to carry out what the engine queued.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ import copy
 import gc
 import logging
 import os
+import threading
 from collections import deque
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
 
 from .. import realtime
 from ..core import actions as act
@@ -27,11 +34,11 @@ from ..core.types import (
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
-from ..store.base import Store
+from ..store.base import STORE_MEMBERS, Store
 from ..store.codec import JsonCodec
 from .clock import Clock, SystemClock
-from .durability import DurableLog, encoded_payload
-from .events import EventStream
+from .durability import DurableHooks, DurableLog, encoded_payload
+from .events import EventSink, EventStream
 from .handle import TaskHandle
 from .pool import Pool
 from . import listing as _listing
@@ -49,7 +56,6 @@ _STATUS = {status: status for status in STATUSES}
 # Terminal statuses the event path handles without logging (dead letters are logged).
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
 _NO_OUTPUT: Any = object()   # "no output at hand" (None is a valid output)
-_STORE_METHODS = ("acquire_leadership", "recover", "commit", "load_output", "release_leadership", "on_lost")
 
 
 def _consume(rows: Iterable) -> Iterator:
@@ -132,7 +138,7 @@ class Scheduler:
             if isinstance(store, (str, os.PathLike)):
                 raise ValueError(f"store must be a store object, not a path: "
                                  f"use store=cronoq.SqliteStore({os.fspath(store)!r})")
-            missing = [name for name in _STORE_METHODS if not callable(getattr(store, name, None))]
+            missing = [name for name in STORE_MEMBERS if not hasattr(store, name)]
             raise ValueError(f"store must be a cronoq store (SqliteStore, PostgresStore, or one with "
                              f"the Store methods); {type(store).__name__} lacks {', '.join(missing)}")
         self.store: Any = store   # a Store, or None
@@ -163,7 +169,12 @@ class Scheduler:
         self._output_order: deque[int] = deque()
         self._delivering: dict[int, Any] = {}        # outputs whose success event is not out yet
         self._loading: dict[int, asyncio.Task] = {}  # task id -> load of its stored output
-        self._streams: list[EventStream] = []
+        self._sinks: list[EventSink] = []
+        # Guards the engine, the handles and the sinks (see the module docstring).
+        self._lock = threading.RLock()
+        self._pump_asked = False                      # a thread asked the loop to pump
+        self._submit_hooks: list[Callable[[TaskSpec], TaskSpec]] = []
+        self._middleware: list[Callable[[Callable[..., Any], bool], Callable[..., Any]]] = []
         self._room: dict[Any, deque[_Turn]] = {}     # submitters waiting for queue room, per line
         self._timer = None
         self._timer_at: int | None = None
@@ -172,6 +183,7 @@ class Scheduler:
         self._abort_start: asyncio.Future | None = None
         self._forks = _process.forks
         self._pid = os.getpid()
+        _process.after_fork(self._after_fork)
         self.epoch = 0
         self.lost_reason: str | None = None
 
@@ -196,8 +208,9 @@ class Scheduler:
             self._state = _STOPPED if aborted else _NEW
             raise
         self._runners = {p.name: self._make_runner(p) for p in self.pools}
-        self._state = _RUNNING
-        self._pump()
+        with self._lock:
+            self._state = _RUNNING
+            self._pump()
 
     def _make_runner(self, pool: Pool) -> Runner:
         loop = self._loop
@@ -210,8 +223,11 @@ class Scheduler:
         link = RunnerLink(name, loop, self._report, self._heartbeat, self._not_started, set_capacity)
         if pool.runner is not None:
             return pool.runner(link)
-        assert pool.executor is not None
-        return LocalRunner(link, pool.executor) if pool.is_async else ThreadRunner(link, pool.executor)
+        executor = pool.executor
+        assert executor is not None
+        for middleware in self._middleware:
+            executor = middleware(executor, pool.is_async)
+        return LocalRunner(link, executor) if pool.is_async else ThreadRunner(link, executor)
 
     async def _start_durable(self) -> None:
         """Lead (a standby waits here, until shutdown() gives up), take a new
@@ -246,11 +262,12 @@ class Scheduler:
         config.epoch = epoch
         config.persist = True
         # The store's retention (finished tasks kept for dependencies and keys) applies in memory too.
-        config.retention_ns = max(config.retention_ns, int(getattr(store, "retention_ns", 0) or 0))
+        config.retention_ns = max(config.retention_ns, int(store.retention_ns))
         self._core = core = Core(config, [p.config for p in self.pools], self.resources,
                                  now=self.clock.now_ns())
-        self._log = DurableLog(self, store, self.codec, epoch, float(getattr(store, "commit_timeout", 30.0)))
-        self._pump = self._pump_durable
+        hooks = DurableHooks(accepting_commits=self._accepting_commits, release=self._release,
+                             withdraw=self._withdraw, drop_schedule=self._drop_schedule, fenced=self._lost)
+        self._log = DurableLog(hooks, store, self.codec, epoch, float(store.commit_timeout))
         now = self.clock.now_ns()
         recovered = await store.recover(now, config.retention_ns)
         # Millions of objects are made here and all of them live on: the cyclic
@@ -344,7 +361,10 @@ class Scheduler:
         Dispatches that had not started are given back: queued work stays
         queued (in the store, when there is one) without using an attempt.
         Plain functions still running after the grace are told so
-        (``ctx.is_cancelled()``) and left to finish in their threads."""
+        (``ctx.is_cancelled()``) and left to finish in their threads.
+
+        A scheduler still waiting to lead (a standby) stops waiting: its
+        ``start()`` raises ``SchedulerError``."""
         if self._forks != _process.forks:
             raise _process.forked_error(self._pid)
         if self._state in (_NEW, _STOPPED):
@@ -358,16 +378,19 @@ class Scheduler:
             while self._state != _STOPPED:
                 await realtime.sleep(0.01)
             return
-        self._state = _STOPPING
         grace = self.shutdown_grace if grace is None else grace
-        core = self._core
-        assert core is not None
-        core.stop_dispatching()
-        for turn in [t for waiting in self._room.values() for t in waiting]:
+        with self._lock:
+            self._state = _STOPPING
+            core = self._core
+            assert core is not None
+            core.stop_dispatching()
+            turns = [t for waiting in self._room.values() for t in waiting]
+            self._room.clear()
+            busy = bool(core.running)
+        for turn in turns:
             if turn.future is not None and not turn.future.done():
                 turn.future.set_exception(SchedulerError("the scheduler is shutting down"))
-        self._room.clear()
-        if core.running and grace > 0:
+        if busy and grace > 0:
             self._drained = asyncio.Event()
             try:
                 await realtime.wait_for(self._drained.wait(), grace)   # real time, frozen clock or not
@@ -375,10 +398,11 @@ class Scheduler:
                 pass
         unstarted = [lease for runner in self._runners.values() for lease in runner.cancel_all()]
         if unstarted:
-            now = self._now_ns()
-            for lease in unstarted:
-                core.give_back(now, lease)
-            self._pump()
+            with self._lock:
+                now = self._now_ns()
+                for lease in unstarted:
+                    core.give_back(now, lease)
+                self._pump()
         await asyncio.sleep(0)
         if self._log is None:
             left = len(core.tasks)
@@ -397,28 +421,29 @@ class Scheduler:
         self._finish_shutdown()
 
     def _finish_shutdown(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        handles = self._handles
-        self._handles = {}
-        self._delivering.clear()
-        for load in list(self._loading.values()):
-            load.cancel()
-        self._loading.clear()
-        for value in handles.values():
-            for handle in value if isinstance(value, list) else (value,):
-                handle._fail("shutdown", "the scheduler shut down before the task finished")
-        for stream in self._streams:
-            stream._end()
-        self._streams.clear()
-        self._state = _STOPPED
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            handles = self._handles
+            self._handles = {}
+            self._delivering.clear()
+            for load in list(self._loading.values()):
+                load.cancel()
+            self._loading.clear()
+            for value in handles.values():
+                for handle in value if isinstance(value, list) else (value,):
+                    handle.set_failure("shutdown", "the scheduler shut down before the task finished")
+            sinks, self._sinks = self._sinks, []
+            self._state = _STOPPED
+        for sink in sinks:
+            sink.end()
 
     async def __aenter__(self) -> Scheduler:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
 
     @property
@@ -426,7 +451,23 @@ class Scheduler:
         return self._state == _RUNNING
 
     def _check(self) -> Core:
-        """The engine, if calls are allowed now and here."""
+        """The engine, if calls are allowed now and here (on the loop)."""
+        core = self._check_serving()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self._loop:
+            raise SchedulerError("the scheduler belongs to another event loop; call it from that loop "
+                                 "(or use BlockingScheduler from threads)")
+        return core
+
+    def _after_fork(self) -> None:
+        # In the child of a fork: a thread of the parent may have held it.
+        self._lock = threading.RLock()
+
+    def _check_serving(self) -> Core:
+        """The engine, if the scheduler serves (from any thread)."""
         if self._forks != _process.forks:
             raise _process.forked_error(self._pid)
         if self._state != _RUNNING:
@@ -434,27 +475,31 @@ class Scheduler:
                 raise RuntimeError("the scheduler is not started: use 'async with' or await start()")
             raise SchedulerError(f"the scheduler is {self._state}")
         loop = self._loop
+        assert loop is not None
         if loop.is_closed():
             self._state = _STOPPED
             raise SchedulerError("the event loop that ran the scheduler is closed")
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not loop:
-            raise SchedulerError("the scheduler belongs to another event loop; call it from that loop "
-                                 "(or use BlockingScheduler from threads)")
-        return self._core
+        core = self._core
+        assert core is not None
+        return core
 
     # ================================================================ the pump
 
     def _pump(self) -> None:
         """Carry out everything the engine asked for, then re-arm the timer."""
+        with self._lock:
+            if self._log is None:
+                self._pump_memory()
+            else:
+                self._pump_durable()
+
+    def _pump_memory(self) -> None:
         core = self._core
+        assert core is not None
         actions = core.actions
         runners = self._runners
         handles = self._handles
-        streams = self._streams
+        sinks = self._sinks
         while actions:
             raw = actions.popleft()
             kind = raw[0]
@@ -472,32 +517,30 @@ class Scheduler:
                             self._resolve(handle, raw[1], status, raw[7])
                 elif status is DEAD_LETTERED:
                     self._dead_letter(raw)
-                if streams:
+                if sinks:
                     event = act.event_from(raw)
-                    for stream in streams:
-                        stream._push(event)
+                    for sink in sinks:
+                        sink.deliver(event)
             elif kind == 2:   # ABORT
                 for runner in runners.values():
                     if runner.abort(raw[1]):
                         break
-        if self._room:
-            self._wake_room()
-        if self._drained is not None and not core.running:
-            self._drained.set()
-        self._arm()
+        self._after_effects()
 
     def _pump_durable(self) -> None:
         """The pump with a store: mutations go to the open batch; every other
         action waits until the mutations before it are committed."""
-        actions = self._core.actions
-        durable = self._log
+        core = self._core
+        log_ = self._log
+        assert core is not None and log_ is not None
+        actions = core.actions
         while actions:
             raw = actions.popleft()
             if raw[0] == 4:   # PERSIST
-                durable.add(raw[1])
-            elif not durable.hold(raw):
+                log_.add(raw[1])
+            elif not log_.hold(raw):
                 self._effect(raw)
-        durable.kick()
+        log_.kick()
         self._after_effects()
 
     def _effect(self, raw: tuple) -> None:
@@ -522,27 +565,28 @@ class Scheduler:
                     self._resolve(handle, raw[1], status, raw[7])
             elif status is DEAD_LETTERED:
                 self._dead_letter(raw)
-            if self._streams:
+            if self._sinks:
                 event = act.event_from(raw)
-                for stream in self._streams:
-                    stream._push(event)
+                for sink in self._sinks:
+                    sink.deliver(event)
         elif kind == 2:
             for runner in self._runners.values():
                 if runner.abort(raw[1]):
                     break
 
     def _release(self, effects: list) -> None:
-        """Effects whose mutations were committed."""
-        if self._state not in (_RUNNING, _STOPPING):
-            return
-        for raw in effects:
-            self._effect(raw)
-        core = self._core
-        assert core is not None
-        if core.actions:
-            self._pump()   # what giving back a dispatch changed
-        else:
-            self._after_effects()
+        """Effects whose mutations were committed (the durable log's hook)."""
+        with self._lock:
+            if self._state not in (_RUNNING, _STOPPING):
+                return
+            for raw in effects:
+                self._effect(raw)
+            core = self._core
+            assert core is not None
+            if core.actions:
+                self._pump()   # what giving back a dispatch changed
+            else:
+                self._after_effects()
 
     def _after_effects(self) -> None:
         if self._room:
@@ -551,29 +595,42 @@ class Scheduler:
             self._drained.set()
         self._arm()
 
+    def _ask_pump(self) -> None:
+        """From another thread, under the lock: have the loop pump (once)."""
+        if not self._pump_asked:
+            self._pump_asked = True
+            loop = self._loop
+            assert loop is not None
+            loop.call_soon_threadsafe(self._asked_pump)
+
+    def _asked_pump(self) -> None:
+        with self._lock:
+            self._pump_asked = False
+            if self._state in (_RUNNING, _STOPPING):
+                self._pump()
+
     def _accepting_commits(self) -> bool:
         return self._state in (_RUNNING, _STOPPING)
 
-    async def _durable(self) -> None:
-        if self._log is not None:
-            await self._log.durable()
-
-    def _withdraw(self, task_ids, message: str) -> None:
+    def _withdraw(self, task_ids: Iterable[int], message: str) -> None:
         """Submissions the store did not make durable, whose callers are told
-        so: the engine forgets them (see DurableLog)."""
-        if self._core is None:
-            return
-        for task_id in self._core.withdraw(self.clock.now_ns(), task_ids, message):
-            handle = self._handles.pop(task_id, None)
-            for h in handle if isinstance(handle, list) else (() if handle is None else (handle,)):
-                h._fail(CANCELLED, message)
-        self._pump()
+        so: the engine forgets them (the durable log's hook)."""
+        with self._lock:
+            if self._core is None:
+                return
+            for task_id in self._core.withdraw(self.clock.now_ns(), task_ids, message):
+                handle = self._handles.pop(task_id, None)
+                for h in handle if isinstance(handle, list) else (() if handle is None else (handle,)):
+                    h.set_failure(CANCELLED, message)
+            self._pump()
 
     def _drop_schedule(self, name: str) -> None:
-        """A schedule the store refused: remove it, so memory and store agree."""
-        if self._core is not None:
-            self._core.remove_recurring(self.clock.now_ns(), name)
-            self._pump()
+        """A schedule the store refused: remove it, so memory and store agree
+        (the durable log's hook)."""
+        with self._lock:
+            if self._core is not None:
+                self._core.remove_recurring(self.clock.now_ns(), name)
+                self._pump()
 
     def _lost_threadsafe(self, reason: str) -> None:
         loop = self._loop
@@ -590,28 +647,34 @@ class Scheduler:
 
     def _lost(self, reason: str) -> None:
         """Leadership is gone (fenced, lease lost): stop at once, write nothing more."""
-        if self._state not in (_RUNNING, _STOPPING):
-            return
-        log.error("leadership lost: %s", reason, extra={"action": "leader_lost", "epoch": self.epoch})
-        self._state = _STOPPING
-        self._core.stop_dispatching()
+        with self._lock:
+            if self._state not in (_RUNNING, _STOPPING):
+                return
+            log.error("leadership lost: %s", reason, extra={"action": "leader_lost", "epoch": self.epoch})
+            self._state = _STOPPING
+            core = self._core
+            assert core is not None
+            core.stop_dispatching()
+            turns = [t for waiting in self._room.values() for t in waiting]
+            self._room.clear()
         error = SchedulerError(f"this scheduler lost leadership ({reason}); another one serves now")
-        for turn in [t for waiting in self._room.values() for t in waiting]:
+        for turn in turns:
             if turn.future is not None and not turn.future.done():
                 turn.future.set_exception(error)
-        self._room.clear()
         if self._log is not None:
             self._log.fail_all(error)
-            self._log.open = type(self._log.open)()
+            self._log.discard_open()
         for runner in self._runners.values():
             runner.cancel_all()
         self._finish_shutdown()
         self.lost_reason = reason
 
     def _arm(self) -> None:
-        if self._timer_at is None and not self._core._timer_heap:
+        core = self._core
+        assert core is not None
+        if self._timer_at is None and not core.has_timers():
             return   # no timer armed and none wanted: the common case, kept cheap
-        at = self._core.next_wakeup()
+        at = core.next_wakeup()
         if at == self._timer_at:
             return
         if self._timer is not None:
@@ -622,25 +685,68 @@ class Scheduler:
             self._timer = self.clock.call_at(at, self._on_timer)
 
     def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = None
-        if self._state not in (_RUNNING, _STOPPING) or self._loop.is_closed():
-            return
-        self._core.advance(self.clock.now_ns())
-        self._pump()
+        with self._lock:
+            self._timer = None
+            self._timer_at = None
+            loop = self._loop
+            if self._state not in (_RUNNING, _STOPPING) or loop is None or loop.is_closed():
+                return
+            core = self._core
+            assert core is not None
+            core.advance(self.clock.now_ns())
+            self._pump()
+
+    # ================================================================ the runners' link
 
     def _report(self, attempt: Attempt, outcome: str, output: Any, message: str | None,
                 retry_after_ns: int | None) -> None:
         """A runner's outcome for one attempt."""
-        core = self._core
-        if self._state is _STOPPED:
-            return
-        if core.complete(self._now_ns(), attempt.lease, outcome, output, message, retry_after_ns) \
-                and outcome == SUCCESS:
-            # Kept until its success event goes out (with a store, once committed):
-            # then it goes to the handles waiting for it, whatever the cache holds.
-            self._delivering[attempt.id] = output
-        self._pump()
+        with self._lock:
+            core = self._core
+            if self._state is _STOPPED or core is None:
+                return
+            if core.complete(self._now_ns(), attempt.lease, outcome, output, message, retry_after_ns) \
+                    and outcome == SUCCESS:
+                # Kept until its success event goes out (with a store, once committed):
+                # then it goes to the handles waiting for it, whatever the cache holds.
+                self._delivering[attempt.id] = output
+            self._pump()
+
+    def _not_started(self, lease: int, message: str) -> None:
+        """A runner could not start this attempt: it gives the attempt back."""
+        with self._lock:
+            if self._state not in (_RUNNING, _STOPPING):
+                return
+            delay = _NOT_STARTED_DELAY_NS if self._state == _RUNNING else 0
+            core = self._core
+            assert core is not None
+            if core.give_back(self._now_ns(), lease, delay, message):
+                log.warning("an attempt could not start (%s); its task waits %g s without using an attempt",
+                            message, delay / 1e9, extra={"action": "not_started", "error": message})
+            self._pump()
+
+    def _heartbeat(self, lease: int) -> bool:
+        with self._lock:
+            if self._state not in (_RUNNING, _STOPPING):
+                return False
+            core = self._core
+            assert core is not None
+            alive = core.heartbeat(self.clock.now_ns(), lease)
+            self._pump()
+            return alive
+
+    def _set_capacity_now(self, pool: str, labels: dict[str, str], slots: int) -> None:
+        """A runner's capacity for a worker group (remote workers came or went;
+        also while the runner is made, at start)."""
+        with self._lock:
+            core = self._core
+            if self._state in (_NEW, _STOPPED) or core is None:
+                return
+            core.set_group_capacity(self.clock.now_ns(), pool, labels, slots)
+            if self._state != "starting":
+                self._pump()
+
+    # ================================================================ handles
 
     def _deliver(self, task_id: int) -> None:
         """A success event goes out: hand the output to the waiting handles
@@ -660,38 +766,6 @@ class Scheduler:
         if len(self._output_order) > self._output_limit:
             self._outputs.pop(self._output_order.popleft(), None)
 
-    def _not_started(self, lease: int, message: str) -> None:
-        """A runner could not start this attempt: it gives the attempt back."""
-        if self._state not in (_RUNNING, _STOPPING):
-            return
-        delay = _NOT_STARTED_DELAY_NS if self._state == _RUNNING else 0
-        core = self._core
-        assert core is not None
-        if core.give_back(self._now_ns(), lease, delay, message):
-            log.warning("an attempt could not start (%s); its task waits %g s without using an attempt",
-                        message, delay / 1e9, extra={"action": "not_started", "error": message})
-        self._pump()
-
-    def _heartbeat(self, lease: int) -> bool:
-        if self._state not in (_RUNNING, _STOPPING):
-            return False
-        core = self._core
-        assert core is not None
-        alive = core.heartbeat(self.clock.now_ns(), lease)
-        self._pump()
-        return alive
-
-    def _set_capacity_now(self, pool: str, labels: dict[str, str], slots: int) -> None:
-        """A runner's capacity for a worker group (remote workers came or went)."""
-        if self._state not in (_RUNNING, _STOPPING):
-            return
-        core = self._core
-        assert core is not None
-        core.set_group_capacity(self.clock.now_ns(), pool, labels, slots)
-        self._pump()
-
-    # ================================================================ handles
-
     def _dead_letter(self, raw: tuple) -> None:
         """A task ran out of attempts: log it, then resolve its handles."""
         task_id, pool, key, attempt, message = raw[1], raw[2], raw[3], raw[5], raw[7]
@@ -702,7 +776,7 @@ class Scheduler:
         if handle is not None:
             self._resolve(handle, task_id, DEAD_LETTERED, message)
 
-    def _resolve(self, handle, task_id: int, status: str, message: str | None,
+    def _resolve(self, handle: Any, task_id: int, status: str, message: str | None,
                  output: Any = _NO_OUTPUT) -> None:
         """Resolve ``handle`` (one or a list). For a success, ``output`` if given,
         else the cached output; ``message`` then says why there is none."""
@@ -716,17 +790,19 @@ class Scheduler:
                            "none: it could not be encoded, or was pruned)")
         for h in handle if isinstance(handle, list) else (handle,):
             if status is not SUCCEEDED:
-                h._fail(status, message)
+                h.set_failure(status, message)
             elif output is _NO_OUTPUT:
-                h._fail(SUCCEEDED, message)
+                h.set_failure(SUCCEEDED, message)
             else:
-                h._succeed(output)
+                h.set_result(output)
 
     def _attach(self, task_id: int, key: str | None, duplicate: bool) -> TaskHandle:
-        """A handle on a known task. Of a finished task whose output is not at
-        hand (not cached), it resolves once the output is loaded from the store."""
+        """A handle on a known task (under the lock, from any thread). Of a
+        finished task whose output is not at hand (not cached), it resolves
+        once the output is loaded from the store."""
         handle = TaskHandle(task_id, key, duplicate, self._loop)
         core = self._core
+        assert core is not None
         if task_id not in core.tasks and task_id not in self._delivering:
             info = core.info(task_id)
             if info.status not in TERMINAL:
@@ -735,7 +811,7 @@ class Scheduler:
                 self._resolve(handle, task_id, info.status, info.message)
                 return handle
             if task_id not in self._loading:
-                self._loading[task_id] = asyncio.get_running_loop().create_task(self._load_output(task_id))
+                self._load_output_soon(task_id)
         existing = self._handles.get(task_id)
         if existing is None:
             self._handles[task_id] = handle
@@ -744,6 +820,25 @@ class Scheduler:
         else:
             self._handles[task_id] = [existing, handle]
         return handle
+
+    def _load_output_soon(self, task_id: int) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._loading[task_id] = loop.create_task(self._load_output(task_id))
+        else:
+            loop.call_soon_threadsafe(self._start_load, task_id)
+
+    def _start_load(self, task_id: int) -> None:
+        with self._lock:
+            if task_id not in self._loading and task_id in self._handles and self._state == _RUNNING:
+                loop = self._loop
+                assert loop is not None
+                self._loading[task_id] = loop.create_task(self._load_output(task_id))
 
     async def _load_output(self, task_id: int) -> None:
         """Resolve the handles of a finished task with its stored output."""
@@ -759,32 +854,34 @@ class Scheduler:
             message = f"the task succeeded but its output could not be loaded from the store: {exc}"
         finally:
             self._loading.pop(task_id, None)
-        if output is not _NO_OUTPUT and self._output_limit:
-            self._remember_output(task_id, output)
-        handle = self._handles.pop(task_id, None)
-        if handle is not None:
-            self._resolve(handle, task_id, SUCCEEDED, message, output)
+        with self._lock:
+            if output is not _NO_OUTPUT and self._output_limit:
+                self._remember_output(task_id, output)
+            handle = self._handles.pop(task_id, None)
+            if handle is not None:
+                self._resolve(handle, task_id, SUCCEEDED, message, output)
 
     # ================================================================ submission
+
+    def _admit_now(self, core: Core, spec: TaskSpec) -> tuple[int, bool] | None:
+        """Admission, the one place it happens (under the lock): the answer,
+        or None when a full queue asks the submitter to wait for room."""
+        try:
+            return core.submit(self.clock.now_ns(), spec)
+        except QueueFull as exc:
+            if core.overflow_policy(spec.pool) != "wait" or exc.never:
+                raise
+            return None
 
     async def _admit(self, spec: TaskSpec) -> tuple[int, bool]:
         self._check()
         if self._log is not None:
             encoded_payload(spec, self.codec)   # TypeError now, before anything is stored
+        return await self._with_room(lambda core: self._admit_now(core, spec), (spec.pool, spec.priority))
 
-        def attempt(core: Core):
-            try:
-                return core.submit(self.clock.now_ns(), spec)
-            except QueueFull as exc:
-                if core.overflow_policy(spec.pool) != "wait" or exc.never:
-                    raise
-                return None
-
-        return await self._with_room(attempt, (spec.pool, spec.priority))
-
-    async def _with_room(self, attempt, line):
-        """Run ``attempt(core)`` until it fits; while it returns None (a full
-        queue with the "wait" policy), wait for room.
+    async def _with_room(self, attempt: Callable[[Core], Any], line: Any) -> Any:
+        """Run ``attempt(core)`` (under the lock) until it fits; while it
+        returns None (a full queue with the "wait" policy), wait for room.
 
         Waiters queue per (pool, class) line, in arrival order: a submitter
         keeps its place across retries, and one line's full bound does not
@@ -794,22 +891,26 @@ class Scheduler:
         turn = None
         try:
             while True:
-                result = attempt(self._check())
-                if result is not None:
-                    return result
-                key = line[0] if isinstance(line, list) else line
-                if turn is None or turn.key != key:
-                    if turn is not None:
-                        self._leave_line(turn)
-                    turn = _Turn(key)
-                    self._room.setdefault(key, deque()).append(turn)
-                turn.future = self._loop.create_future()
+                with self._lock:
+                    result = attempt(self._check())
+                    if result is not None:
+                        return result
+                    key = line[0] if isinstance(line, list) else line
+                    if turn is None or turn.key != key:
+                        if turn is not None:
+                            self._leave_line(turn)
+                        turn = _Turn(key)
+                        self._room.setdefault(key, deque()).append(turn)
+                    loop = self._loop
+                    assert loop is not None
+                    turn.future = loop.create_future()
                 await turn.future
         finally:
             if turn is not None:
-                self._leave_line(turn)
-                if self._state == _RUNNING:
-                    self._wake_room()   # the next in line may fit now
+                with self._lock:
+                    self._leave_line(turn)
+                    if self._state == _RUNNING:
+                        self._wake_room()   # the next in line may fit now
 
     def _leave_line(self, turn: _Turn) -> None:
         waiting = self._room.get(turn.key)
@@ -831,34 +932,84 @@ class Scheduler:
     async def submit(self, payload: Any = None, **options: Any) -> TaskHandle:
         """Submit a task; returns its ``TaskHandle``. Options are those of
         ``cronoq.Task`` (pool, kind, priority, key, deadline_in, ...)."""
-        spec = TaskSpec(payload, **options)
-        task_id, duplicate = await self._admit(spec)
-        handle = self._attach(task_id, spec.key, duplicate)
-        self._pump()
-        if self._log is not None:
-            await self._log.durable(*_claims(((task_id, duplicate),)))
-        return handle
+        return await self._submit_spec(TaskSpec(payload, **options), True)
 
     async def enqueue(self, payload: Any = None, **options: Any) -> int:
         """Submit a task without a handle (cheaper); returns its id."""
-        task_id, duplicate = await self._admit(TaskSpec(payload, **options))
-        self._pump()
+        return await self._submit_spec(TaskSpec(payload, **options), False)
+
+    async def _submit_spec(self, spec: TaskSpec, handle: bool,
+                           wrap: Callable[[TaskHandle], Any] | None = None, hooked: bool = False) -> Any:
+        if self._submit_hooks and not hooked:
+            spec = self._hooked(spec)
+        task_id, duplicate = await self._admit(spec)
+        with self._lock:
+            value: Any = task_id
+            if handle:
+                value = self._attach(task_id, spec.key, duplicate)
+                if wrap is not None:
+                    value = wrap(value)
+            self._pump()
         if self._log is not None:
             await self._log.durable(*_claims(((task_id, duplicate),)))
-        return task_id
+        return value
 
-    async def _admit_batch(self, tasks: Iterable[TaskSpec]) -> list:
+    def submit_from_thread(self, spec: TaskSpec, *, handle: bool = True,
+                           wrap: Callable[[TaskHandle], Any] | None = None
+                           ) -> tuple[Any, Callable[[], Awaitable[Any]] | None]:
+        """Submit from a thread other than the scheduler's loop: the entry
+        point of ``BlockingScheduler`` and of servers.
+
+        Admission runs at once, on this thread, under the engine's lock, so
+        its errors are raised here and its answer does not wait for the loop;
+        the loop is then asked to carry out what the engine queued. Returns
+        ``(value, later)``: ``value`` is the handle (``wrap(handle)`` if
+        given, made under the lock) or, with ``handle=False``, the id. When
+        ``later`` is not None, the call is not answered yet: run
+        ``await later()`` on the loop for the value (with a store, the commit
+        of the submission; with a full queue under the "wait" policy, the
+        wait for room and the admission).
+        """
+        if self._submit_hooks:
+            spec = self._hooked(spec)
+        if self._log is not None:
+            encoded_payload(spec, self.codec)   # outside the lock: it may be slow
+        with self._lock:
+            result = self._admit_now(self._check_serving(), spec)
+            if result is None:
+                return None, lambda: self._submit_spec(spec, handle, wrap, hooked=True)
+            task_id, duplicate = result
+            value: Any = task_id
+            if handle:
+                value = self._attach(task_id, spec.key, duplicate)
+                if wrap is not None:
+                    value = wrap(value)
+            self._ask_pump()
+        if self._log is None:
+            return value, None
+        log_ = self._log
+
+        async def committed() -> Any:
+            await log_.durable(*_claims(((task_id, duplicate),)))
+            return value
+
+        return None, committed
+
+    async def _admit_batch(self, tasks: Iterable[TaskSpec]) -> tuple[list[TaskSpec], list[tuple[int, bool]]]:
         specs = list(tasks)
         for i, spec in enumerate(specs):
             if not isinstance(spec, TaskSpec):
                 raise TypeError(f"submit_batch takes cronoq.Task objects; item {i} is {type(spec).__name__}")
+        if self._submit_hooks:
+            specs = [self._hooked(spec) for spec in specs]
+        for i, spec in enumerate(specs):
             if self._log is not None:
                 try:
                     encoded_payload(spec, self.codec)
                 except InvalidTask as exc:
                     raise exc.at_index(i) from None
 
-        def attempt(core: Core):
+        def attempt(core: Core) -> tuple[list[TaskSpec], list[tuple[int, bool]]] | None:
             try:
                 return specs, core.submit_batch(self.clock.now_ns(), specs)
             except QueueFull as exc:
@@ -869,15 +1020,17 @@ class Scheduler:
                 return None
 
         line = [(specs[0].pool, specs[0].priority) if specs else None]
-        return await self._with_room(attempt, line)
+        result: tuple[list[TaskSpec], list[tuple[int, bool]]] = await self._with_room(attempt, line)
+        return result
 
     async def submit_batch(self, tasks: Iterable[TaskSpec]) -> list[TaskHandle]:
         """Submit ``cronoq.Task`` objects atomically: all or none. Tasks may
         depend on keys defined anywhere in the batch."""
         specs, results = await self._admit_batch(tasks)
-        handles = [self._attach(task_id, spec.key, duplicate)
-                   for spec, (task_id, duplicate) in zip(specs, results)]
-        self._pump()
+        with self._lock:
+            handles = [self._attach(task_id, spec.key, duplicate)
+                       for spec, (task_id, duplicate) in zip(specs, results)]
+            self._pump()
         if self._log is not None:
             await self._log.durable(*_claims(results))
         return handles
@@ -895,42 +1048,63 @@ class Scheduler:
     async def cancel(self, ref: int | str) -> bool:
         """Cancel a task by id or key: True if this call cancelled it, False if
         it had already finished. ``UnknownTask`` if no such task is known."""
-        core = self._check()
-        cancelled = core.cancel(self.clock.now_ns(), ref)
-        self._pump()
+        with self._lock:
+            cancelled = self._check().cancel(self.clock.now_ns(), ref)
+            self._pump()
         if self._log is not None:
             await self._log.durable()
         return cancelled
 
     async def handle(self, ref: int | str) -> TaskHandle:
         """A handle on an existing task, live or finished (within retention)."""
-        core = self._check()
-        info = core.info(ref)
+        with self._lock:
+            info = self._check().info(ref)
         if info.status in TERMINAL and self._log is not None:
             await self._log.durable()   # an ended task is reported only once its end is stored
-        handle = self._attach(info.id, info.key, True)
+        with self._lock:
+            handle = self._attach(info.id, info.key, True)
         if info.status in TERMINAL and not handle.done():
             # Its output is being loaded from the store: return the handle resolved.
             loaded = asyncio.get_running_loop().create_future()
-            handle._on_done(lambda _: loaded.done() or loaded.set_result(None))
+            handle.add_done_callback(lambda _: loaded.done() or loaded.set_result(None))
             await loaded
         return handle
 
     async def info(self, ref: int | str) -> TaskInfo:
         """What the scheduler knows of a task (status, attempt, message...)."""
-        return self._check().info(ref)
+        with self._lock:
+            return self._check().info(ref)
 
     async def snapshot(self) -> Snapshot:
         """Pools, quality metrics over the window, and totals since start."""
-        self._check()
-        return self._snapshot_now()
+        with self._lock:
+            self._check()
+            return self._snapshot_locked()
 
-    def _snapshot_now(self) -> Snapshot:
-        """A snapshot, taken on the loop (the engine's view plus the runners')."""
+    def snapshot_from_thread(self, timeout: float | None = None) -> Snapshot:
+        """``snapshot()`` from any thread, at once (metrics scrapes, the
+        blocking facade): read under the engine's lock, waiting for it at
+        most ``timeout`` seconds (``SchedulerError`` after that)."""
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            raise SchedulerError(f"the scheduler did not let go of its engine within {timeout:g} s")
+        try:
+            self._check_serving()
+            snap = self._snapshot_locked(pump=False)
+            core = self._core
+            assert core is not None
+            if core.actions:
+                self._ask_pump()   # taking it fired timers: the loop carries out the rest
+            return snap
+        finally:
+            self._lock.release()
+
+    def _snapshot_locked(self, pump: bool = True) -> Snapshot:
+        """A snapshot: the engine's view plus the runners'."""
         core = self._core
         assert core is not None
         snap = core.snapshot(self.clock.now_ns())
-        self._pump()
+        if pump:
+            self._pump()
         runners = self._runners
         for pool in snap.pools:
             runner = runners.get(pool.name)
@@ -942,26 +1116,36 @@ class Scheduler:
         """A stream of status events (terminal ones; every transition with
         ``emit_transitions=True``). Use ``async with`` or close it."""
         self._check()
-        stream = EventStream(self.event_capacity, on_lag, self._detach)
-        self._streams.append(stream)
+        stream = EventStream(self.event_capacity, on_lag, self.unsubscribe)
+        self.subscribe(stream)
         return stream
 
-    def _detach(self, stream: EventStream) -> None:
-        if stream in self._streams:
-            self._streams.remove(stream)
+    def subscribe(self, sink: EventSink) -> None:
+        """Deliver every status event to ``sink`` (from any thread); its
+        ``deliver`` and ``end`` run on the scheduler's loop. ``events()`` is
+        the ready-made sink."""
+        with self._lock:
+            self._check_serving()
+            self._sinks.append(sink)
+
+    def unsubscribe(self, sink: EventSink) -> None:
+        """Stop delivering events to ``sink`` (from any thread)."""
+        with self._lock:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
 
     async def set_capacity(self, pool: str, capacity: int) -> None:
         """Set the capacity of a pool's unlabeled workers (an autoscaled pool
         overrides it at its next evaluation)."""
-        core = self._check()
-        core.set_capacity(self.clock.now_ns(), pool, capacity)
-        self._pump()
+        with self._lock:
+            self._check().set_capacity(self.clock.now_ns(), pool, capacity)
+            self._pump()
 
     async def set_group_capacity(self, pool: str, labels: dict[str, str], capacity: int) -> None:
         """Set the capacity of the pool's workers that carry exactly ``labels``."""
-        core = self._check()
-        core.set_group_capacity(self.clock.now_ns(), pool, labels, capacity)
-        self._pump()
+        with self._lock:
+            self._check().set_group_capacity(self.clock.now_ns(), pool, labels, capacity)
+            self._pump()
 
     async def add_recurring(self, name: str, cron: str, payload: Any = None, *, tz: str = "UTC",
                             overlap: str = "skip", tolerance: float | None = None,
@@ -969,25 +1153,72 @@ class Scheduler:
                             **task_options: Any) -> None:
         """Register (or replace) a cron schedule; each occurrence is a
         fixed-start task built from ``payload`` and ``task_options``."""
-        core = self._check()
+        self._check()
         check_name(name, "name", error=ValueError)
         template = TaskSpec(payload, key=key, **task_options)
         if self._log is not None:
             encoded_payload(template, self.codec)
-        core.add_recurring(self.clock.now_ns(), name, cron, template, tz=tz, overlap=overlap,
-                           tolerance=tolerance, on_miss=on_miss)
-        self._pump()
+        with self._lock:
+            self._check().add_recurring(self.clock.now_ns(), name, cron, template, tz=tz, overlap=overlap,
+                                        tolerance=tolerance, on_miss=on_miss)
+            self._pump()
         if self._log is not None:
             await self._log.durable(needs=(name,))
 
     async def remove_recurring(self, name: str) -> bool:
         """Stop a schedule (an occurrence already created still runs)."""
-        core = self._check()
-        removed = core.remove_recurring(self.clock.now_ns(), name)
-        self._pump()
+        with self._lock:
+            removed = self._check().remove_recurring(self.clock.now_ns(), name)
+            self._pump()
         if self._log is not None:
             await self._log.durable()
         return removed
+
+    # ================================================================ hooks
+
+    def add_submit_hook(self, hook: Callable[[TaskSpec], TaskSpec]) -> Callable[[], None]:
+        """Call ``hook(task)`` for every task before it is admitted, in the
+        submitter's context (its thread or task; for ``BlockingScheduler``
+        calls, a copy of the calling thread's context), and admit the
+        ``Task`` it returns (the same, or a changed copy: never change the
+        caller's). Returns a function that removes the hook."""
+        if not callable(hook):
+            raise ValueError(f"hook must be callable, got {type(hook).__name__}")
+        with self._lock:
+            self._submit_hooks = [*self._submit_hooks, hook]
+
+        def remove() -> None:
+            with self._lock:
+                self._submit_hooks = [h for h in self._submit_hooks if h is not hook]
+
+        return remove
+
+    def _hooked(self, spec: TaskSpec) -> TaskSpec:
+        for hook in self._submit_hooks:
+            spec = hook(spec)
+            if not isinstance(spec, TaskSpec):
+                raise TypeError(f"a submit hook returned {type(spec).__name__}, not a cronoq.Task")
+        return spec
+
+    def add_executor_middleware(
+            self, middleware: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> Callable[[], None]:
+        """Before ``start()``: wrap every pool's executor. ``middleware(executor,
+        is_async)`` returns the executor to run instead, of the same kind (an
+        ``async def`` for an async one). Pools given a ``runner`` are not
+        wrapped. Returns a function that removes it (before start)."""
+        if not callable(middleware):
+            raise ValueError(f"middleware must be callable, got {type(middleware).__name__}")
+        if self._state != _NEW:
+            raise SchedulerError("executor middleware must be added before the scheduler starts")
+        self._middleware.append(middleware)
+
+        def remove() -> None:
+            if self._state != _NEW:
+                raise SchedulerError("executor middleware cannot be removed once the scheduler started")
+            if middleware in self._middleware:
+                self._middleware.remove(middleware)
+
+        return remove
 
     def __repr__(self) -> str:
         return f"<cronoq.Scheduler {self._state} pools={[p.name for p in self.pools]}>"

@@ -5,6 +5,8 @@ importing cronoq stays light; ``PostgresStore`` needs psycopg 3 (the extra
 ``cronoq[postgres]``) only when one is created.
 """
 
+from typing import TYPE_CHECKING
+
 from .base import (
     Batch, Fenced, Recovered, ScheduleRow, StatusRow, Store, StoredSchedule, StoredTask,
     StoreRejected, StoreUnavailable, TaskRecord,
@@ -13,12 +15,16 @@ from .base import (
 from .codec import Codec, JsonCodec
 from .memory import InMemoryStore, MemoryDatabase
 
+if TYPE_CHECKING:   # loaded on first use (below); type checkers see them at once
+    from .postgres import PostgresStore
+    from .sqlite import SqliteStore
+
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
            "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "Codec", "JsonCodec", "InMemoryStore",
            "MemoryDatabase", "SqliteStore", "PostgresStore"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name == "SqliteStore":
         from .sqlite import SqliteStore
         return SqliteStore

@@ -9,13 +9,15 @@ codec and hands the result to ``Core.restore``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 from ..core.errors import SchedulerError
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
-           "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "ID_EPOCH_BITS"]
+           "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "ID_EPOCH_BITS",
+           "LostCallback", "STORE_MEMBERS", "seconds"]
 
 ID_EPOCH_BITS = 44   # task ids carry the leader's epoch above these bits
 
@@ -152,9 +154,38 @@ class Recovered:
     high_water: int
 
 
+LostCallback = Callable[[str], None]
+
+# Every member of ``Store``, for messages naming what an object lacks.
+STORE_MEMBERS = ("retention_ns", "commit_timeout", "acquire_leadership", "recover", "commit", "load_output",
+                 "release_leadership", "on_lost", "close")
+
+
+def seconds(value: object, name: str, *, positive: bool = True) -> float:
+    """``value`` as a number of seconds, or ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number of seconds {'> 0' if positive else '>= 0'}, "
+                         f"got {value!r}")
+    return float(value)
+
+
 @runtime_checkable
 class Store(Protocol):
-    """A durable store with leader election and fencing."""
+    """A durable store with leader election and fencing.
+
+    Every call that needs the database raises ``StoreUnavailable`` when it
+    cannot be reached (never the driver's own errors).
+    """
+
+    @property
+    def retention_ns(self) -> int:
+        """How long (ns) recovery keeps ended tasks at least; the runtime
+        keeps them as long in memory."""
+
+    @property
+    def commit_timeout(self) -> float:
+        """Seconds a caller waits for its commit before it counts as unavailable."""
 
     async def acquire_leadership(self) -> int:
         """Wait until this process leads; return its new fencing epoch (> any before)."""
@@ -176,5 +207,9 @@ class Store(Protocol):
     async def release_leadership(self) -> None:
         """Step down at once so a standby takes over (clean shutdown)."""
 
-    def on_lost(self, callback) -> None:
+    def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(reason)`` (on the loop) if leadership is lost."""
+
+    async def close(self) -> None:
+        """Step down if leading and release the connections (the owner calls it
+        after the scheduler's shutdown; closing twice does nothing)."""

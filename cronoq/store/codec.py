@@ -31,7 +31,8 @@ class JsonCodec:
             raise TypeError(f"the payload cannot be stored as JSON: {exc} "
                             f"(pass codec= to the Scheduler for other types)") from exc
 
-    _scan = json.scanner.make_scanner(json.JSONDecoder())
+    # typeshed asks for a scanner here; the C scanner reads its options off any decoder.
+    _scan = json.scanner.make_scanner(json.JSONDecoder())   # type: ignore[arg-type]
 
     def decode(self, data: bytes) -> Any:
         # Straight to the scanner for the compact UTF-8 this codec writes

@@ -17,8 +17,8 @@ from typing import Any, Callable
 from .. import realtime
 from ..core.types import TERMINAL
 from .base import (
-    Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable, TaskRecord,
-    TaskRow,
+    Batch, Fenced, LostCallback, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable,
+    TaskRecord, TaskRow, seconds,
 )
 
 __all__ = ["MemoryDatabase", "InMemoryStore"]
@@ -28,7 +28,7 @@ class MemoryDatabase:
     def __init__(self) -> None:
         self.tasks: dict[int, dict[str, Any]] = {}
         self.outputs: dict[int, bytes] = {}
-        self.schedules: dict[str, tuple[dict, bytes]] = {}
+        self.schedules: dict[str, tuple[dict[str, Any], bytes]] = {}
         self.epoch = 0
         self.high_water = 0
         self.leader: object | None = None
@@ -40,14 +40,24 @@ class MemoryDatabase:
 
 
 class InMemoryStore:
+    """The store contract in memory (see the module documentation).
+
+    ``retention`` (seconds, default 0): ended tasks recovery keeps at least
+    this long. ``commit_timeout`` (default 30 s): a commit slower than this
+    counts as unavailable for the callers waiting on it.
+    """
+
     _names = itertools.count(1)
 
-    def __init__(self, database: MemoryDatabase | None = None, *, lock_poll: float = 0.01) -> None:
+    def __init__(self, database: MemoryDatabase | None = None, *, lock_poll: float = 0.01,
+                 retention: float = 0.0, commit_timeout: float = 30.0) -> None:
         self.database = database if database is not None else MemoryDatabase()
-        self.lock_poll = lock_poll
+        self.lock_poll = seconds(lock_poll, "lock_poll")
+        self.retention_ns = round(seconds(retention, "retention", positive=False) * 1_000_000_000)
+        self.commit_timeout = seconds(commit_timeout, "commit_timeout")
         self.name = f"memory-{next(self._names)}"
         self.epoch: int | None = None
-        self._lost = None
+        self._lost: LostCallback | None = None
 
     def _check(self) -> MemoryDatabase:
         if not self.database.available:
@@ -66,7 +76,8 @@ class InMemoryStore:
 
     async def recover(self, now_ns: int, retention_ns: int) -> Recovered:
         db = self._check()
-        live_parents: set = set()
+        retention_ns = max(retention_ns, self.retention_ns)
+        live_parents: set[int | str] = set()
         for row in db.tasks.values():
             if row["status"] not in TERMINAL and row["record"]:
                 for ref, _ in row["record"].get("edges", ()):
@@ -112,8 +123,8 @@ class InMemoryStore:
                 row["finished_ns"] = s.at_ns
         for task_id, data in batch.outputs:
             db.outputs[task_id] = data
-        for s in batch.schedules:
-            db.schedules[s.name] = (copy.deepcopy(s.record), s.payload)
+        for schedule in batch.schedules:
+            db.schedules[schedule.name] = (copy.deepcopy(schedule.record), schedule.payload)
         for name in batch.removed_schedules:
             db.schedules.pop(name, None)
         for task_id in batch.withdrawn:
@@ -153,7 +164,7 @@ class InMemoryStore:
         if self.database.leader is self:
             self.database.leader = None
 
-    def on_lost(self, callback) -> None:
+    def on_lost(self, callback: LostCallback) -> None:
         self._lost = callback
 
     def depose(self, reason: str = "deposed by the test") -> None:

@@ -10,9 +10,14 @@ does not know (written by a newer cronoq) is refused with ``SchedulerError``.
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from ..core.errors import SchedulerError
 from .schema import HEAD, VERSION_TABLE
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from sqlalchemy.engine import Connection
 
 __all__ = ["upgrade", "current_revision", "alembic_config", "SCRIPT_LOCATION"]
 
@@ -20,7 +25,7 @@ SCRIPT_LOCATION = "cronoq:_migrations"
 _ALEMBIC = threading.Lock()
 
 
-def alembic_config(connection=None, schema: str | None = None):
+def alembic_config(connection: Connection | None = None, schema: str | None = None) -> Config:
     """An alembic ``Config`` for cronoq's migrations (no ini file needed)."""
     from alembic.config import Config
 
@@ -32,7 +37,7 @@ def alembic_config(connection=None, schema: str | None = None):
     return config
 
 
-def current_revision(connection, schema: str | None = None) -> str | None:
+def current_revision(connection: Connection, schema: str | None = None) -> str | None:
     """The revision recorded in ``cronoq_schema_version`` (None: not migrated yet)."""
     from alembic.runtime.migration import MigrationContext
 
@@ -41,7 +46,7 @@ def current_revision(connection, schema: str | None = None) -> str | None:
     return context.get_current_revision()
 
 
-def upgrade(connection, schema: str | None = None) -> str:
+def upgrade(connection: Connection, schema: str | None = None) -> str:
     """Bring the schema to this build's newest revision; returns it.
 
     ``connection`` must already be inside the transaction that holds the
@@ -55,13 +60,15 @@ def upgrade(connection, schema: str | None = None) -> str:
         return _upgrade(connection, schema, current)
 
 
-def _upgrade(connection, schema: str | None, current: str | None) -> str:
+def _upgrade(connection: Connection, schema: str | None, current: str | None) -> str:
     from alembic import command
     from alembic.script import ScriptDirectory
 
     config = alembic_config(connection, schema)
     script = ScriptDirectory.from_config(config)
     newest = script.get_current_head()
+    if newest is None:
+        raise SchedulerError(f"cronoq's migration scripts are missing from {SCRIPT_LOCATION!r}")
     if current is not None:
         try:
             known = script.get_revision(current) is not None

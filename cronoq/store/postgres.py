@@ -21,19 +21,21 @@ import hashlib
 import logging
 import math
 import urllib.parse
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from sqlalchemy import create_engine, func, select, text, update
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
 from .. import realtime
 from ..core.errors import SchedulerError
-from .base import Fenced, StoreUnavailable
+from .base import Batch, Fenced, StoreUnavailable, seconds
 from .migrate import upgrade
 from .schema import tables
-from .sql import SqlStore, Worker, _seconds
+from .sql import SqlStore, Worker
+
+_T = TypeVar("_T")
 
 __all__ = ["PostgresStore"]
 
@@ -106,10 +108,10 @@ class PostgresStore(SqlStore):
                              f"got {parsed.drivername}://")
         if not isinstance(schema, str) or not schema or "\x00" in schema or len(schema) > 63:
             raise ValueError(f"schema must be a PostgreSQL schema name (1 to 63 characters), got {schema!r}")
-        self.keepalive = _seconds(keepalive, "keepalive")
-        self.session_timeout = _seconds(session_timeout, "session_timeout")
-        super().__init__(lock_poll=lock_poll, retention=retention, keep_finished=keep_finished,
-                         commit_timeout=commit_timeout)
+        self.keepalive = seconds(keepalive, "keepalive")
+        self.session_timeout = seconds(session_timeout, "session_timeout")
+        super().__init__(tables=tables(schema), lock_poll=lock_poll, retention=retention,
+                         keep_finished=keep_finished, commit_timeout=commit_timeout)
         self.url = parsed.set(drivername="postgresql+psycopg")
         password = parsed.password
         # Masked in any error text this store produces (the driver's messages included).
@@ -117,9 +119,8 @@ class PostgresStore(SqlStore):
         self.schema = schema
         self.lock_key = _lock_key("leader", schema)
         self.migrate_key = _lock_key("migrate", schema)
-        self._t = tables(schema)
-        self._lock_engine = None
-        self._lock_conn = None
+        self._lock_engine: Engine | None = None
+        self._lock_conn: Connection | None = None
         # The lock session has its own thread: a slow commit must not delay the keepalive.
         self._lock_executor = Worker("cronoq-postgresql-lock")
 
@@ -146,11 +147,15 @@ class PostgresStore(SqlStore):
             args["options"] = f"-c lock_timeout={int(min(self.commit_timeout, 5.0) * 1000)}"
         return args
 
-    def _create_engine(self):
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        import psycopg
+        return (psycopg.Error,)
+
+    def _create_engine(self) -> Engine:
         return create_engine(self.url, pool_size=2, max_overflow=2,
                              connect_args=self._connect_args(lock_session=False))
 
-    def _migrate(self, engine) -> None:
+    def _migrate(self, engine: Engine) -> None:
         with engine.begin() as conn:
             conn.execute(select(func.pg_advisory_xact_lock(self.migrate_key)))
             exists = conn.execute(text("SELECT 1 FROM pg_namespace WHERE nspname = :name"),
@@ -167,9 +172,9 @@ class PostgresStore(SqlStore):
     _COPY_TYPES = {"id": "int8", "priority": "int4", "attempt": "int4", "submitted_ns": "int8",
                    "updated_ns": "int8", "finished_ns": "int8", "payload": "bytea", "output": "bytea"}
 
-    def _prepare(self) -> None:
-        super()._prepare()
-        q = self.engine.dialect.identifier_preparer
+    def _prepare(self, engine: Engine) -> None:
+        super()._prepare(engine)
+        q = engine.dialect.identifier_preparer
         tasks = self._t.tasks
         self._sql["copy"] = (
             f"COPY {q.format_table(tasks)} "
@@ -178,7 +183,7 @@ class PostgresStore(SqlStore):
         self._copy_types = [self._COPY_TYPES.get(name, "text") for name in self.INSERT_COLUMNS]
         self._no_copy = False
 
-    def _insert_rows(self, cursor, rows: list[list]) -> None:
+    def _insert_rows(self, cursor: Any, rows: list[list[Any]]) -> None:
         if len(rows) < 16 or self._no_copy:
             cursor.executemany(self._sql["insert"], rows)   # ON CONFLICT DO NOTHING
             return
@@ -188,7 +193,7 @@ class PostgresStore(SqlStore):
             for row in rows:
                 copy.write_row(row)
 
-    def _commit_sync(self, epoch: int, batch) -> None:
+    def _commit_sync(self, epoch: int, batch: Batch) -> None:
         from psycopg.errors import UniqueViolation
         try:
             super()._commit_sync(epoch, batch)
@@ -203,7 +208,7 @@ class PostgresStore(SqlStore):
 
     # ----------------------------------------------------------- fencing
 
-    def _check_fence(self, row, epoch: int) -> None:
+    def _check_fence(self, row: Any, epoch: int) -> None:
         if row[0] != epoch:
             raise Fenced(f"epoch {epoch} was replaced by epoch {row[0]}")
 
@@ -213,7 +218,7 @@ class PostgresStore(SqlStore):
 
     # ----------------------------------------------------------- the lock session
 
-    async def _lock_call(self, fn, *args):
+    async def _lock_call(self, fn: Callable[..., _T], *args: Any) -> _T:
         if self._closed:
             raise SchedulerError("the postgresql store is closed")
         try:
@@ -223,13 +228,15 @@ class PostgresStore(SqlStore):
         except self._db_errors as exc:
             raise StoreUnavailable(f"the postgresql store is unavailable: {self._describe(exc)}") from exc
 
-    def _lock_session(self):
+    def _lock_session(self) -> Connection:
         conn = self._lock_conn
         if conn is None:
-            if self._lock_engine is None:
-                self._lock_engine = create_engine(self.url, poolclass=NullPool, isolation_level="AUTOCOMMIT",
-                                                  connect_args=self._connect_args(lock_session=True))
-            conn = self._lock_engine.connect()
+            engine = self._lock_engine
+            if engine is None:
+                engine = self._lock_engine = create_engine(
+                    self.url, poolclass=NullPool, isolation_level="AUTOCOMMIT",
+                    connect_args=self._connect_args(lock_session=True))
+            conn = engine.connect()
             try:
                 # Server-side keepalives: the server drops the lock of a vanished leader promptly.
                 timeout = self.session_timeout
@@ -273,12 +280,12 @@ class PostgresStore(SqlStore):
         conn.exec_driver_sql("SELECT 1").scalar()
 
     def _bump_sync(self) -> int:
-        self._ensure()
         meta = self._t.meta
-        with self.engine.begin() as conn:
-            return conn.execute(update(meta).where(meta.c.id == 1)
-                                .values(epoch=meta.c.epoch + 1, holder=self.identity)
-                                .returning(meta.c.epoch)).scalar_one()
+        with self._ensure().begin() as conn:
+            epoch: int = conn.execute(update(meta).where(meta.c.id == 1)
+                                      .values(epoch=meta.c.epoch + 1, holder=self.identity)
+                                      .returning(meta.c.epoch)).scalar_one()
+        return epoch
 
     # ----------------------------------------------------------- leadership
 
@@ -342,8 +349,15 @@ class PostgresStore(SqlStore):
         conn = self._lock_conn
         if conn is None:
             return None
-        return self._lock_executor.submit(
-            lambda: conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()).result()
+
+        def pid() -> int | None:
+            value: int | None = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            return value
+
+        try:
+            return self._lock_executor.submit(pid).result()
+        except self._db_errors as exc:
+            raise StoreUnavailable(f"the postgresql store is unavailable: {self._describe(exc)}") from exc
 
     async def release_leadership(self) -> None:
         """Unlock and end the lock session so a standby takes over at once."""

@@ -25,15 +25,19 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Generator, Iterator, TypeVar, overload
 
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import PoolProxiedConnection
 
 from ..core.errors import SchedulerError
 from ..core.types import TERMINAL
 from .base import (
-    Batch, Fenced, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable, TaskRecord,
+    Batch, Fenced, LostCallback, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable,
+    TaskRecord, seconds,
 )
 from .schema import Tables
 
@@ -46,6 +50,10 @@ _CHUNK = 500   # ids or keys per IN (...) list
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+@overload
+def clean_text(value: str) -> str: ...
+@overload
+def clean_text(value: None) -> None: ...
 def clean_text(value: str | None) -> str | None:
     """Text as both stores write it: NUL and unpaired surrogates become U+FFFD."""
     if value is None:
@@ -89,23 +97,20 @@ def _record_parser() -> Callable[[str | None], dict[str, Any] | None]:
     return parse
 
 
-def _seconds(value: object, name: str, *, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be a finite number of seconds {'> 0' if positive else '>= 0'}, "
-                         f"got {value!r}")
-    return float(value)
-
-
 def describe(exc: BaseException) -> str:
     """A short description of a database error (without the statement and its parameters)."""
     orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip().splitlines()
-    text = text[0] if text else type(exc).__name__
-    return text[:300]
+    lines = str(orig if orig is not None else exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-def _resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
+_T = TypeVar("_T")
+
+# What the worker thread runs: (future to resolve, function, arguments).
+_WorkItem = tuple["asyncio.Future[Any] | concurrent.futures.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+def _resolve(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
     if not future.done():   # the caller may have given up (cancelled) meanwhile
         if ok:
             future.set_result(value)
@@ -124,11 +129,11 @@ class Worker:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_WorkItem | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopped = False
 
-    def _put(self, item) -> None:
+    def _put(self, item: _WorkItem) -> None:
         if self._stopped:
             raise RuntimeError(f"{self.name} is shut down")
         if self._thread is None:
@@ -136,17 +141,17 @@ class Worker:
             self._thread.start()
         self._queue.put(item)
 
-    def call(self, fn: Callable, *args: Any) -> asyncio.Future:
+    def call(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
         """Run ``fn(*args)`` on the thread; an asyncio future of the running loop."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._put((loop, future, fn, args))
+        future: asyncio.Future[_T] = loop.create_future()
+        self._put((future, fn, args))
         return future
 
-    def submit(self, fn: Callable, *args: Any) -> concurrent.futures.Future:
+    def submit(self, fn: Callable[..., _T], *args: Any) -> concurrent.futures.Future[_T]:
         """Run ``fn(*args)`` on the thread, from any thread."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._put((None, future, fn, args))
+        future: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        self._put((future, fn, args))
         return future
 
     def shutdown(self) -> None:
@@ -161,12 +166,13 @@ class Worker:
             item = self._queue.get()
             if item is None:
                 return
-            loop, future, fn, args = item
+            future, fn, args = item
+            value: Any
             try:
                 ok, value = True, fn(*args)
             except BaseException as exc:
                 ok, value = False, exc
-            if loop is None:
+            if isinstance(future, concurrent.futures.Future):
                 if future.set_running_or_notify_cancel():
                     if ok:
                         future.set_result(value)
@@ -174,7 +180,7 @@ class Worker:
                         future.set_exception(value)
                 continue
             try:
-                loop.call_soon_threadsafe(_resolve, future, ok, value)
+                future.get_loop().call_soon_threadsafe(_resolve, future, ok, value)
             except RuntimeError:   # the loop is closed: nobody waits any more
                 pass
             del item, future, value
@@ -189,9 +195,9 @@ class _RowStream:
     millions never sits in memory as rows, and what a slice allocated is
     reused by the next. Iterate it once."""
 
-    def __init__(self, store: SqlStore, slices: Iterator[list[StoredTask]]) -> None:
+    def __init__(self, store: SqlStore, slices: Generator[list[StoredTask], None, None]) -> None:
         self._store = store
-        self._slices = slices
+        self._slices: Generator[list[StoredTask], None, None] | None = slices
 
     def __iter__(self) -> Iterator[StoredTask]:
         store = self._store
@@ -224,32 +230,45 @@ class SqlStore:
 
     dialect = "sql"
 
-    def __init__(self, *, lock_poll: float, retention: float, keep_finished: float,
+    def __init__(self, *, tables: Tables, lock_poll: float, retention: float, keep_finished: float,
                  commit_timeout: float) -> None:
-        self.lock_poll = _seconds(lock_poll, "lock_poll")
-        self.retention = _seconds(retention, "retention", positive=False)
-        self.keep_finished = _seconds(keep_finished, "keep_finished", positive=False)
-        self.commit_timeout = _seconds(commit_timeout, "commit_timeout")
+        self.lock_poll = seconds(lock_poll, "lock_poll")
+        self.retention = seconds(retention, "retention", positive=False)
+        self.keep_finished = seconds(keep_finished, "keep_finished", positive=False)
+        self.commit_timeout = seconds(commit_timeout, "commit_timeout")
         self.retention_ns = round(self.retention * NS)
         self.keep_finished_ns = round(self.keep_finished * NS)
         self.prune_every = max(1.0, min(self.keep_finished / 10, 600.0))
         self.identity = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.epoch: int | None = None
-        self.engine = None            # the SQLAlchemy engine, created on first use
-        self._t: Tables | None = None
+        self.engine: Engine | None = None   # the SQLAlchemy engine, created on first use
+        self._t = tables
         self._executor = Worker(f"cronoq-{self.dialect}")
         self._closed = False
-        self._lost_callback: Callable[[str], None] | None = None
+        self._lost_callback: LostCallback | None = None
         self._lost_reason: str | None = None
-        self._watch: asyncio.Task | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._last_prune = 0.0
         self._sql: dict[str, str] = {}
-        self._wconn = None
-        self._db_errors: tuple = (SQLAlchemyError, OSError)
+        self._wconn: PoolProxiedConnection | None = None
+        # What counts as the database failing (an outage, or a refusal of the data).
+        self._db_errors: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError, *self._driver_errors())
+
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        """The base classes of the DBAPI driver's own errors (raised by raw cursors)."""
+        raise NotImplementedError
+
+    # The leadership of each dialect.
+
+    async def acquire_leadership(self) -> int:
+        raise NotImplementedError
+
+    async def release_leadership(self) -> None:
+        raise NotImplementedError
 
     # ----------------------------------------------------------- plumbing
 
-    async def _call(self, fn: Callable, *args: Any) -> Any:
+    async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run ``fn(*args)`` on the store's worker thread; database errors
         become ``StoreUnavailable``."""
         if self._closed:
@@ -287,9 +306,10 @@ class SqlStore:
             text = text.replace(secret, "***")
         return text
 
-    def _ensure(self) -> None:
-        """Connect and migrate (on the worker thread, once)."""
-        if self.engine is None:
+    def _ensure(self) -> Engine:
+        """Connect and migrate (on the worker thread, once); the engine."""
+        engine = self.engine
+        if engine is None:
             engine = self._create_engine()
             try:
                 self._migrate(engine)
@@ -297,35 +317,36 @@ class SqlStore:
                 engine.dispose()
                 raise
             self.engine = engine
-            self._db_errors = (SQLAlchemyError, OSError, engine.dialect.loaded_dbapi.Error)
-            self._prepare()
+            self._prepare(engine)
+        return engine
 
-    def _create_engine(self):
+    def _create_engine(self) -> Engine:
         raise NotImplementedError
 
-    def _migrate(self, engine) -> None:
+    def _migrate(self, engine: Engine) -> None:
         raise NotImplementedError
 
-    def _begin(self):
-        """A write transaction (a context manager yielding a Connection)."""
-        return self.engine.begin()
+    def _begin(self) -> AbstractContextManager[Connection]:
+        """A write transaction."""
+        return self._ensure().begin()
 
-    def _begin_read(self):
-        return self.engine.begin()
+    def _begin_read(self) -> AbstractContextManager[Connection]:
+        return self._ensure().begin()
 
-    def _insert_rows(self, cursor, rows: list[list]) -> None:
+    # Raw DBAPI cursors are typed Any: each driver has its own (psycopg's COPY, say).
+    def _insert_rows(self, cursor: Any, rows: list[list[Any]]) -> None:
         cursor.executemany(self._sql["insert"], rows)
 
     # The columns of an inserted task row, in the order the write path builds them.
     INSERT_COLUMNS = ("id", "pool", "kind", "priority", "key", "record", "payload", "status", "attempt",
                       "message", "submitted_ns", "updated_ns", "finished_ns", "output")
 
-    def _prepare(self) -> None:
+    def _prepare(self, engine: Engine) -> None:
         """The statements of the write path, for the raw DBAPI cursor with
         positional parameters: the write path is the hot path, so it skips
         SQLAlchemy's per-statement work. Names come from the table definitions."""
         t = self._t
-        q = self.engine.dialect.identifier_preparer
+        q = engine.dialect.identifier_preparer
         p = self._placeholder
         tasks, schedules, meta = (q.format_table(table) for table in (t.tasks, t.schedules, t.meta))
         col = {name: q.quote(t.tasks.c[name].name) for name in self.INSERT_COLUMNS}
@@ -351,23 +372,23 @@ class SqlStore:
     _placeholder = "?"
     _fence_suffix = ""
 
-    def _check_fence(self, row, epoch: int) -> None:
+    def _check_fence(self, row: Any, epoch: int) -> None:
         raise NotImplementedError
 
-    def _tx_begin(self, cursor) -> None:
+    def _tx_begin(self, cursor: Any) -> None:
         """Open the write transaction on a raw cursor (PostgreSQL: implicit)."""
 
     # ----------------------------------------------------------- the writer connection
 
-    def _writer(self):
+    def _writer(self) -> PoolProxiedConnection:
         """The raw DBAPI connection of the write path (checked out of the pool
         while this store leads; returned on step-down, release and close)."""
         conn = self._wconn
         if conn is None:
-            conn = self._wconn = self.engine.raw_connection()
+            conn = self._wconn = self._ensure().raw_connection()
         return conn
 
-    def _abandon_writer(self, conn) -> None:
+    def _abandon_writer(self, conn: PoolProxiedConnection) -> None:
         """After a failed commit: roll back, or drop a broken connection."""
         try:
             conn.rollback()
@@ -398,7 +419,7 @@ class SqlStore:
             except RuntimeError:   # the executor is shut down
                 pass
 
-    def on_lost(self, callback) -> None:
+    def on_lost(self, callback: LostCallback) -> None:
         self._lost_callback = callback
         if self._lost_reason is not None:
             callback(self._lost_reason)
@@ -441,13 +462,18 @@ class SqlStore:
             self.epoch = None
             self._deposed()
             raise
-        except (*self._db_errors, TypeError, ValueError, OverflowError) as exc:
+        except self._commit_errors() as exc:
             if self._refuses(exc):
                 raise StoreRejected(f"the {self.dialect} database refused the data: "
                                     f"{self._describe(exc)}") from exc
             unavailable = StoreUnavailable(f"the {self.dialect} store is unavailable: {self._describe(exc)}")
             unavailable.uncertain = bool(getattr(exc, "cronoq_uncertain", False))
             raise unavailable from exc
+
+    def _commit_errors(self) -> tuple[type[BaseException], ...]:
+        """What a failed commit may raise: the database's errors, and a value
+        the driver cannot bind."""
+        return (*self._db_errors, TypeError, ValueError, OverflowError)
 
     # A commit whose connection fails while the server commits may have been
     # written (PostgreSQL); SQLite's local commit either happened or did not.
@@ -459,12 +485,12 @@ class SqlStore:
 
     def _commit_sync(self, epoch: int, batch: Batch) -> None:
         self._ensure()
-        inserts: dict[int, list] = {}
+        inserts: dict[int, list[Any]] = {}
         for t in batch.tasks:   # in INSERT_COLUMNS order
             inserts[t.id] = [t.id, clean_text(t.pool), clean_text(t.kind), t.priority, clean_text(t.key),
                              _record_text(t.record), t.payload, "ready", 0, None, t.submitted_ns,
                              t.submitted_ns, None, None]
-        updates: dict[int, list] = {}
+        updates: dict[int, list[Any]] = {}
         for s in batch.statuses:
             finished = s.at_ns if s.status in TERMINAL else None
             message = clean_text(s.message)
@@ -477,8 +503,8 @@ class SqlStore:
                 row[12] = finished
             else:
                 updates[s.id] = [s.status, s.attempt, message, s.at_ns, finished, s.id]
-        with_output: list[list] = []
-        outputs: list[tuple] = []
+        with_output: list[list[Any]] = []
+        outputs: list[tuple[bytes, int]] = []
         for task_id, data in batch.outputs:
             row = inserts.get(task_id)
             if row is not None:
@@ -595,30 +621,30 @@ class SqlStore:
                              conn.execute(select(func.max(t.tasks.c.id))).scalar() or 0)
         return Recovered(_RowStream(self, self._task_slices(now_ns, retention_ns)), schedules, high_water)
 
-    def _task_slices(self, now_ns: int, retention_ns: int) -> Iterator[list[StoredTask]]:
+    def _task_slices(self, now_ns: int, retention_ns: int) -> Generator[list[StoredTask], None, None]:
         """Live tasks (in id order), recently ended ones, then the ended
         parents of live tasks, however old; in slices, read with the raw
         driver cursor. A generator driven on the worker thread, one slice per
         step, inside one read transaction."""
         t = self._t
         c = t.tasks.c
-        q = self.engine.dialect.identifier_preparer
+        q = self._ensure().dialect.identifier_preparer
         p = self._placeholder
         select_rows = (f"SELECT {', '.join(q.quote(c[name].name) for name in self.RECOVER_COLUMNS)} "
                        f"FROM {q.format_table(t.tasks)} WHERE ")
         finished, ident, key = (q.quote(c[name].name) for name in ("finished_ns", "id", "key"))
         cutoff = now_ns - retention_ns
         keys: set[str] = set()
-        refs: set = set()
+        refs: set[object] = set()
         parse = _record_parser()
 
-        def load(cursor, sql: str, params: tuple) -> Iterator[list[StoredTask]]:
+        def load(cursor: Any, sql: str, params: tuple[object, ...]) -> Iterator[list[StoredTask]]:
             cursor.execute(sql, params)
             while True:
                 rows = cursor.fetchmany(_SLICE)
                 if not rows:
                     return
-                out = []
+                out: list[StoredTask] = []
                 append = out.append
                 for row in rows:
                     record = parse(row[2])
@@ -651,9 +677,9 @@ class SqlStore:
                         parents.update((row.id, row) for row in rows)
                 want_keys = sorted({clean_text(ref) for ref in refs if isinstance(ref, str) and ref not in keys})
                 for i in range(0, len(want_keys), _CHUNK):
-                    chunk = want_keys[i:i + _CHUNK]
-                    for rows in load(cursor, f"{select_rows}{old} AND {key} IN ({', '.join([p] * len(chunk))})",
-                                     (cutoff, *chunk)):
+                    key_chunk = want_keys[i:i + _CHUNK]
+                    in_keys = ", ".join([p] * len(key_chunk))
+                    for rows in load(cursor, f"{select_rows}{old} AND {key} IN ({in_keys})", (cutoff, *key_chunk)):
                         parents.update((row.id, row) for row in rows)
                 if parents:
                     yield list(parents.values())

@@ -22,17 +22,19 @@ import os
 import sqlite3
 import threading
 import urllib.parse
+from contextlib import AbstractContextManager
+from typing import Any
 
 from sqlalchemy import create_engine, event, select, update
-from sqlalchemy.pool import QueuePool
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 
 from .. import realtime
-from ..core.errors import SchedulerError
 from ..realtime import real_time_ns
-from .base import Fenced, StoreUnavailable
+from .base import Fenced, StoreUnavailable, seconds
 from .migrate import upgrade
 from .schema import tables
-from .sql import NS, SqlStore, _seconds
+from .sql import NS, SqlStore
 
 __all__ = ["SqliteStore"]
 
@@ -49,28 +51,27 @@ class SqliteStore(SqlStore):
 
     dialect = "sqlite"
 
-    def __init__(self, path: str | os.PathLike, *, lease_ttl: float = 10.0, lease_renew: float = 2.0,
-                 lock_poll: float = 0.5, retention: float = 3600.0, full_sync: bool = True,
-                 keep_finished: float = 7 * 86400.0, commit_timeout: float = 30.0) -> None:
+    def __init__(self, path: str | bytes | os.PathLike[str] | os.PathLike[bytes], *, lease_ttl: float = 10.0,
+                 lease_renew: float = 2.0, lock_poll: float = 0.5, retention: float = 3600.0,
+                 full_sync: bool = True, keep_finished: float = 7 * 86400.0,
+                 commit_timeout: float = 30.0) -> None:
         try:
-            path = os.fspath(path)
+            given = os.fspath(path)
         except TypeError:
             raise ValueError(f"path must be a file path, got {type(path).__name__}") from None
-        if not isinstance(path, str):
-            path = os.fsdecode(path)
+        path = given if isinstance(given, str) else os.fsdecode(given)
         if not path or path == ":memory:" or path.startswith("file:") or "\x00" in path:
             raise ValueError(f"path must name a file on a local filesystem, got {path!r}")
-        self.lease_ttl = _seconds(lease_ttl, "lease_ttl")
-        self.lease_renew = _seconds(lease_renew, "lease_renew")
+        self.lease_ttl = seconds(lease_ttl, "lease_ttl")
+        self.lease_renew = seconds(lease_renew, "lease_renew")
         if self.lease_renew >= self.lease_ttl:
             raise ValueError(f"lease_renew ({lease_renew!r}) must be shorter than lease_ttl ({lease_ttl!r})")
-        super().__init__(lock_poll=lock_poll, retention=retention, keep_finished=keep_finished,
-                         commit_timeout=commit_timeout)
+        super().__init__(tables=tables(None), lock_poll=lock_poll, retention=retention,
+                         keep_finished=keep_finished, commit_timeout=commit_timeout)
         self.path = os.path.abspath(path)
         self.full_sync = bool(full_sync)
         self.busy_timeout = min(self.commit_timeout, 5.0)
-        self._t = tables(None)
-        self._read = None
+        self._read: Engine | None = None   # the engine's options for reading
         self._renewing: threading.Event | None = None   # set to stop the renewing thread
 
     def _where(self) -> str:
@@ -78,20 +79,23 @@ class SqliteStore(SqlStore):
 
     # ----------------------------------------------------------- connecting
 
-    def _create_engine(self):
+    def _driver_errors(self) -> tuple[type[BaseException], ...]:
+        return (sqlite3.Error,)
+
+    def _create_engine(self) -> Engine:
         if not os.path.exists(self.path):
             try:   # owner-only, before SQLite creates it with the default mode
                 os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
             except FileExistsError:
                 pass
-            except OSError as exc:
-                raise SchedulerError(f"cannot create the SQLite store {self.path!r}: {exc}") from exc
+            except OSError as exc:   # a directory that is not there (yet): an outage, like the others
+                raise StoreUnavailable(f"cannot create the SQLite store {self.path!r}: {exc}") from exc
         # mode=rw: SQLite never creates the file itself, so a file that vanishes while
         # the store runs makes calls fail instead of starting an empty database.
         uri = f"file:{urllib.parse.quote(self.path)}?mode=rw"
         timeout = self.busy_timeout
 
-        def connect():
+        def connect() -> sqlite3.Connection:
             return sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=timeout)
 
         engine = create_engine("sqlite+pysqlite://", creator=connect, poolclass=QueuePool,
@@ -100,7 +104,7 @@ class SqliteStore(SqlStore):
         busy_ms = int(self.busy_timeout * 1000)
 
         @event.listens_for(engine, "connect")
-        def _connect(dbapi_connection, record) -> None:
+        def _connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
             dbapi_connection.isolation_level = None   # we issue BEGIN ourselves
             cursor = dbapi_connection.cursor()
             try:
@@ -111,27 +115,29 @@ class SqliteStore(SqlStore):
                 cursor.close()
 
         @event.listens_for(engine, "begin")
-        def _begin(conn) -> None:
+        def _begin(conn: Connection) -> None:
             conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get('cronoq_begin', 'IMMEDIATE')}")
 
-        self._read = engine.execution_options(cronoq_begin="DEFERRED")
         return engine
 
-    def _migrate(self, engine) -> None:
+    def _migrate(self, engine: Engine) -> None:
         with engine.connect() as conn:
             conn.execution_options(cronoq_begin="EXCLUSIVE")
             with conn.begin():
                 upgrade(conn, None)
 
-    def _begin_read(self):
-        return self._read.begin()
+    def _begin_read(self) -> AbstractContextManager[Connection]:
+        read = self._read
+        if read is None:
+            read = self._read = self._ensure().execution_options(cronoq_begin="DEFERRED")
+        return read.begin()
 
     # ----------------------------------------------------------- leadership
 
-    def _tx_begin(self, cursor) -> None:
+    def _tx_begin(self, cursor: Any) -> None:
         cursor.execute("BEGIN IMMEDIATE")
 
-    def _check_fence(self, row, epoch: int) -> None:
+    def _check_fence(self, row: Any, epoch: int) -> None:
         if row[0] != epoch or row[1] != self.identity:
             raise Fenced(f"epoch {epoch} was replaced by epoch {row[0]} (lease holder {row[1]!r})")
 
@@ -167,6 +173,7 @@ class SqliteStore(SqlStore):
         meta = self._t.meta
         now = real_time_ns()   # leases are real time: a frozen test clock must not keep one alive
         with self._begin() as conn:
+            epoch: int
             epoch, holder, expires = conn.execute(
                 select(meta.c.epoch, meta.c.holder, meta.c.lease_expires_ns).where(meta.c.id == 1)).one()
             if holder is not None and holder != self.identity and (expires or 0) > now:
@@ -223,7 +230,7 @@ class SqliteStore(SqlStore):
         if self.epoch == epoch:
             self._signal_lost(reason)
 
-    def _renew_sync(self, epoch: int):
+    def _renew_sync(self, epoch: int) -> tuple[str | None, int] | None:
         """None when renewed, else the (holder, epoch) that replaced us."""
         meta = self._t.meta
         with self._begin() as conn:

@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 try:
     from opentelemetry import metrics as _metrics
@@ -44,14 +43,19 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
     raise ImportError("cronoq.telemetry.otel needs OpenTelemetry: pip install 'cronoq[otel]'") from exc
 
 from .._version import __version__
-from ..core.errors import Permanent, Retryable
-from ..core.types import CLASSES
+from ..core.errors import Permanent, Retryable, SchedulerError
+from ..core.types import CLASSES, TaskSpec
 from ._snapshot import resolve, take_snapshot
+
+if TYPE_CHECKING:
+    from ..runtime.scheduler import Scheduler
 
 __all__ = ["instrument", "Instrumentation", "SPAN_NAME", "current_traceparent"]
 
 SPAN_NAME = "cronoq.task"
 _PROPAGATOR = TraceContextTextMapPropagator()
+# Schedulers instrumented now (one instrumentation each).
+_INSTRUMENTED: weakref.WeakKeyDictionary[Any, Instrumentation] = weakref.WeakKeyDictionary()
 _STATUSES = ("succeeded", "failed", "dead_lettered", "cancelled", "skipped", "missed", "shed")
 _QUANTILES = (("0.5", "wait_p50"), ("0.9", "wait_p90"), ("0.99", "wait_p99"))
 
@@ -67,67 +71,19 @@ def current_traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
-def _options_with(options: dict, traceparent: str) -> dict:
-    tags = options.get("tags")
+def _with_traceparent(spec: TaskSpec) -> TaskSpec:
+    """The submission hook: the submitter's trace context as the tag
+    ``traceparent`` (on a copy: the caller's Task is left as it was)."""
+    traceparent = current_traceparent()
+    if traceparent is None:
+        return spec
+    tags = spec.tags
     if tags and "traceparent" in tags:
-        return options
-    options["tags"] = {**(tags or {}), "traceparent": traceparent}
-    return options
-
-
-def _specs_with(tasks: Iterable, traceparent: str) -> list:
-    out = []
-    for spec in tasks:
-        tags = getattr(spec, "tags", None)
-        if hasattr(spec, "plain") and not (tags and "traceparent" in tags):
-            spec = copy.copy(spec)   # the caller's Task object is left as it was
-            spec.tags = {**(tags or {}), "traceparent": traceparent}
-            spec.plain = False
-        out.append(spec)
-    return out
-
-
-_SUBMITTERS = ("submit", "enqueue", "submit_batch", "enqueue_batch")
-
-
-def _wrap_submitters(target) -> None:
-    """Instance attributes that shadow the class's submission methods."""
-    for name in _SUBMITTERS:
-        original = getattr(target, name)
-        batch = name.endswith("_batch")
-        if asyncio.iscoroutinefunction(original):
-            if batch:
-                async def wrapper(tasks, *, _original=original):
-                    traceparent = current_traceparent()
-                    if traceparent is not None:
-                        tasks = _specs_with(tasks, traceparent)
-                    return await _original(tasks)
-            else:
-                async def wrapper(payload=None, *, _original=original, **options):
-                    traceparent = current_traceparent()
-                    if traceparent is not None:
-                        options = _options_with(options, traceparent)
-                    return await _original(payload, **options)
-        else:
-            if batch:
-                def wrapper(tasks, *, _original=original):
-                    traceparent = current_traceparent()
-                    if traceparent is not None:
-                        tasks = _specs_with(tasks, traceparent)
-                    return _original(tasks)
-            else:
-                def wrapper(payload=None, *, _original=original, **options):
-                    traceparent = current_traceparent()
-                    if traceparent is not None:
-                        options = _options_with(options, traceparent)
-                    return _original(payload, **options)
-        functools.update_wrapper(wrapper, original)
-        setattr(target, name, wrapper)
-
-
-def _unwrap_submitters(target) -> None:
-    for name in _SUBMITTERS:
-        target.__dict__.pop(name, None)
+        return spec
+    spec = copy.copy(spec)
+    spec.tags = {**(tags or {}), "traceparent": traceparent}
+    spec.plain = False
+    return spec
 
 
 # ================================================================ spans
@@ -372,13 +328,15 @@ def _instruments_for(meter_provider) -> _Instruments:
 class Instrumentation:
     """What ``instrument`` turned on; ``uninstrument()`` turns it off."""
 
-    def __init__(self, scheduler, sched, source: _Source | None, instruments: _Instruments | None,
-                 original_pools: list | None, traces: bool, propagate: bool) -> None:
+    def __init__(self, scheduler: Any, sched: Scheduler, source: _Source | None,
+                 instruments: _Instruments | None, remove_middleware: Callable[[], None] | None,
+                 remove_hook: Callable[[], None] | None, traces: bool, propagate: bool) -> None:
         self.scheduler = scheduler
         self._sched = sched
         self._source = source
         self._instruments = instruments
-        self._original_pools = original_pools
+        self._remove_middleware = remove_middleware
+        self._remove_hook = remove_hook
         self.traces = traces
         self.metrics = source is not None
         self.propagate = propagate
@@ -394,12 +352,14 @@ class Instrumentation:
             with self._instruments.lock:
                 if self._source in self._instruments.sources:
                     self._instruments.sources.remove(self._source)
-        if self.propagate:
-            _unwrap_submitters(self.scheduler)
-        sched = self._sched
-        if self._original_pools is not None and sched._state == "new":
-            sched.pools = self._original_pools
-        sched._otel = None
+        if self._remove_hook is not None:
+            self._remove_hook()
+        if self._remove_middleware is not None:
+            try:
+                self._remove_middleware()
+            except SchedulerError:
+                pass   # started: its executors stay wrapped
+        _INSTRUMENTED.pop(self._sched, None)
 
     def __repr__(self) -> str:
         on = [name for name, flag in (("metrics", self.metrics), ("traces", self.traces),
@@ -421,26 +381,22 @@ def instrument(scheduler, *, tracer_provider=None, meter_provider=None, traces: 
     most ``timeout`` seconds for the scheduler to answer.
     """
     sched = resolve(scheduler)
-    if getattr(sched, "_otel", None) is not None:
+    if sched in _INSTRUMENTED:
         raise RuntimeError("this scheduler is already instrumented; call uninstrument() first")
     if isinstance(snapshot_max_age, bool) or not isinstance(snapshot_max_age, (int, float)) \
             or not snapshot_max_age >= 0:
         raise ValueError(f"snapshot_max_age must be a number of seconds >= 0, got {snapshot_max_age!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    original_pools = None
+    remove_middleware = None
     if traces:
-        if sched._state != "new":
-            raise RuntimeError("instrument the scheduler before starting it to trace its attempts "
-                               "(or pass traces=False)")
         tracer = _trace.get_tracer("cronoq", __version__, tracer_provider=tracer_provider)
-        original_pools = list(sched.pools)
-        wrapped = []
-        for pool in original_pools:
-            clone = copy.copy(pool)   # the caller's Pool object is left as it was
-            clone.executor = _traced(pool.executor, pool.is_async, tracer)
-            wrapped.append(clone)
-        sched.pools = wrapped
+        try:
+            remove_middleware = sched.add_executor_middleware(
+                lambda fn, is_async: _traced(fn, is_async, tracer))
+        except SchedulerError:
+            raise RuntimeError("instrument the scheduler before starting it to trace its attempts "
+                               "(or pass traces=False)") from None
     source = instruments = None
     if metrics:
         source = _Source(sched, {} if name is None else {"scheduler": name}, float(snapshot_max_age),
@@ -448,8 +404,8 @@ def instrument(scheduler, *, tracer_provider=None, meter_provider=None, traces: 
         instruments = _instruments_for(meter_provider)
         with instruments.lock:
             instruments.sources.append(source)
-    if propagate:
-        _wrap_submitters(scheduler)
-    handle = Instrumentation(scheduler, sched, source, instruments, original_pools, traces, propagate)
-    sched._otel = handle
+    remove_hook = sched.add_submit_hook(_with_traceparent) if propagate else None
+    handle = Instrumentation(scheduler, sched, source, instruments, remove_middleware, remove_hook, traces,
+                             propagate)
+    _INSTRUMENTED[sched] = handle
     return handle

@@ -9,8 +9,11 @@ happens between scrapes. Every series is listed in ``docs/metrics.md``.
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+from wsgiref.simple_server import WSGIServer
+from wsgiref.types import WSGIApplication
 
 from prometheus_client import CollectorRegistry
 from prometheus_client import make_asgi_app as _make_asgi_app
@@ -21,6 +24,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from .._version import __version__
 from ..core.snapshot import Snapshot
 from ._snapshot import resolve, take_snapshot
+
+if TYPE_CHECKING:
+    from ..blocking import BlockingScheduler
+    from ..runtime.scheduler import Scheduler
+
+# An ASGI application: app(scope, receive, send).
+ASGIApplication = Callable[..., Awaitable[None]]
 
 __all__ = ["PrometheusCollector", "MetricsServer", "serve_metrics", "make_wsgi_app", "make_asgi_app",
            "metrics_registry", "TASK_STATUSES", "WAIT_QUANTILES"]
@@ -107,7 +117,7 @@ def families(snap: Snapshot) -> list[Metric]:
 
     pool = ("pool",)
 
-    def gauge(name: str, labels=pool) -> GaugeMetricFamily:
+    def gauge(name: str, labels: tuple[str, ...] = pool) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, _help(name), labels=labels)
         out.append(family)
         return family
@@ -136,12 +146,12 @@ def families(snap: Snapshot) -> list[Metric]:
     worker_seconds = counter("cronoq_pool_worker_seconds")
     cost = counter("cronoq_pool_cost")
     for p in snap.pools:
-        name = (p.name,)
-        capacity.add_metric(name, p.capacity)
-        busy.add_metric(name, p.busy)
-        held.add_metric(name, p.held)
-        stray.add_metric(name, p.stray_threads)
-        desired.add_metric(name, p.desired)
+        of_pool = (p.name,)
+        capacity.add_metric(of_pool, p.capacity)
+        busy.add_metric(of_pool, p.busy)
+        held.add_metric(of_pool, p.held)
+        stray.add_metric(of_pool, p.stray_threads)
+        desired.add_metric(of_pool, p.desired)
         for g in p.groups:
             label = (p.name, _group_label(g.labels))
             group_capacity.add_metric(label, g.capacity)
@@ -149,18 +159,18 @@ def families(snap: Snapshot) -> list[Metric]:
         by_class = p.pending_by_class
         for c in _CLASSES:
             pending.add_metric((p.name, c), by_class.get(c, 0))
-        reservations.add_metric(name, p.reservations)
-        utilization.add_metric(name, p.utilization)
-        adherence.add_metric(name, p.priority_adherence)
-        fixed_hits.add_metric(name, p.fixed_start_hit_rate)
-        efficiency.add_metric(name, p.schedule_efficiency)
+        reservations.add_metric(of_pool, p.reservations)
+        utilization.add_metric(of_pool, p.utilization)
+        adherence.add_metric(of_pool, p.priority_adherence)
+        fixed_hits.add_metric(of_pool, p.fixed_start_hit_rate)
+        efficiency.add_metric(of_pool, p.schedule_efficiency)
         for q, field in WAIT_QUANTILES:
             wait.add_metric((p.name, q), getattr(p, field))
-        dispatches.add_metric(name, p.dispatched)
+        dispatches.add_metric(of_pool, p.dispatched)
         attempts.add_metric((p.name, "succeeded"), p.succeeded)
         attempts.add_metric((p.name, "failed"), p.failed)
-        worker_seconds.add_metric(name, p.worker_seconds)
-        cost.add_metric(name, p.cost)
+        worker_seconds.add_metric(of_pool, p.worker_seconds)
+        cost.add_metric(of_pool, p.cost)
     return out
 
 
@@ -176,13 +186,13 @@ class PrometheusCollector:
     ``cronoq.BlockingScheduler``.
 
     Register it with a ``CollectorRegistry`` (or prometheus-client's default
-    ``REGISTRY``). Each scrape takes one snapshot of the scheduler, waiting at
-    most ``timeout`` seconds for the scheduler's loop to answer; a scheduler
-    that is not running (or does not answer) reports ``cronoq_scheduler_up 0``
-    and no other cronoq series.
+    ``REGISTRY``). Each scrape takes one snapshot of the scheduler, on the
+    scrape's thread (waiting at most ``timeout`` seconds for the scheduler's
+    engine lock); a scheduler that is not running (or does not answer)
+    reports ``cronoq_scheduler_up 0`` and no other cronoq series.
     """
 
-    def __init__(self, scheduler, *, timeout: float = 5.0) -> None:
+    def __init__(self, scheduler: Scheduler | BlockingScheduler, *, timeout: float = 5.0) -> None:
         self._sched = resolve(scheduler)
         self.scheduler = scheduler
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
@@ -210,7 +220,7 @@ class PrometheusCollector:
         yield from families(snap)
 
 
-def metrics_registry(scheduler, *, timeout: float = 5.0) -> CollectorRegistry:
+def metrics_registry(scheduler: Scheduler | BlockingScheduler, *, timeout: float = 5.0) -> CollectorRegistry:
     """A new ``CollectorRegistry`` holding only a ``PrometheusCollector`` of ``scheduler``."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(PrometheusCollector(scheduler, timeout=timeout))
@@ -220,12 +230,12 @@ def metrics_registry(scheduler, *, timeout: float = 5.0) -> CollectorRegistry:
 class MetricsServer:
     """The HTTP server started by ``serve_metrics`` (a daemon thread)."""
 
-    def __init__(self, httpd, thread, registry: CollectorRegistry) -> None:
+    def __init__(self, httpd: WSGIServer, thread: threading.Thread, registry: CollectorRegistry) -> None:
         self._httpd = httpd
         self._thread = thread
         self.registry = registry
-        self.host = httpd.server_address[0]
-        self.port = httpd.server_address[1]
+        self.host: str = str(httpd.server_address[0])
+        self.port: int = httpd.server_address[1]
 
     @property
     def url(self) -> str:
@@ -243,14 +253,14 @@ class MetricsServer:
     def __enter__(self) -> MetricsServer:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
     def __repr__(self) -> str:
         return f"<MetricsServer {self.url}>"
 
 
-def serve_metrics(scheduler, host: str = "127.0.0.1", port: int = 9464, *,
+def serve_metrics(scheduler: Scheduler | BlockingScheduler, host: str = "127.0.0.1", port: int = 9464, *,
                   timeout: float = 5.0) -> MetricsServer:
     """Serve the scheduler's metrics at ``http://host:port/metrics`` from a
     daemon thread, with a registry of its own (prometheus-client's default
@@ -261,12 +271,12 @@ def serve_metrics(scheduler, host: str = "127.0.0.1", port: int = 9464, *,
     return MetricsServer(httpd, thread, registry)
 
 
-def make_wsgi_app(scheduler, *, timeout: float = 5.0):
+def make_wsgi_app(scheduler: Scheduler | BlockingScheduler, *, timeout: float = 5.0) -> WSGIApplication:
     """A WSGI application serving the scheduler's metrics (mount it at /metrics)."""
     return _make_wsgi_app(metrics_registry(scheduler, timeout=timeout))
 
 
-def make_asgi_app(scheduler, *, timeout: float = 5.0):
+def make_asgi_app(scheduler: Scheduler | BlockingScheduler, *, timeout: float = 5.0) -> ASGIApplication:
     """An ASGI application serving the scheduler's metrics. Served on the
     scheduler's own loop, it reads the snapshot synchronously."""
     return _make_asgi_app(metrics_registry(scheduler, timeout=timeout))

@@ -101,13 +101,14 @@ def _unix_ns(value: Any, field: str) -> int:
     return round(value * NS)
 
 
-_PRIORITY = {0: pb.PRIORITY_CRITICAL, 1: pb.PRIORITY_HIGH, 2: pb.PRIORITY_NORMAL, 3: pb.PRIORITY_LOW}
+_PRIORITY: dict[int, pb.Priority] = {0: pb.PRIORITY_CRITICAL, 1: pb.PRIORITY_HIGH, 2: pb.PRIORITY_NORMAL,
+                                     3: pb.PRIORITY_LOW}
 _COND = {"success": pb.EDGE_COND_ON_SUCCESS, "failure": pb.EDGE_COND_ON_FAILURE,
          "complete": pb.EDGE_COND_ON_COMPLETE}
 _MISS = {"run_late": pb.MISS_POLICY_RUN_LATE, "skip": pb.MISS_POLICY_SKIP, "fail": pb.MISS_POLICY_FAIL}
 
 
-def priority_value(priority: Any) -> int:
+def priority_value(priority: Any) -> pb.Priority:
     if isinstance(priority, Priority):
         return _PRIORITY[int(priority)]
     if isinstance(priority, str) and priority.lower() in CLASSES:

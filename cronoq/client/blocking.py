@@ -7,6 +7,8 @@ from any number of threads.
 
 from __future__ import annotations
 
+import builtins
+
 import asyncio
 import threading
 from typing import Any, Coroutine, Iterable, Mapping, TypeVar
@@ -43,7 +45,7 @@ class BlockingClient:
     def submit(self, payload: Any = None, **options: Any) -> Submission:
         return self._run(self._client.submit(payload, **options))
 
-    def submit_batch(self, tasks: Iterable[TaskSpec | Mapping[str, Any]]) -> list[Submission]:
+    def submit_batch(self, tasks: Iterable[TaskSpec | Mapping[str, Any]]) -> builtins.list[Submission]:
         return self._run(self._client.submit_batch(list(tasks)))
 
     def get(self, ref: int | str) -> TaskInfo:
@@ -58,10 +60,10 @@ class BlockingClient:
     def list(self, **filters: Any) -> TaskPage:
         return self._run(self._client.list(**filters))
 
-    def workers(self, **filters: Any) -> list[WorkerInfo]:
+    def workers(self, **filters: Any) -> builtins.list[WorkerInfo]:
         return self._run(self._client.workers(**filters))
 
-    def recurring(self) -> list[ScheduleInfo]:
+    def recurring(self) -> builtins.list[ScheduleInfo]:
         return self._run(self._client.recurring())
 
     def snapshot(self) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 import asyncio
 import json
 import random
@@ -228,7 +230,7 @@ class Client:
         result = TaskResult._from(response.result) if response.HasField("result") else None
         return Submission(response.id, response.duplicate, result)
 
-    async def submit_batch(self, tasks: Iterable[TaskSpec | Mapping[str, Any]]) -> list[Submission]:
+    async def submit_batch(self, tasks: Iterable[TaskSpec | Mapping[str, Any]]) -> builtins.list[Submission]:
         """Submit tasks atomically: all or none. Each is a ``cronoq.Task`` or a
         dict of ``submit``'s arguments (``payload`` and the options)."""
         request = pb.SubmitBatchRequest()
@@ -275,7 +277,7 @@ class Client:
             if status not in STATUSES:
                 raise ValueError(f"unknown status {status!r}; statuses are {', '.join(STATUSES)}")
         request = pb.ListTasksRequest(pools=list(pools), after=after, limit=limit,
-                                      statuses=[pb.TaskStatus.Value("TASK_STATUS_" + s.upper()) for s in wanted])
+                                      statuses=[pb.TaskStatus(pb.TaskStatus.Value("TASK_STATUS_" + s.upper())) for s in wanted])
         tasks, _ = self._stubs()
         response: pb.ListTasksResponse = await self._call(lambda: tasks.ListTasks(request, metadata=self._metadata))
         return TaskPage([TaskInfo._from(t) for t in response.tasks], response.next_after or None)
@@ -298,7 +300,7 @@ class Client:
 
     # -- admin
 
-    async def workers(self, *, pools: Iterable[str] = ()) -> list[WorkerInfo]:
+    async def workers(self, *, pools: Iterable[str] = ()) -> builtins.list[WorkerInfo]:
         """Connected workers (metrics role)."""
         _, admin = self._stubs()
         request = pb.ListWorkersRequest(pools=list(pools))
@@ -306,7 +308,7 @@ class Client:
         return [WorkerInfo(w.id, w.name, w.pool, dict(w.labels), w.slots, w.busy, w.connected_unix_ns / NS)
                 for w in response.workers]
 
-    async def recurring(self) -> list[ScheduleInfo]:
+    async def recurring(self) -> builtins.list[ScheduleInfo]:
         """Recurring schedules, by name (metrics role)."""
         _, admin = self._stubs()
         response = await self._call(lambda: admin.ListRecurring(pb.ListRecurringRequest(), metadata=self._metadata))

@@ -82,7 +82,7 @@ class Authenticator:
             if scheme.lower() != "bearer" or not token:
                 raise ServiceError(Code.UNAUTHENTICATED, "the authorization header must be 'Bearer <token>'")
             digest = _digest(token)
-            found = None
+            found: Principal | None = None
             for known, principal in self._tokens:   # all of them: no early exit
                 if hmac.compare_digest(known, digest):
                     found = principal
@@ -90,9 +90,9 @@ class Authenticator:
                 raise ServiceError(Code.UNAUTHENTICATED, "the token is not valid")
             return found
         for name in dns_names:
-            principal = self._certs.get(name)
-            if principal is not None:
-                return principal
+            mapped = self._certs.get(name)
+            if mapped is not None:
+                return mapped
         if self._certs:
             raise ServiceError(Code.UNAUTHENTICATED,
                                "no credentials: send 'authorization: Bearer <token>' or a client certificate "

@@ -431,15 +431,15 @@ def _server(t: _Table | None) -> ServerSection:
     values["insecure_no_auth"] = t.boolean("insecure_no_auth", False)
     tls = t.table("tls")
     if tls is not None:
-        cert = tls.string("cert", limit=4096)
-        key = tls.string("key", limit=4096)
-        ca = tls.string("client_ca", limit=4096)
-        for name, value in (("cert", cert), ("key", key)):
-            if value is None and not tls.has(name):
-                tls.error(name, "is required with [server.tls]")
+        cert_path = tls.string("cert", limit=4096)
+        key_path = tls.string("key", limit=4096)
+        ca_path = tls.string("client_ca", limit=4096)
+        for field_name, path in (("cert", cert_path), ("key", key_path)):
+            if path is None and not tls.has(field_name):
+                tls.error(field_name, "is required with [server.tls]")
         tls.done()
-        if cert and key:
-            values["tls"] = TlsConfig(cert, key, ca)
+        if cert_path and key_path:
+            values["tls"] = TlsConfig(cert_path, key_path, ca_path)
     if values.get("grpc_port") and values["grpc_port"] == values.get("http_port") \
             and values["grpc_host"] == values["http_host"]:
         t.error("http_addr", "must differ from grpc_addr")
@@ -470,7 +470,7 @@ def _credential(t: _Table, pool_names: set[str], kind: str) -> Credential | None
             else:
                 pairs.append((name, value))
         labels = frozenset(pairs)
-    name = t.string("name")
+    display = t.string("name")
     token = token_env = dns_name = None
     if kind == "token":
         token = t._get("token", None, (str,), "a string")
@@ -487,7 +487,7 @@ def _credential(t: _Table, pool_names: set[str], kind: str) -> Credential | None
     t.done()
     if role is None:
         return None
-    return Credential(t.where, role, frozenset(pools) if pools else None, tenant, labels, name, token,
+    return Credential(t.where, role, frozenset(pools) if pools else None, tenant, labels, display, token,
                       token_env, dns_name)
 
 
@@ -619,9 +619,8 @@ def _pool(t: _Table) -> PoolSection | None:
     v["reservable_fraction"] = t.number("reservable_fraction", 0.5, 0.0, 1.0)
     weights = t.table("tenant_weights")
     if weights is not None:
-        table = weights.data
         out = {}
-        for tenant in table:
+        for tenant in weights.data:
             if not tenant or "\x00" in tenant or len(tenant.encode()) > NAME_LIMIT:
                 weights.error(tenant, "is not a valid tenant name")
                 weights.used.add(tenant)
@@ -715,23 +714,23 @@ def _recurring(t: _Table, pool_names: set[str], resource_names: set[str]) -> Rec
             task[key] = value
     if "pool" in task and task["pool"] not in pool_names:
         t.error("pool", f"names unknown pool {task['pool']!r}")
-    key = t.string("key", limit=KEY_LIMIT - len("@2000-01-01T00:00:00Z"))
-    if key is not None:
-        task["key"] = key
+    prefix = t.string("key", limit=KEY_LIMIT - len("@2000-01-01T00:00:00Z"))
+    if prefix is not None:
+        task["key"] = prefix
     priority = t.string("priority", choices=CLASSES)
     if priority is not None:
         task["priority"] = priority
     on_miss = t.string("on_miss", choices=_MISS)
     if on_miss is not None:
         task["on_miss"] = on_miss
-    for key in _TEMPLATE_SECONDS:
-        value = t.seconds(key, None)
-        if value is not None:
-            task[key] = value
-    for key in ("tags", "labels"):
-        value = t.string_map(key)
-        if value:
-            task[key] = value
+    for field_name in _TEMPLATE_SECONDS:
+        seconds = t.seconds(field_name, None)
+        if seconds is not None:
+            task[field_name] = seconds
+    for field_name in ("tags", "labels"):
+        mapping = t.string_map(field_name)
+        if mapping:
+            task[field_name] = mapping
     resources = t.table("resources")
     if resources is not None:
         units = {}

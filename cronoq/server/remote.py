@@ -490,27 +490,27 @@ class WorkerSession:
         if kind == "heartbeat":
             pool.heartbeat(conn, message.heartbeat.lease)
         elif kind == "complete":
-            m = message.complete
-            if m.lease not in conn.leases:
+            done = message.complete
+            if done.lease not in conn.leases:
                 return
             try:
-                content_type = check_content_type(m.content_type) if m.content_type else OCTETS
+                content_type = check_content_type(done.content_type) if done.content_type else OCTETS
             except ValueError:
                 content_type = OCTETS   # sanitized, as messages are
-            pool.report(conn, m.lease, SUCCESS, Blob(bytes(m.output), content_type), None, None)
+            pool.report(conn, done.lease, SUCCESS, Blob(bytes(done.output), content_type), None, None)
         elif kind == "fail":
-            m = message.fail
+            fail = message.fail
             retry_after = None
-            if m.HasField("retry_after_s") and math.isfinite(m.retry_after_s):
-                retry_after = int(min(max(m.retry_after_s, 0.0), _MAX_RETRY_AFTER) * NS)
-            pool.report(conn, m.lease, PERMANENT if m.permanent else RETRYABLE, None,
-                        clean_message(m.message) if m.message else None, retry_after)
+            if fail.HasField("retry_after_s") and math.isfinite(fail.retry_after_s):
+                retry_after = int(min(max(fail.retry_after_s, 0.0), _MAX_RETRY_AFTER) * NS)
+            pool.report(conn, fail.lease, PERMANENT if fail.permanent else RETRYABLE, None,
+                        clean_message(fail.message) if fail.message else None, retry_after)
         elif kind == "nack":
             pool.nack(conn, message.nack.lease, clean_message(message.nack.reason))
         elif kind == "cancelled":
-            m = message.cancelled
-            pool.report(conn, m.lease, CANCELLED_OUTCOME, None,
-                        clean_message(m.message) if m.message else "cancelled by the worker", None)
+            cancel = message.cancelled
+            pool.report(conn, cancel.lease, CANCELLED_OUTCOME, None,
+                        clean_message(cancel.message) if cancel.message else "cancelled by the worker", None)
         elif kind == "set_slots":
             granted = pool.set_slots(conn, message.set_slots.slots)
             conn.send(pb.ServerMessage(slots_granted=pb.SlotsGranted(slots=granted)))

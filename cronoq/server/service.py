@@ -53,8 +53,8 @@ _OVERLAP_OUT = {"skip": pb.OVERLAP_SKIP, "allow": pb.OVERLAP_ALLOW, "queue": pb.
                 "queue_on_success": pb.OVERLAP_QUEUE_ON_SUCCESS}
 
 
-def status_enum(status: str) -> int:
-    return pb.TaskStatus.Value("TASK_STATUS_" + status.upper())
+def status_enum(status: str) -> pb.TaskStatus:
+    return pb.TaskStatus(pb.TaskStatus.Value("TASK_STATUS_" + status.upper()))
 
 
 def status_name(value: int) -> str:
@@ -716,23 +716,25 @@ class Service:
             workers[conn.pool] = workers.get(conn.pool, 0) + 1
         response = pb.SnapshotResponse(live_tasks=snap.live_tasks, running=snap.running, pending=snap.pending,
                                        at_unix_ns=int(round(snap.at * NS)))
-        for pool in snap.pools:
-            if not caller.sees(pool.name):
+        for view in snap.pools:
+            pool = view.as_dict()
+            name = pool["name"]
+            if not caller.sees(name):
                 continue
-            section = self.pool_sections[pool.name]
+            section = self.pool_sections[name]
             item = response.pools.add(
-                name=pool.name, capacity=pool.capacity, busy=pool.busy, held=pool.held,
-                desired=max(section.min, pool.desired), pending=pool.pending,
-                pending_by_class=[pool.pending_by_class[c] for c in CLASSES], reservations=pool.reservations,
-                dispatched=pool.dispatched, succeeded=pool.succeeded, failed=pool.failed,
-                priority_adherence=pool.priority_adherence, fixed_start_hit_rate=pool.fixed_start_hit_rate,
-                utilization=pool.utilization, schedule_efficiency=pool.schedule_efficiency,
-                wait_p50_s=pool.wait_p50, wait_p90_s=pool.wait_p90, wait_p99_s=pool.wait_p99, cost=pool.cost,
-                workers_connected=workers.get(pool.name, 0))
-            groups = sorted(pool.groups, key=lambda g: (len(g.labels), sorted(g.labels.items())))
-            for group in groups:
-                item.groups.add(labels=group.labels, capacity=group.capacity, busy=group.busy)
-            response.workers_connected += workers.get(pool.name, 0)
+                name=name, capacity=pool["capacity"], busy=pool["busy"], held=pool["held"],
+                desired=max(section.min, pool["desired"]), pending=pool["pending"],
+                pending_by_class=[pool["pending_by_class"][c] for c in CLASSES],
+                reservations=pool["reservations"], dispatched=pool["dispatched"], succeeded=pool["succeeded"],
+                failed=pool["failed"], priority_adherence=pool["priority_adherence"],
+                fixed_start_hit_rate=pool["fixed_start_hit_rate"], utilization=pool["utilization"],
+                schedule_efficiency=pool["schedule_efficiency"], wait_p50_s=pool["wait_p50"],
+                wait_p90_s=pool["wait_p90"], wait_p99_s=pool["wait_p99"], cost=pool["cost"],
+                workers_connected=workers.get(name, 0))
+            for group in sorted(pool["groups"], key=lambda g: (len(g["labels"]), sorted(g["labels"].items()))):
+                item.groups.add(labels=group["labels"], capacity=group["capacity"], busy=group["busy"])
+            response.workers_connected += workers.get(name, 0)
         for name, value in snap.totals.items():
             response.totals[name] = value
         return response

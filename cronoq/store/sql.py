@@ -710,12 +710,13 @@ class SqlStore:
         """The stored task with this id, or the newest with this key; None if none."""
         return await self._call(self._find_task_sync, ref)
 
-    def _record_columns(self) -> list:
+    def _record_columns(self) -> list[Any]:
         c = self._t.tasks.c
         return [c.id, c.pool, c.kind, c.key, c.priority, c.status, c.attempt, c.message, c.submitted_ns,
                 c.finished_ns, c.output.isnot(None)]
 
-    def _list_finished_sync(self, pools, statuses, after: int, limit: int) -> list[TaskRecord]:
+    def _list_finished_sync(self, pools: list[str] | None, statuses: list[str] | None, after: int,
+                            limit: int) -> list[TaskRecord]:
         self._ensure()
         c = self._t.tasks.c
         query = select(*self._record_columns()).where(c.finished_ns.isnot(None), c.id > after)
@@ -725,7 +726,7 @@ class SqlStore:
             query = query.where(c.status.in_(list(statuses)))
         with self._begin_read() as conn:
             rows = conn.execute(query.order_by(c.id).limit(limit)).all()
-        return [TaskRecord(*row[:10], bool(row[10])) for row in rows]
+        return [self._task_record(row) for row in rows]
 
     def _find_task_sync(self, ref: int | str) -> TaskRecord | None:
         self._ensure()
@@ -737,7 +738,13 @@ class SqlStore:
             query = query.where(c.id == ref)
         with self._begin_read() as conn:
             row = conn.execute(query).first()
-        return None if row is None else TaskRecord(*row[:10], bool(row[10]))
+        return None if row is None else self._task_record(row)
+
+    @staticmethod
+    def _task_record(row: Any) -> TaskRecord:
+        return TaskRecord(id=row[0], pool=row[1], kind=row[2], key=row[3], priority=row[4], status=row[5],
+                          attempt=row[6], message=row[7], submitted_ns=row[8], finished_ns=row[9],
+                          has_output=bool(row[10]))
 
     # ----------------------------------------------------------- closing
 

@@ -157,7 +157,7 @@ async def test_errors_map_to_cronoq_exceptions(server):
             try:
                 await tasks.Submit(pb.SubmitRequest(task=pb.TaskSpec(deadline_in_s=1, deadline_unix_ns=1)))
             except grpc.aio.AioRpcError as exc:
-                from cronoq.client._wire import error_from
+                from cronoq.client.wire import error_from
                 raise error_from(exc) from None
             finally:
                 await channel.close()

@@ -11,7 +11,7 @@ details.
 
 from .._proto import PROTOCOL_VERSION
 from ..core.errors import Permanent, Retryable
-from ._wire import AccessDenied, ServerError
+from .wire import AccessDenied, ServerError
 from .blocking import BlockingClient
 from .client import Client, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo
 from .worker import CancelTask, Lease, Reject, Worker

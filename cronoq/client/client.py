@@ -8,7 +8,7 @@ import asyncio
 import json
 import random
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, TypeVar, cast
 
 import grpc
 
@@ -16,7 +16,7 @@ from .._proto import cronoq_pb2 as pb
 from .._proto import cronoq_pb2_grpc as pb_grpc
 from ..core.actions import StatusEvent
 from ..core.types import CLASSES, NS, STATUSES, TaskSpec
-from . import _wire
+from . import wire
 
 __all__ = ["Client", "Submission", "TaskResult", "TaskInfo", "TaskPage", "WorkerInfo", "ScheduleInfo"]
 
@@ -165,7 +165,7 @@ class Client:
         if not retry_for >= 0:
             raise ValueError(f"retry_for must be a number of seconds >= 0, got {retry_for!r}")
         self.retry_for = float(retry_for)
-        self._metadata = _wire.metadata(token)
+        self._metadata = wire.metadata(token)
         self._channel: grpc.aio.Channel | None = None
         self._tasks: pb_grpc.TasksStub | None = None
         self._admin: pb_grpc.AdminStub | None = None
@@ -179,7 +179,7 @@ class Client:
 
     def _stubs(self) -> tuple[pb_grpc.TasksStub, pb_grpc.AdminStub]:
         if self._channel is None:
-            self._channel = _wire.channel(self.target, tls=self._tls, credentials=self._credentials,
+            self._channel = wire.channel(self.target, tls=self._tls, credentials=self._credentials,
                                           options=self._options)
             self._tasks = pb_grpc.TasksStub(self._channel)
             self._admin = pb_grpc.AdminStub(self._channel)
@@ -210,7 +210,7 @@ class Client:
                     await asyncio.sleep(delay * (0.5 + random.random() / 2))
                     delay = min(delay * 2, 2.0)
                     continue
-                raise _wire.error_from(exc, ref) from None
+                raise wire.error_from(exc, ref) from None
 
     # -- tasks
 
@@ -221,7 +221,7 @@ class Client:
         ``cronoq.Task`` (pool, kind, priority, key, deadline_in, after, ...).
         With ``wait=True`` it returns once the task finished, with its result
         (``TimeoutError`` after ``wait_timeout``, the task still running)."""
-        spec = _wire.task_message(payload, content_type=content_type, **options)
+        spec = wire.task_message(payload, content_type=content_type, **options)
         request = pb.SubmitRequest(task=spec, wait=wait)
         if wait_timeout is not None:
             request.wait_timeout_s = wait_timeout
@@ -236,9 +236,9 @@ class Client:
         request = pb.SubmitBatchRequest()
         for item in tasks:
             if isinstance(item, TaskSpec):
-                request.tasks.append(_wire.from_task(item))
+                request.tasks.append(wire.from_task(item))
             elif isinstance(item, Mapping):
-                request.tasks.append(_wire.task_message(**item))
+                request.tasks.append(wire.task_message(**item))
             else:
                 raise TypeError(f"submit_batch takes cronoq.Task objects or dicts, got {type(item).__name__}")
         stub, _ = self._stubs()
@@ -249,14 +249,14 @@ class Client:
     async def get(self, ref: int | str) -> TaskInfo:
         """The task with this id (int) or key (str); ``UnknownTask`` if the
         server knows none (or it belongs to a pool the token may not use)."""
-        request = pb.GetRequest(task=_wire.ref_message(ref))
+        request = pb.GetRequest(task=wire.ref_message(ref))
         tasks, _ = self._stubs()
         return TaskInfo._from(await self._call(lambda: tasks.Get(request, metadata=self._metadata), ref))
 
     async def wait(self, ref: int | str, timeout: float | None = None) -> TaskResult:
         """Wait until the task finished (at most ``timeout`` seconds, capped by
         the server's limits.max_wait_s): its result, or ``TimeoutError``."""
-        request = pb.WaitRequest(task=_wire.ref_message(ref))
+        request = pb.WaitRequest(task=wire.ref_message(ref))
         if timeout is not None:
             request.timeout_s = timeout
         tasks, _ = self._stubs()
@@ -264,7 +264,7 @@ class Client:
 
     async def cancel(self, ref: int | str) -> bool:
         """Cancel a task: True if this call cancelled it, False if it had finished."""
-        request = pb.CancelRequest(task=_wire.ref_message(ref))
+        request = pb.CancelRequest(task=wire.ref_message(ref))
         tasks, _ = self._stubs()
         response = await self._call(lambda: tasks.Cancel(request, metadata=self._metadata), ref)
         return bool(response.cancelled)
@@ -277,7 +277,8 @@ class Client:
             if status not in STATUSES:
                 raise ValueError(f"unknown status {status!r}; statuses are {', '.join(STATUSES)}")
         request = pb.ListTasksRequest(pools=list(pools), after=after, limit=limit,
-                                      statuses=[pb.TaskStatus(pb.TaskStatus.Value("TASK_STATUS_" + s.upper())) for s in wanted])
+                                      statuses=[cast("pb.TaskStatus", pb.TaskStatus.Value("TASK_STATUS_" + s.upper()))
+                                                for s in wanted])
         tasks, _ = self._stubs()
         response: pb.ListTasksResponse = await self._call(lambda: tasks.ListTasks(request, metadata=self._metadata))
         return TaskPage([TaskInfo._from(t) for t in response.tasks], response.next_after or None)
@@ -294,7 +295,7 @@ class Client:
                 yield StatusEvent(m.id, m.pool, m.key or None, _status(m.status), m.attempt, m.at_unix_ns / NS,
                                   m.message or None)
         except grpc.aio.AioRpcError as exc:
-            raise _wire.error_from(exc) from None
+            raise wire.error_from(exc) from None
         finally:
             call.cancel()
 
@@ -324,7 +325,7 @@ class Client:
         priority, key, deadline_in, tolerance, on_miss, ...)."""
         if overlap not in _OVERLAP:
             raise ValueError(f"overlap must be one of {', '.join(_OVERLAP)}, got {overlap!r}")
-        template = _wire.task_message(payload, content_type=content_type, **options)
+        template = wire.task_message(payload, content_type=content_type, **options)
         request = pb.AddRecurringRequest(name=name, cron=cron, tz=tz, template=template, overlap=_OVERLAP[overlap])
         _, admin = self._stubs()
         response = await self._call(lambda: admin.AddRecurring(request, metadata=self._metadata))

@@ -34,7 +34,7 @@ from .._proto import cronoq_pb2_grpc as pb_grpc
 from ..core.errors import CronoqError
 from ..core.types import NS
 from ..runtime.runner import clean_message, outcome_of
-from . import _wire
+from . import wire
 
 __all__ = ["Worker", "Lease", "Reject", "CancelTask"]
 
@@ -171,7 +171,7 @@ class Worker:
         self._tls = tls
         self._credentials = credentials
         self._options = list(options or ())
-        self._metadata = _wire.metadata(token)
+        self._metadata = wire.metadata(token)
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
             getattr(handler, "__call__", None))
         self.granted_slots = 0
@@ -212,7 +212,7 @@ class Worker:
         if self._stop_requested:
             return
         backoff = self.initial_backoff
-        channel = _wire.channel(self.target, tls=self._tls, credentials=self._credentials, options=self._options)
+        channel = wire.channel(self.target, tls=self._tls, credentials=self._credentials, options=self._options)
         try:
             stub = pb_grpc.WorkersStub(channel)
             while not self._stop.is_set():
@@ -222,7 +222,7 @@ class Worker:
                     await self._serve(stub, session)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() in _FATAL:
-                        raise _wire.error_from(exc) from None
+                        raise wire.error_from(exc) from None
                     log.warning("worker stream for pool %s ended: %s %s", self.pool, exc.code().name, exc.details())
                 finally:
                     self.connected = False
@@ -399,7 +399,7 @@ class Worker:
         try:
             value = await self._call_handler(lease)
             try:
-                data, content_type = _wire.encode(value)
+                data, content_type = wire.encode(value)
             except TypeError as exc:
                 message = pb.WorkerMessage(fail=pb.Fail(lease=lease.id, permanent=True,
                                                         message=clean_message(f"the handler's output: {exc}")))

@@ -9,11 +9,13 @@ task stays listed after the engine forgot it, as long as the store keeps it.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..core.errors import UnknownPool
-from ..core.snapshot import TaskInfo, _View
+from ..core.snapshot import TaskInfo
 from ..core.types import NS, STATUSES, TERMINAL
 
 if TYPE_CHECKING:
@@ -22,7 +24,8 @@ if TYPE_CHECKING:
 __all__ = ["RecurringInfo", "list_tasks", "recurring"]
 
 
-class RecurringInfo(_View):
+@dataclass(frozen=True)
+class RecurringInfo:
     """A recurring schedule as ``Scheduler.recurring()`` describes it.
 
     ``next_at``: Unix seconds of the next occurrence not yet created (None
@@ -30,23 +33,20 @@ class RecurringInfo(_View):
     last occurrence created (None before the first).
     """
 
-    __slots__ = ("name", "cron", "tz", "pool", "kind", "key", "overlap", "tolerance", "on_miss",
-                 "next_at", "last_task_id")
+    name: str
+    cron: str
+    tz: str
+    pool: str
+    kind: str
+    key: str | None
+    overlap: str
+    tolerance: float
+    on_miss: str
+    next_at: float | None
+    last_task_id: int | None
 
-    def __init__(self, name: str, cron: str, tz: str, pool: str, kind: str, key: str | None,
-                 overlap: str, tolerance: float, on_miss: str, next_at: float | None,
-                 last_task_id: int | None) -> None:
-        self.name = name
-        self.cron = cron
-        self.tz = tz
-        self.pool = pool
-        self.kind = kind
-        self.key = key
-        self.overlap = overlap
-        self.tolerance = tolerance
-        self.on_miss = on_miss
-        self.next_at = next_at
-        self.last_task_id = last_task_id
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def recurring(core: Core) -> list[RecurringInfo]:

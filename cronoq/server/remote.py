@@ -301,9 +301,9 @@ def lease_message(attempt: Attempt) -> pb.Lease:
     timeout = attempt.timeout
     if timeout is not None:
         lease.timeout_s = timeout
-    deadline = attempt._entry.deadline
+    deadline = attempt.deadline
     if deadline is not None:
-        lease.deadline_unix_ns = deadline
+        lease.deadline_unix_ns = round(deadline * NS)
     return lease
 
 

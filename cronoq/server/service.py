@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, cast
 
 from .._proto import cronoq_pb2 as pb
 from ..core.errors import EventsLagged, TaskFailed, UnknownTask
@@ -54,7 +54,7 @@ _OVERLAP_OUT = {"skip": pb.OVERLAP_SKIP, "allow": pb.OVERLAP_ALLOW, "queue": pb.
 
 
 def status_enum(status: str) -> pb.TaskStatus:
-    return pb.TaskStatus(pb.TaskStatus.Value("TASK_STATUS_" + status.upper()))
+    return cast("pb.TaskStatus", pb.TaskStatus.Value("TASK_STATUS_" + status.upper()))
 
 
 def status_name(value: int) -> str:

@@ -19,22 +19,28 @@ import threading
 import time
 import weakref
 import _thread
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Awaitable, Callable, Iterable, ParamSpec, Sequence, TypeVar
 
 from .core.actions import StatusEvent
 from .core.errors import SchedulerError
 from .core.snapshot import Snapshot, TaskInfo
-from .core.types import ResourceConfig, TaskSpec
+from .core.types import CoreConfig, ResourceConfig, TaskSpec
 from . import realtime
+from .runtime.clock import Clock
 from .runtime.events import EventBuffer, EventSink
 from .runtime.handle import TaskHandle
 from .runtime import process as _process
 from .runtime.pool import Pool
 from .runtime.scheduler import Scheduler
+from .store.base import Store
+from .store.codec import Codec
 
 __all__ = ["BlockingScheduler", "BlockingHandle", "BlockingEventStream"]
 
 log = logging.getLogger("cronoq.scheduler")
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
 class BlockingHandle:
@@ -136,7 +142,7 @@ class BlockingEventStream(EventBuffer):
     def __enter__(self) -> BlockingEventStream:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -153,7 +159,7 @@ class _Waiter:
     def __init__(self) -> None:
         self.lock = _thread.allocate_lock()
         self.lock.acquire()
-        self.value = None
+        self.value: Any = None
         self.error: BaseException | None = None
         self.settled = False
         self.calls: set[_Waiter] | None = None
@@ -162,7 +168,7 @@ class _Waiter:
         self.calls = calls
         calls.add(self)
 
-    def set(self, value) -> None:
+    def set(self, value: Any) -> None:
         if not self.settled:
             self.settled = True
             self.value = value
@@ -178,7 +184,7 @@ class _Waiter:
                 self.calls.discard(self)
             self.lock.release()
 
-    def wait(self):
+    def wait(self) -> Any:
         self.lock.acquire()
         if self.error is not None:
             raise self.error
@@ -233,9 +239,9 @@ class BlockingScheduler:
 
     def __init__(self, pools: Sequence[Pool], resources: Sequence[ResourceConfig] | None = None,
                  emit_transitions: bool = False, *, shutdown_grace: float = 5.0,
-                 event_capacity: int = 1024, store=None, codec=None, clock=None,
-                 max_pending_total: int | None = None, output_cache: int = 1024,
-                 seed: int | None = None, config=None) -> None:
+                 event_capacity: int = 1024, store: Store | None = None, codec: Codec | None = None,
+                 clock: Clock | None = None, max_pending_total: int | None = None, output_cache: int = 1024,
+                 seed: int | None = None, config: CoreConfig | None = None) -> None:
         self._sched = Scheduler(pools, resources, emit_transitions, shutdown_grace=shutdown_grace,
                                 event_capacity=event_capacity, store=store, codec=codec, clock=clock,
                                 max_pending_total=max_pending_total, output_cache=output_cache,
@@ -250,7 +256,7 @@ class BlockingScheduler:
         self._calls: set[_Waiter] = set()
         self._lifecycle = threading.Lock()     # one start() at a time
         self._stop_grace: float | None = None
-        self._stop_requested: asyncio.Future | None = None
+        self._stop_requested: asyncio.Future[None] | None = None
         self._stop_error: Exception | None = None
         self._forks = _process.forks
         self._pid = os.getpid()
@@ -382,7 +388,7 @@ class BlockingScheduler:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
     # ================================================================ the loop thread
@@ -481,7 +487,7 @@ class BlockingScheduler:
             return SchedulerError("the scheduler is starting")
         return SchedulerError("the scheduler is shut down")
 
-    def _send(self, fn, *args) -> _Waiter:
+    def _send(self, fn: Callable[..., None], *args: Any) -> _Waiter:
         """Call ``fn(waiter, *args)`` on the loop; the waiter is answered there
         (or failed when the scheduler stops). Raises if the scheduler does not serve."""
         self._check_thread()
@@ -493,18 +499,21 @@ class BlockingScheduler:
             self._ev.call_soon_threadsafe(fn, waiter, *args)
         return waiter
 
-    def _call(self, coro_fn, *args, **kwargs):
+    def _call(self, coro_fn: Callable[_P, Awaitable[_T]], *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Run ``coro_fn(*args)`` on the loop and wait for its result. It runs
         in a copy of the caller's context, as it would on the caller's thread
         (submission hooks read the caller's context variables: its trace)."""
         context = contextvars.copy_context()
-        return self._send(self._start_call, coro_fn, args, kwargs, context).wait()
+        value: _T = self._send(self._start_call, coro_fn, args, kwargs, context).wait()
+        return value
 
-    def _start_call(self, waiter: _Waiter, coro_fn, args, kwargs, context: contextvars.Context) -> None:
+    def _start_call(self, waiter: _Waiter, coro_fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
+                    kwargs: dict[str, Any], context: contextvars.Context) -> None:
         self._ev.create_task(self._run_call(waiter, coro_fn, args, kwargs), context=context)
 
     @staticmethod
-    async def _run_call(waiter: _Waiter, coro_fn, args, kwargs) -> None:
+    async def _run_call(waiter: _Waiter, coro_fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> None:
         try:
             value = await coro_fn(*args, **kwargs)
         except BaseException as exc:  # noqa: B036 - handed to the caller
@@ -530,17 +539,19 @@ class BlockingScheduler:
 
     def submit(self, payload: Any = None, **options: Any) -> BlockingHandle:
         """Submit a task; returns a ``BlockingHandle`` (``.result(timeout)``)."""
-        return self._post(TaskSpec(payload, **options), True)
+        handle: BlockingHandle = self._post(TaskSpec(payload, **options), True)
+        return handle
 
     def enqueue(self, payload: Any = None, **options: Any) -> int:
         """Submit a task without a handle; returns its id."""
-        return self._post(TaskSpec(payload, **options), False)
+        task_id: int = self._post(TaskSpec(payload, **options), False)
+        return task_id
 
     def submit_batch(self, tasks: Iterable[TaskSpec]) -> list[BlockingHandle]:
         """Submit ``cronoq.Task`` objects atomically (all or none)."""
         tasks = list(tasks)
 
-        async def run():
+        async def run() -> list[BlockingHandle]:
             return [BlockingHandle(h) for h in await self._sched.submit_batch(tasks)]
 
         return self._call(run)
@@ -556,7 +567,7 @@ class BlockingScheduler:
     def handle(self, ref: int | str) -> BlockingHandle:
         """A handle on an existing task, live or finished (within retention)."""
 
-        async def run():
+        async def run() -> BlockingHandle:
             return BlockingHandle(await self._sched.handle(ref))
 
         return self._call(run)

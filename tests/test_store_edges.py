@@ -4,6 +4,7 @@ the database refuses, submits that raised, passwords in PostgreSQL URLs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import traceback
@@ -52,7 +53,9 @@ async def test_lengths_are_limited_at_admission_without_a_store():
     with pytest.raises(ValueError, match="pool name is 256 bytes"):
         cronoq.Pool("p" * (NAME_LIMIT + 1), Work())
 
-    sched = cronoq.Scheduler([pool(Work(), capacity=0)])
+    # Virtual time: on the wall clock, the every-minute schedule's first occurrence
+    # is created at once when this runs in the last seconds of a minute.
+    sched = cronoq.Scheduler([pool(Work(), capacity=0)], clock=cronoq.VirtualClock())
     async with sched:
         with pytest.raises(cronoq.InvalidTask, match=f"key is {KEY_LIMIT + 1} bytes"):
             await sched.submit({}, key="x" * (KEY_LIMIT + 1))
@@ -182,6 +185,27 @@ async def test_a_refused_task_never_runs_and_its_dependents_are_skipped():
     finally:
         await sched.shutdown()
     assert sorted(row["key"] for row in database.tasks.values()) == ["child", "other"]
+
+
+async def test_a_stored_schedule_without_its_payload_is_quarantined_whatever_the_codec():
+    class LenientCodec:   # reads a missing payload as None instead of raising
+        def encode(self, value):
+            return json.dumps(value).encode()
+
+        def decode(self, data):
+            return None if data is None else json.loads(data)
+
+    database = MemoryDatabase()
+    first = cronoq.Scheduler([pool(Work(), capacity=0)], store=InMemoryStore(database), codec=LenientCodec())
+    async with first:
+        await first.add_recurring("hourly", "0 * * * *", {"n": 1})
+        await first.add_recurring("daily", "0 0 * * *", {"n": 2})
+    record, _ = database.schedules["hourly"]
+    database.schedules["hourly"] = (record, None)   # a store that lost the bytes
+    second = cronoq.Scheduler([pool(Work(), capacity=0)], store=InMemoryStore(database), codec=LenientCodec())
+    async with second:
+        snap = await second.snapshot()
+    assert snap.totals["recurring_invalid"] == 1
 
 
 # ---------------------------------------------------------------- a submit that raised was not admitted

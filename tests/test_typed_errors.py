@@ -199,7 +199,7 @@ def test_a_store_that_is_not_a_store_is_refused_at_construction(tmp_path):
     for make in (cronoq.Scheduler, cronoq.BlockingScheduler):
         with pytest.raises(ValueError, match=r"not a path: use store=cronoq.SqliteStore\("):
             make([fixed()], store=path)
-        with pytest.raises(ValueError, match="object lacks acquire_leadership, recover, commit"):
+        with pytest.raises(ValueError, match="object lacks retention_ns, commit_timeout, acquire_leadership, recover, commit"):
             make([fixed()], store=object())
     assert not (tmp_path / "x.db").exists()
 

@@ -25,11 +25,17 @@ from .. import realtime
 __all__ = ["Clock", "SystemClock", "VirtualClock"]
 
 
+class Cancellable(Protocol):
+    """What ``Clock.call_at`` returns: a wake-up that can be called off."""
+
+    def cancel(self) -> None: ...
+
+
 class Clock(Protocol):
     def now_ns(self) -> int:
         """The current time in Unix nanoseconds."""
 
-    def call_at(self, when_ns: int, callback: Callable[[], None]):
+    def call_at(self, when_ns: int, callback: Callable[[], None]) -> Cancellable:
         """Run ``callback`` on the running loop at ``when_ns``; returns an
         object with ``cancel()``."""
 
@@ -65,7 +71,7 @@ class SystemClock:
         patched = self.patched_time
         return not realtime.wall_clock_is_real() if patched is None else patched
 
-    def call_at(self, when_ns: int, callback: Callable[[], None]):
+    def call_at(self, when_ns: int, callback: Callable[[], None]) -> Cancellable:
         loop = asyncio.get_running_loop()
         if self._patched():
             return _WallClockWatch(when_ns, callback, loop, self.poll_interval)
@@ -98,7 +104,7 @@ class _WallClockWatch:
         self.loop = loop
         self.interval = interval
         self.cancelled = False
-        self.timer = None
+        self.timer: Cancellable | None = None
         self._check()
 
     def _check(self) -> None:
@@ -259,7 +265,8 @@ class VirtualClock:
             self._now = max(self._now, target)
         self._settle_others(None)
 
-    def _run_on(self, timer: _VirtualTimer) -> concurrent.futures.Future:
+    def _run_on(self, timer: _VirtualTimer) -> concurrent.futures.Future[None]:
+        assert timer.loop is not None   # callers run loop-less timers themselves
         return asyncio.run_coroutine_threadsafe(_fire_and_settle(timer.callback, 20), timer.loop)
 
     def _settle_others(self, done: asyncio.AbstractEventLoop | None) -> None:

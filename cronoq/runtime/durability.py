@@ -38,6 +38,7 @@ from ..core.engine import (
 from ..core.errors import InvalidTask, SchedulerError
 from ..core.persist import schedule_record, spec_record
 from ..store.base import Batch, Fenced, ScheduleRow, StatusRow, StoreRejected, StoreUnavailable, TaskRow
+from .clock import Cancellable
 from .runner import clean_message
 
 __all__ = ["DurableLog", "DurableHooks"]
@@ -170,7 +171,7 @@ class DurableLog:
         self.commits = 0
         self.refused = 0          # changes the database refused (logged, callers told)
         self.deadlines: deque[_Waiter] = deque()
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: Cancellable | None = None
 
     # -- filling the open batch (on the loop, inside the pump)
 

@@ -113,5 +113,5 @@ class EventStream(EventBuffer):
     async def __aenter__(self) -> EventStream:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         self.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Generator
 from typing import Any, Callable
 
 from ..core.errors import TaskFailed
@@ -22,15 +23,16 @@ class TaskHandle:
 
     __slots__ = ("id", "key", "duplicate", "_loop", "_state", "_value", "_future", "_callbacks")
 
-    def __init__(self, task_id: int, key: str | None, duplicate: bool, loop) -> None:
+    def __init__(self, task_id: int, key: str | None, duplicate: bool,
+                 loop: asyncio.AbstractEventLoop) -> None:
         self.id = task_id
         self.key = key
         self.duplicate = duplicate
         self._loop = loop
         self._state = _PENDING
         self._value: Any = None
-        self._future: asyncio.Future | list[asyncio.Future] | None = None
-        self._callbacks: list | None = None
+        self._future: asyncio.Future[None] | list[asyncio.Future[None]] | None = None
+        self._callbacks: list[Callable[[TaskHandle], Any]] | None = None
 
     # -- resolution (the scheduler's side, on its loop, as asyncio.Future's set_result)
 
@@ -56,7 +58,7 @@ class TaskHandle:
         future = self._future
         if future is not None:
             self._future = None
-            for f in future if type(future) is list else (future,):
+            for f in future if isinstance(future, list) else (future,):
                 if not f.done():
                     f.set_result(None)
         if self._callbacks:
@@ -95,18 +97,19 @@ class TaskHandle:
         if self._state == _OK:
             return "succeeded"
         if self._state == _FAILED:
-            return self._value[0]
+            status: str = self._value[0]
+            return status
         return None
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, Any]:
         if not self._state:
             # One future per await: cancelling one awaiter (a wait_for that
             # timed out) must not cancel the others or later awaits.
-            future = self._loop.create_future()
+            future: asyncio.Future[None] = self._loop.create_future()
             waiting = self._future
             if waiting is None:
                 self._future = future
-            elif type(waiting) is list:
+            elif isinstance(waiting, list):
                 waiting[:] = [f for f in waiting if not f.done()]
                 waiting.append(future)
             else:

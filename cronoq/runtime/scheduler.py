@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 from collections import deque
-from typing import Any, Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Sequence, TypeVar
 
 from .. import realtime
 from ..core import actions as act
@@ -34,9 +34,9 @@ from ..core.types import (
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
-from ..store.base import STORE_MEMBERS, Store
-from ..store.codec import JsonCodec
-from .clock import Clock, SystemClock
+from ..store.base import STORE_MEMBERS, Store, StoredSchedule, StoredTask
+from ..store.codec import Codec, JsonCodec
+from .clock import Cancellable, Clock, SystemClock
 from .durability import DurableHooks, DurableLog, encoded_payload
 from .events import EventSink, EventStream
 from .handle import TaskHandle
@@ -57,20 +57,23 @@ _STATUS = {status: status for status in STATUSES}
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
 _NO_OUTPUT: Any = object()   # "no output at hand" (None is a valid output)
 
+_T = TypeVar("_T")
 
-def _consume(rows: Iterable) -> Iterator:
+
+def _consume(rows: Iterable[_T]) -> Iterator[_T]:
     """The items of ``rows``; a list is emptied as it is read (its rows freed)."""
     if isinstance(rows, list):
+        freed: list[Any] = rows   # holds None where a row was read
         for i in range(len(rows)):
             row = rows[i]
-            rows[i] = None
+            freed[i] = None
             yield row
         rows.clear()
     else:
         yield from rows
 
 
-def _claims(results) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _claims(results: Iterable[tuple[int, bool]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """What a submitting call waits on: the ids it created (withdrawn if it
     fails) and the ids of duplicates it returns (it fails if they are)."""
     claims = tuple(task_id for task_id, duplicate in results if not duplicate)
@@ -87,9 +90,9 @@ class _Turn:
 
     __slots__ = ("key", "future")
 
-    def __init__(self, key) -> None:
+    def __init__(self, key: Hashable) -> None:
         self.key = key
-        self.future: asyncio.Future | None = None
+        self.future: asyncio.Future[None] | None = None
 
 
 class Scheduler:
@@ -102,8 +105,8 @@ class Scheduler:
 
     def __init__(self, pools: Sequence[Pool], resources: Sequence[ResourceConfig] | None = None,
                  emit_transitions: bool = False, *, shutdown_grace: float = 5.0,
-                 event_capacity: int = 1024, store=None, codec=None, clock: Clock | None = None,
-                 max_pending_total: int | None = None, output_cache: int = 1024,
+                 event_capacity: int = 1024, store: Store | None = None, codec: Codec | None = None,
+                 clock: Clock | None = None, max_pending_total: int | None = None, output_cache: int = 1024,
                  seed: int | None = None, config: CoreConfig | None = None) -> None:
         pools = list(pools)
         if not pools:
@@ -144,7 +147,7 @@ class Scheduler:
         self.store: Any = store   # a Store, or None
         if codec is not None and not (hasattr(codec, "encode") and hasattr(codec, "decode")):
             raise ValueError("codec must have encode(value) -> bytes and decode(bytes) -> value")
-        self.codec = codec if codec is not None else JsonCodec()
+        self.codec: Codec = codec if codec is not None else JsonCodec()
         self.clock: Clock = clock or SystemClock()
         self._now_ns = self.clock.now_ns
         if config is None:
@@ -168,7 +171,7 @@ class Scheduler:
         self._outputs: dict[int, Any] = {}           # recent outputs, oldest first
         self._output_order: deque[int] = deque()
         self._delivering: dict[int, Any] = {}        # outputs whose success event is not out yet
-        self._loading: dict[int, asyncio.Task] = {}  # task id -> load of its stored output
+        self._loading: dict[int, asyncio.Task[None]] = {}  # task id -> load of its stored output
         self._sinks: list[EventSink] = []
         # Guards the engine, the handles and the sinks (see the module docstring).
         self._lock = threading.RLock()
@@ -176,11 +179,11 @@ class Scheduler:
         self._submit_hooks: list[Callable[[TaskSpec], TaskSpec]] = []
         self._middleware: list[Callable[[Callable[..., Any], bool], Callable[..., Any]]] = []
         self._room: dict[Any, deque[_Turn]] = {}     # submitters waiting for queue room, per line
-        self._timer = None
+        self._timer: Cancellable | None = None
         self._timer_at: int | None = None
         self._drained: asyncio.Event | None = None
         self._log: DurableLog | None = None
-        self._abort_start: asyncio.Future | None = None
+        self._abort_start: asyncio.Future[None] | None = None
         self._forks = _process.forks
         self._pid = os.getpid()
         _process.after_fork(self._after_fork)
@@ -233,8 +236,10 @@ class Scheduler:
         """Lead (a standby waits here, until shutdown() gives up), take a new
         epoch, recover, restore. If anything fails after leading, step down."""
         store = self.store
-        self._abort_start = abort = self._loop.create_future()
-        acquire = self._loop.create_task(store.acquire_leadership())
+        loop = self._loop
+        assert loop is not None   # start() set it
+        self._abort_start = abort = loop.create_future()
+        acquire = loop.create_task(store.acquire_leadership())
         try:
             await asyncio.wait((acquire, abort), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -289,7 +294,7 @@ class Scheduler:
                  extra={"action": "recovered", "epoch": epoch})
         store.on_lost(self._lost_threadsafe)
 
-    def _decode_tasks(self, rows: Iterable) -> Iterator[RestoredTask]:
+    def _decode_tasks(self, rows: Iterable[StoredTask]) -> Iterator[RestoredTask]:
         """The stored rows as the engine restores them, one at a time (a row,
         its record and its payload bytes are freed as the next is read).
 
@@ -297,7 +302,7 @@ class Scheduler:
         them) share one read-only spec; each carries its own payload.
         """
         decode = self.codec.decode
-        shared: dict[int, tuple[dict, TaskSpec]] = {}
+        shared: dict[int, tuple[dict[str, Any], TaskSpec]] = {}
         for row in _consume(rows):
             record = row.record
             hit = shared.get(id(record))
@@ -317,11 +322,11 @@ class Scheduler:
                 shared[id(record)] = (record, task.spec)
             yield task
 
-    def _undecodable(self, row, status: str, exc: Exception) -> RestoredTask:
+    def _undecodable(self, row: StoredTask, status: str, exc: Exception) -> RestoredTask:
         return RestoredTask(row.id, row.pool, None, row.submitted_ns, status, row.attempt,
                             row.message, row.finished_ns, error=f"cannot decode the stored task: {exc}")
 
-    def _decode_task(self, row) -> RestoredTask:
+    def _decode_task(self, row: StoredTask) -> RestoredTask:
         # The engine compares statuses by identity: map the store's strings to its constants.
         status = _STATUS.get(row.status)
         try:
@@ -334,11 +339,14 @@ class Scheduler:
             return RestoredTask(row.id, row.pool, spec, row.submitted_ns, status, row.attempt,
                                 row.message, row.finished_ns)
         except Exception as exc:  # any decoding problem quarantines the row
+            assert status is not None   # set to READY above when unknown
             return self._undecodable(row, status, exc)
 
-    def _decode_schedule(self, row) -> RestoredSchedule:
+    def _decode_schedule(self, row: StoredSchedule) -> RestoredSchedule:
         record = row.record or {}
         try:
+            if row.payload is None:
+                raise ValueError("the stored payload is unreadable")
             template = spec_from_record(record["template"], self.codec.decode(row.payload))
             if record.get("deadline_in_ns") is not None:
                 template.deadline_in_ns = record["deadline_in_ns"]
@@ -543,7 +551,7 @@ class Scheduler:
         log_.kick()
         self._after_effects()
 
-    def _effect(self, raw: tuple) -> None:
+    def _effect(self, raw: tuple[Any, ...]) -> None:
         kind = raw[0]
         if kind == 1:
             entry = raw[1]
@@ -574,7 +582,7 @@ class Scheduler:
                 if runner.abort(raw[1]):
                     break
 
-    def _release(self, effects: list) -> None:
+    def _release(self, effects: list[Any]) -> None:
         """Effects whose mutations were committed (the durable log's hook)."""
         with self._lock:
             if self._state not in (_RUNNING, _STOPPING):
@@ -591,8 +599,11 @@ class Scheduler:
     def _after_effects(self) -> None:
         if self._room:
             self._wake_room()
-        if self._drained is not None and not self._core.running:
-            self._drained.set()
+        if self._drained is not None:
+            core = self._core
+            assert core is not None   # a drain is awaited only once started
+            if not core.running:
+                self._drained.set()
         self._arm()
 
     def _ask_pump(self) -> None:
@@ -766,7 +777,7 @@ class Scheduler:
         if len(self._output_order) > self._output_limit:
             self._outputs.pop(self._output_order.popleft(), None)
 
-    def _dead_letter(self, raw: tuple) -> None:
+    def _dead_letter(self, raw: tuple[Any, ...]) -> None:
         """A task ran out of attempts: log it, then resolve its handles."""
         task_id, pool, key, attempt, message = raw[1], raw[2], raw[3], raw[5], raw[7]
         log.warning("task %d (pool %s) dead-lettered after attempt %d: %s", task_id, pool, attempt, message,
@@ -800,9 +811,10 @@ class Scheduler:
         """A handle on a known task (under the lock, from any thread). Of a
         finished task whose output is not at hand (not cached), it resolves
         once the output is loaded from the store."""
-        handle = TaskHandle(task_id, key, duplicate, self._loop)
+        loop = self._loop
         core = self._core
-        assert core is not None
+        assert loop is not None and core is not None   # only a started scheduler attaches
+        handle = TaskHandle(task_id, key, duplicate, loop)
         if task_id not in core.tasks and task_id not in self._delivering:
             info = core.info(task_id)
             if info.status not in TERMINAL:
@@ -879,7 +891,7 @@ class Scheduler:
             encoded_payload(spec, self.codec)   # TypeError now, before anything is stored
         return await self._with_room(lambda core: self._admit_now(core, spec), (spec.pool, spec.priority))
 
-    async def _with_room(self, attempt: Callable[[Core], Any], line: Any) -> Any:
+    async def _with_room(self, attempt: Callable[[Core], _T | None], line: Any) -> _T:
         """Run ``attempt(core)`` (under the lock) until it fits; while it
         returns None (a full queue with the "wait" policy), wait for room.
 
@@ -932,11 +944,13 @@ class Scheduler:
     async def submit(self, payload: Any = None, **options: Any) -> TaskHandle:
         """Submit a task; returns its ``TaskHandle``. Options are those of
         ``cronoq.Task`` (pool, kind, priority, key, deadline_in, ...)."""
-        return await self._submit_spec(TaskSpec(payload, **options), True)
+        handle: TaskHandle = await self._submit_spec(TaskSpec(payload, **options), True)
+        return handle
 
     async def enqueue(self, payload: Any = None, **options: Any) -> int:
         """Submit a task without a handle (cheaper); returns its id."""
-        return await self._submit_spec(TaskSpec(payload, **options), False)
+        task_id: int = await self._submit_spec(TaskSpec(payload, **options), False)
+        return task_id
 
     async def _submit_spec(self, spec: TaskSpec, handle: bool,
                            wrap: Callable[[TaskHandle], Any] | None = None, hooked: bool = False) -> Any:
@@ -1065,8 +1079,13 @@ class Scheduler:
             handle = self._attach(info.id, info.key, True)
         if info.status in TERMINAL and not handle.done():
             # Its output is being loaded from the store: return the handle resolved.
-            loaded = asyncio.get_running_loop().create_future()
-            handle.add_done_callback(lambda _: loaded.done() or loaded.set_result(None))
+            loaded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def wake(_: TaskHandle) -> None:
+                if not loaded.done():
+                    loaded.set_result(None)
+
+            handle.add_done_callback(wake)
             await loaded
         return handle
 

@@ -9,12 +9,13 @@ waits for the loop. Nothing here runs per task.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..core.errors import SchedulerError
 from ..core.snapshot import Snapshot
 
 if TYPE_CHECKING:
+    from ..blocking import BlockingScheduler
     from ..runtime.scheduler import Scheduler
 
 __all__ = ["resolve", "take_snapshot"]
@@ -22,7 +23,7 @@ __all__ = ["resolve", "take_snapshot"]
 log = logging.getLogger("cronoq.telemetry")
 
 
-def resolve(scheduler: Any) -> Scheduler:
+def resolve(scheduler: Scheduler | BlockingScheduler) -> Scheduler:
     """The asyncio ``Scheduler`` behind a ``Scheduler`` or a ``BlockingScheduler``."""
     from ..blocking import BlockingScheduler
     from ..runtime.scheduler import Scheduler

@@ -27,27 +27,31 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 try:
     from opentelemetry import metrics as _metrics
     from opentelemetry import trace as _trace
     from opentelemetry.context import Context
-    from opentelemetry.metrics import CallbackOptions, Observation
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.metrics import Asynchronous, CallbackOptions, Meter, MeterProvider, Observation
+    from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError as exc:  # pragma: no cover - exercised by a test that hides the package
     raise ImportError("cronoq.telemetry.otel needs OpenTelemetry: pip install 'cronoq[otel]'") from exc
 
 from .._version import __version__
 from ..core.errors import Permanent, Retryable, SchedulerError
+from ..core.snapshot import Snapshot
 from ..core.types import CLASSES, TaskSpec
 from ._snapshot import resolve, take_snapshot
 
 if TYPE_CHECKING:
+    from ..blocking import BlockingScheduler
+    from ..runtime.context import TaskContext
     from ..runtime.scheduler import Scheduler
 
 __all__ = ["instrument", "Instrumentation", "SPAN_NAME", "current_traceparent"]
@@ -55,7 +59,7 @@ __all__ = ["instrument", "Instrumentation", "SPAN_NAME", "current_traceparent"]
 SPAN_NAME = "cronoq.task"
 _PROPAGATOR = TraceContextTextMapPropagator()
 # Schedulers instrumented now (one instrumentation each).
-_INSTRUMENTED: weakref.WeakKeyDictionary[Any, Instrumentation] = weakref.WeakKeyDictionary()
+_INSTRUMENTED: weakref.WeakKeyDictionary[Scheduler, Instrumentation] = weakref.WeakKeyDictionary()
 _STATUSES = ("succeeded", "failed", "dead_lettered", "cancelled", "skipped", "missed", "shed")
 _QUANTILES = (("0.5", "wait_p50"), ("0.9", "wait_p90"), ("0.99", "wait_p99"))
 
@@ -88,7 +92,7 @@ def _with_traceparent(spec: TaskSpec) -> TaskSpec:
 
 # ================================================================ spans
 
-def _parent(ctx) -> Context:
+def _parent(ctx: TaskContext) -> Context:
     traceparent = ctx.traceparent
     if traceparent:
         return _PROPAGATOR.extract({"traceparent": traceparent})
@@ -97,16 +101,16 @@ def _parent(ctx) -> Context:
     return Context()
 
 
-def _attributes(ctx) -> dict[str, Any]:
-    attributes = {"task.id": ctx.id, "task.pool": ctx.pool, "task.kind": ctx.kind,
-                  "task.attempt": ctx.attempt}
+def _attributes(ctx: TaskContext) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"task.id": ctx.id, "task.pool": ctx.pool, "task.kind": ctx.kind,
+                                  "task.attempt": ctx.attempt}
     key = ctx.key
     if key is not None:
         attributes["task.key"] = key
     return attributes
 
 
-def _ended(span, exc: BaseException | None) -> None:
+def _ended(span: Span, exc: BaseException | None) -> None:
     if exc is None:
         span.set_attribute("task.outcome", "success")
         return
@@ -120,10 +124,11 @@ def _ended(span, exc: BaseException | None) -> None:
     span.set_status(Status(StatusCode.ERROR, message or type(exc).__name__))
 
 
-def _traced(fn: Callable, is_async: bool, tracer) -> Callable:
+def _traced(fn: Callable[..., Any], is_async: bool, tracer: Tracer) -> Callable[..., Any]:
     use_span = _trace.use_span
+    traced: Callable[..., Any]
     if is_async:
-        async def traced(ctx, payload):
+        async def traced_async(ctx: TaskContext, payload: Any) -> Any:
             span = tracer.start_span(SPAN_NAME, context=_parent(ctx), kind=SpanKind.INTERNAL,
                                      attributes=_attributes(ctx))
             with use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
@@ -134,8 +139,9 @@ def _traced(fn: Callable, is_async: bool, tracer) -> Callable:
                     raise
                 _ended(span, None)
                 return result
+        traced = traced_async
     else:
-        def traced(ctx, payload):
+        def traced_sync(ctx: TaskContext, payload: Any) -> Any:
             span = tracer.start_span(SPAN_NAME, context=_parent(ctx), kind=SpanKind.INTERNAL,
                                      attributes=_attributes(ctx))
             with use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
@@ -146,8 +152,9 @@ def _traced(fn: Callable, is_async: bool, tracer) -> Callable:
                     raise
                 _ended(span, None)
                 return result
-    traced.__wrapped__ = fn
-    return traced
+        traced = traced_sync
+    # Sets only __wrapped__ (what inspect.unwrap follows).
+    return functools.update_wrapper(traced, fn, assigned=(), updated=())
 
 
 # ================================================================ metrics
@@ -155,16 +162,16 @@ def _traced(fn: Callable, is_async: bool, tracer) -> Callable:
 class _Source:
     """One instrumented scheduler, as seen by the metric callbacks."""
 
-    def __init__(self, sched, attributes: dict[str, str], max_age: float, timeout: float) -> None:
+    def __init__(self, sched: Scheduler, attributes: dict[str, str], max_age: float, timeout: float) -> None:
         self.sched = sched
         self.attributes = attributes
         self.max_age = max_age
         self.timeout = timeout
-        self._snap = None
+        self._snap: Snapshot | None = None
         self._at = 0.0
         self._lock = threading.Lock()
 
-    def snapshot(self):
+    def snapshot(self) -> Snapshot | None:
         with self._lock:
             now = time.monotonic()
             if self._snap is not None and now - self._at <= self.max_age:
@@ -174,44 +181,48 @@ class _Source:
             return snap
 
 
-def _pools(field: str):
-    def read(snap, base):
+# A metric's reader: (value, attributes) pairs from a snapshot and the source's attributes.
+_Reader = Callable[[Snapshot, dict[str, str]], Iterator[tuple[float, dict[str, str]]]]
+
+
+def _pools(field: str) -> _Reader:
+    def read(snap: Snapshot, base: dict[str, str]) -> Iterator[tuple[float, dict[str, str]]]:
         for p in snap.pools:
             yield getattr(p, field), {**base, "pool": p.name}
     return read
 
 
-def _total(key: str):
-    def read(snap, base):
+def _total(key: str) -> _Reader:
+    def read(snap: Snapshot, base: dict[str, str]) -> Iterator[tuple[float, dict[str, str]]]:
         yield snap.totals.get(key, 0), base
     return read
 
 
-def _tasks_finished(snap, base):
+def _tasks_finished(snap: Snapshot, base: dict[str, str]) -> Iterator[tuple[float, dict[str, str]]]:
     for status in _STATUSES:
         yield snap.totals.get(status, 0), {**base, "status": status}
 
 
-def _pending_by_class(snap, base):
+def _pending_by_class(snap: Snapshot, base: dict[str, str]) -> Iterator[tuple[float, dict[str, str]]]:
     for p in snap.pools:
         for c in CLASSES:
             yield p.pending_by_class.get(c, 0), {**base, "pool": p.name, "class": c}
 
 
-def _waits(snap, base):
+def _waits(snap: Snapshot, base: dict[str, str]) -> Iterator[tuple[float, dict[str, str]]]:
     for p in snap.pools:
         for q, field in _QUANTILES:
             yield getattr(p, field), {**base, "pool": p.name, "quantile": q}
 
 
-def _attempts(snap, base):
+def _attempts(snap: Snapshot, base: dict[str, str]) -> Iterator[tuple[float, dict[str, str]]]:
     for p in snap.pools:
         yield p.succeeded, {**base, "pool": p.name, "result": "succeeded"}
         yield p.failed, {**base, "pool": p.name, "result": "failed"}
 
 
-def _groups(field: str):
-    def read(snap, base):
+def _groups(field: str) -> _Reader:
+    def read(snap: Snapshot, base: dict[str, str]) -> Iterator[tuple[float, dict[str, str]]]:
         for p in snap.pools:
             for g in p.groups:
                 label = ",".join(f"{k}={v}" for k, v in sorted(g.labels.items()))
@@ -219,8 +230,8 @@ def _groups(field: str):
     return read
 
 
-def _snapshot_field(field: str):
-    def read(snap, base):
+def _snapshot_field(field: str) -> _Reader:
+    def read(snap: Snapshot, base: dict[str, str]) -> Iterator[tuple[float, dict[str, str]]]:
         yield getattr(snap, field), base
     return read
 
@@ -281,20 +292,20 @@ INSTRUMENTS = (
 class _Instruments:
     """The instruments of one meter provider, shared by every scheduler instrumented with it."""
 
-    def __init__(self, meter) -> None:
+    def __init__(self, meter: Meter) -> None:
         self.sources: list[_Source] = []
         self.lock = threading.Lock()
-        self.instruments = []
+        self.instruments: list[Asynchronous] = []
         for kind, name, unit, description, reader in INSTRUMENTS:
             create = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
             self.instruments.append(create(name, callbacks=[self._callback(reader)], unit=unit,
                                            description=description))
 
-    def _callback(self, reader):
+    def _callback(self, reader: _Reader) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def callback(options: CallbackOptions) -> Iterable[Observation]:
             with self.lock:
                 sources = list(self.sources)
-            out = []
+            out: list[Observation] = []
             for source in sources:
                 snap = source.snapshot()
                 if snap is not None:
@@ -305,11 +316,11 @@ class _Instruments:
 
 
 _GLOBAL: _Instruments | None = None
-_BY_PROVIDER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_BY_PROVIDER: weakref.WeakKeyDictionary[MeterProvider, _Instruments] = weakref.WeakKeyDictionary()
 _CREATE = threading.Lock()
 
 
-def _instruments_for(meter_provider) -> _Instruments:
+def _instruments_for(meter_provider: MeterProvider | None) -> _Instruments:
     global _GLOBAL
     with _CREATE:
         if meter_provider is None:
@@ -328,7 +339,7 @@ def _instruments_for(meter_provider) -> _Instruments:
 class Instrumentation:
     """What ``instrument`` turned on; ``uninstrument()`` turns it off."""
 
-    def __init__(self, scheduler: Any, sched: Scheduler, source: _Source | None,
+    def __init__(self, scheduler: Scheduler | BlockingScheduler, sched: Scheduler, source: _Source | None,
                  instruments: _Instruments | None, remove_middleware: Callable[[], None] | None,
                  remove_hook: Callable[[], None] | None, traces: bool, propagate: bool) -> None:
         self.scheduler = scheduler
@@ -367,7 +378,8 @@ class Instrumentation:
         return f"<cronoq Instrumentation {'+'.join(on) or 'nothing'}{'' if self.active else ' (off)'}>"
 
 
-def instrument(scheduler, *, tracer_provider=None, meter_provider=None, traces: bool = True,
+def instrument(scheduler: Scheduler | BlockingScheduler, *, tracer_provider: TracerProvider | None = None,
+               meter_provider: MeterProvider | None = None, traces: bool = True,
                metrics: bool = True, propagate: bool = True, name: str | None = None,
                snapshot_max_age: float = 0.5, timeout: float = 5.0) -> Instrumentation:
     """Instrument a ``Scheduler`` or ``BlockingScheduler`` with OpenTelemetry.

@@ -36,12 +36,19 @@ class Blob:
         return f"Blob({len(self.data)} bytes, {self.content_type!r})"
 
 
+_CHECKED: dict[str, str] = {}   # content types seen valid (a few, used again and again)
+
+
 def check_content_type(value: str) -> str:
     """``value`` if it is a plausible content type: printable ASCII, at most 255 bytes."""
+    if value in _CHECKED:
+        return value
     if len(value) > CONTENT_TYPE_LIMIT:
         raise ValueError(f"content_type is longer than {CONTENT_TYPE_LIMIT} characters")
-    if not all(" " <= ch <= "~" for ch in value):
+    if not (value.isascii() and value.isprintable()):
         raise ValueError("content_type must be printable ASCII")
+    if len(_CHECKED) < 256:
+        _CHECKED[value] = value
     return value
 
 

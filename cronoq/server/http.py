@@ -72,9 +72,11 @@ class HttpListener:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT)
             status, body = self._answer(head)
+            head_only = head.startswith(b"HEAD ")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError,
                 ssl.SSLError):
             status, body = 400, "bad request"
+            head_only = False
         except asyncio.CancelledError:
             writer.close()
             raise
@@ -85,7 +87,8 @@ class HttpListener:
         data = (body + "\n").encode()
         try:
             writer.write(f"HTTP/1.1 {status} {reasons[status]}\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                         f"content-length: {len(data)}\r\nconnection: close\r\n\r\n".encode() + data)
+                         f"content-length: {len(data)}\r\nconnection: close\r\n\r\n".encode()
+                         + (b"" if head_only else data))
             await writer.drain()
         except (ConnectionError, ssl.SSLError):
             pass

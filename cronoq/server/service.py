@@ -228,13 +228,15 @@ class Service:
             raise ServiceError(Code.NOT_FOUND, f"no pool named {pool!r}", "UnknownPool")
         if not caller.sees(pool):
             raise ServiceError(Code.PERMISSION_DENIED, f"the credential may not submit into pool {pool!r}")
-        options["pool"] = pool
+        if spec.pool and pool != self.default_pool:
+            options["pool"] = pool      # (the default pool is the engine's too: a plain task stays plain)
         if spec.kind:
             self._check_text(spec.kind, "kind", limits.max_name_bytes)
             options["kind"] = spec.kind
         if spec.priority not in _PRIORITY_IN:
             raise ServiceError(invalid, f"unknown priority {spec.priority}", "InvalidTask")
-        options["priority"] = CLASSES[_PRIORITY_IN[spec.priority]]
+        if _PRIORITY_IN[spec.priority] != 2:
+            options["priority"] = CLASSES[_PRIORITY_IN[spec.priority]]
         if spec.key:
             self._check_text(spec.key, "key", limits.max_key_bytes)
             options["key"] = spec.key

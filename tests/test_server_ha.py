@@ -171,6 +171,11 @@ async def test_sigterm_drains_and_keeps_what_finished_during_the_grace(servers, 
     for _ in range(2):
         lease = await worker.recv_kind("lease")
         leases[lease.task_id] = lease.lease
+    # A schedule added over Admin is stored with the rest.
+    from cronoq._proto import cronoq_pb2_grpc as pb_grpc
+    admin = pb_grpc.AdminStub(channel)
+    await admin.AddRecurring(pb.AddRecurringRequest(name="kept", cron="0 0 1 1 *",
+                                                    template=pb.TaskSpec(pool="idle", payload=b"yearly")))
     await channel.close()
     server.signal(signal.SIGTERM)
     server.wait_for("stopping")
@@ -185,6 +190,7 @@ async def test_sigterm_drains_and_keeps_what_finished_during_the_grace(servers, 
         assert (result.status, result.output) == ("succeeded", b"made it")
         left = await client.get(hanging)             # the attempt running at the stop counts as used
         assert left.status in ("ready", "retrying") and left.attempt == 1
+        assert [(r.name, r.pool, r.cron) for r in await client.recurring()] == [("kept", "idle", "0 0 1 1 *")]
 
 
 async def test_a_worker_killed_mid_lease_has_its_attempt_retried_elsewhere(servers):

@@ -21,6 +21,7 @@ from .runtime import (
     EventStream, Pool, RecurringInfo, Scheduler, SystemClock, TaskContext, TaskHandle, VirtualClock,
 )
 from .blocking import BlockingEventStream, BlockingHandle, BlockingScheduler
+from .errors import AccessDenied, CancelTask, Reject, ServerError
 from .store.base import Fenced, StoreRejected, StoreUnavailable
 from .store.codec import JsonCodec
 
@@ -38,6 +39,7 @@ __all__ = [
     "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
     "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",
+    "Reject", "CancelTask", "ServerError", "AccessDenied",
 ]
 
 

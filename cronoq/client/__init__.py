@@ -11,10 +11,10 @@ details.
 
 from .._proto import PROTOCOL_VERSION
 from ..core.errors import Permanent, Retryable
-from .wire import AccessDenied, ServerError
+from ..errors import AccessDenied, CancelTask, Reject, ServerError
 from .blocking import BlockingClient
 from .client import Client, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo
-from .worker import CancelTask, Lease, Reject, Worker
+from .worker import Lease, Worker
 
 __all__ = ["Client", "BlockingClient", "Worker", "Lease", "Reject", "CancelTask", "Retryable", "Permanent",
            "Submission", "TaskResult", "TaskInfo", "TaskPage", "WorkerInfo", "ScheduleInfo", "ServerError",

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping
 import grpc
 
 from .. import errors as _errors
+from ..errors import AccessDenied, ServerError
 from .._proto import cronoq_pb2 as pb
 from ..core.types import CLASSES, NS, Dep, Priority, RetryPolicy, TaskSpec
 
@@ -21,24 +22,6 @@ OCTETS = "application/octet-stream"
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
 _JSON_ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode
-
-
-class ServerError(_errors.CronoqError):
-    """The server refused a call for a reason without its own cronoq type;
-    ``code`` is the gRPC status name (``"ALREADY_EXISTS"``...)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.code, self.message))
-
-
-class AccessDenied(ServerError, PermissionError):
-    """UNAUTHENTICATED (no or a wrong credential) or PERMISSION_DENIED (the
-    credential's role, pools or tenant do not allow the call)."""
 
 
 _ADMISSION = {name: getattr(_errors, name) for name in (

@@ -32,6 +32,7 @@ from .._proto import PROTOCOL_VERSION
 from .._proto import cronoq_pb2 as pb
 from .._proto import cronoq_pb2_grpc as pb_grpc
 from ..core.errors import CronoqError
+from ..errors import CancelTask, Reject
 from ..core.types import NS
 from ..runtime.runner import clean_message, outcome_of
 from . import wire
@@ -45,30 +46,6 @@ _PRIORITIES = {pb.PRIORITY_CRITICAL: "critical", pb.PRIORITY_HIGH: "high", pb.PR
 # Status codes that retrying cannot fix: run() raises them.
 _FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND,
           grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
-
-
-class Reject(CronoqError):
-    """Raised by a handler: give the lease back unrun. The server offers it to
-    another worker of the pool (same labels) without using an attempt, or, if
-    none has a free slot, fails the attempt as retryable."""
-
-    def __init__(self, reason: str = "") -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.reason,))
-
-
-class CancelTask(CronoqError):
-    """Raised by a handler: end the task as cancelled (no retry)."""
-
-    def __init__(self, message: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.message,))
 
 
 class Lease:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import logging.config
 import os
 import sys
 
@@ -50,8 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print("configuration is valid")
         return 0
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The process is ours: cronoq's loggers write to standard error.
+    logging.config.dictConfig({
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
+                                "formatter": "plain"}},
+        "loggers": {"cronoq": {"handlers": ["stderr"], "level": args.log_level.upper(), "propagate": False}},
+    })
     try:
         from .app import BindError, Server
     except ImportError as exc:

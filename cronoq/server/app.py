@@ -274,7 +274,7 @@ class Server:
         log.warning("leadership lost (%s); standing by again", sched.lost_reason,
                     extra={"action": "leader_lost"})
         service.step_down()
-        await asyncio.sleep(self.config.server.standby_close_s)
+        await self._let_streams_end(hub)
         await self._stop_grpc(0.5)
         await self._start_grpc(service, auth, hub, standby=True)
         await self._close_store(store)
@@ -288,11 +288,15 @@ class Server:
         hub.graceful = True
         await sched.shutdown(grace)
         hub.shutdown_all("the server is shutting down", not_leader=False)
-        waiting = [conn.done for conn in hub.workers.values()]
-        if waiting:
-            await asyncio.wait(waiting, timeout=self.config.server.standby_close_s + 1.0)
+        await self._let_streams_end(hub)
         await self._stop_grpc(1.0)
         log.info("stopped", extra={"action": "stopped"})
+
+    async def _let_streams_end(self, hub: WorkerHub) -> None:
+        """Workers were told Shutdown: their streams end standby_close_s later, cleanly."""
+        waiting = [conn.done for conn in hub.workers.values()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=self.config.server.standby_close_s + 2.0)
 
     @staticmethod
     async def _close_store(store: Any) -> None:

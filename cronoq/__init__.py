@@ -14,7 +14,7 @@ from .core.errors import (
     UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
 )
 from .core.snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
-from .core.types import AutoscaleConfig, Dep, Priority, RetryPolicy
+from .core.types import AutoscaleConfig, Dep, Outcome, Priority, RetryPolicy, Status
 from .core.types import ResourceConfig as Resource
 from .core.types import TaskSpec as Task
 from .runtime import (
@@ -31,7 +31,7 @@ if TYPE_CHECKING:   # loaded on first use (below); type checkers see them at onc
 
 __all__ = [
     "__version__",
-    "Scheduler", "BlockingScheduler", "BlockingHandle", "BlockingEventStream", "Pool", "Task", "Dep", "RetryPolicy", "Priority", "Resource", "AutoscaleConfig",
+    "Scheduler", "BlockingScheduler", "BlockingHandle", "BlockingEventStream", "Pool", "Task", "Dep", "RetryPolicy", "Priority", "Status", "Outcome", "Resource", "AutoscaleConfig",
     "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock", "SystemClock",
     "SqliteStore", "PostgresStore", "JsonCodec",
     "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "RecurringInfo",

@@ -47,24 +47,18 @@ _P = ParamSpec("_P")
 class BlockingHandle:
     """The result of a task submitted through ``BlockingScheduler``."""
 
-    __slots__ = ("id", "key", "duplicate", "_handle", "_lock", "_forks")
+    __slots__ = ("id", "key", "duplicate", "_handle", "_done", "_forks")
 
     def __init__(self, handle: TaskHandle) -> None:
         self.id = handle.id
         self.key = handle.key
         self.duplicate = handle.duplicate
         self._handle = handle
-        lock = _thread.allocate_lock()
-        lock.acquire()
-        self._lock = lock
+        self._done: threading.Event | None = None    # made when a thread first waits
         self._forks = _process.forks
-        handle.add_done_callback(self._resolved)   # called on the loop thread
-
-    def _resolved(self, _handle: TaskHandle) -> None:
-        self._lock.release()
 
     def done(self) -> bool:
-        return self._handle.done()
+        return self._handle.status is not None
 
     @property
     def status(self) -> str | None:
@@ -75,15 +69,18 @@ class BlockingHandle:
         """Wait for the task's output. Raises ``TaskFailed`` if it did not
         succeed, and the builtin ``TimeoutError`` after ``timeout`` seconds
         (the task keeps running)."""
-        if not self._handle.done():
+        handle = self._handle
+        if handle.status is None:
             if self._forks != _process.forks:
                 raise SchedulerError("this handle belongs to a scheduler of the process this one was forked "
                                      "from: its task's end is not reported here")
-            acquired = self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
-            if not acquired:
+            done = self._done
+            if done is None:
+                done = self._done = threading.Event()
+                handle.on_resolve(lambda _: done.set())    # set on the loop thread
+            if not done.wait(None if timeout is None else max(0.0, timeout)):
                 raise TimeoutError(f"task {self.id} did not finish within {timeout} s")
-            self._lock.release()
-        return self._handle.result()
+        return handle.result()
 
     def __repr__(self) -> str:
         return f"BlockingHandle(id={self.id}, key={self.key!r}, {self.status or 'pending'})"
@@ -534,7 +531,7 @@ class BlockingScheduler:
                                                       wrap=BlockingHandle if want_handle else None)
         if later is not None:
             value = self._call(later)
-        return value
+        return value if want_handle else value[0]
 
     # ================================================================ the API
 
@@ -594,6 +591,13 @@ class BlockingScheduler:
         stream = BlockingEventStream(self._sched.event_capacity, on_lag, self)
         self._sched.subscribe(stream)
         return stream
+
+    def call(self, coro_fn: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``await coro_fn()`` on the scheduler's loop and return its
+        result (in a copy of this thread's context). A call in flight when the
+        scheduler stops raises ``SchedulerError``. For an answer that
+        ``Scheduler.submit_from_thread`` leaves to the loop, say."""
+        return self._call(coro_fn)
 
     def subscribe(self, sink: EventSink) -> None:
         """Deliver every status event to ``sink`` (its ``deliver`` and ``end``

@@ -239,8 +239,14 @@ class ElasticPriorityScheduler:
             if task.fixed_start is not None:
                 self._open_starts[task.id] = float(task.fixed_start)
         try:
-            handle = self._scheduler.submit(job, **options)
-            if handle.duplicate:
+            # Admitted on this thread (no round trip to the loop unless a store's
+            # commit or a full queue says so), without a handle: legacy code gets an id.
+            value, later = self._scheduler.scheduler.submit_from_thread(cronoq.Task(job, **options),
+                                                                        handle=False)
+            if later is not None:
+                value = self._scheduler.call(later)
+            task_id, duplicate = value
+            if duplicate:
                 raise DuplicateTaskError(f"a task with id {task.id!r} was already submitted")
         except BaseException as exc:
             with self._lock:
@@ -254,7 +260,7 @@ class ElasticPriorityScheduler:
             raise
         with self._lock:
             self._submitting.discard(task.id)
-        return handle.id
+        return int(task_id)
 
     @property
     def completed_count(self) -> int:

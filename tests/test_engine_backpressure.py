@@ -5,6 +5,7 @@ import pytest
 from cronoq.core import (
     Dep, PoolConfig, QueueFull, RetryPolicy, TaskSpec, UnknownDependency, UnknownPool,
 )
+from cronoq.core import actions as act
 from enginekit import S, dispatches, drain, events, make_core
 
 
@@ -385,3 +386,43 @@ def test_shedding_the_parent_of_the_incoming_task_resolves_its_edge():
     core.set_capacity(S, "default", 1)
     core.check_invariants()
     assert [d.task_id for d in dispatches(drain(core))] == [on_complete]
+
+
+@pytest.mark.parametrize("bound", [0, {"normal": 0}, "total"])
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "with-options"])
+def test_a_bound_of_zero_refuses_for_good_on_every_path(bound, plain):
+    # A task the bound can never admit says so (QueueFull.never), whether it
+    # takes the plain fast path or the planning path: a driver with the
+    # "wait" policy would otherwise wait for room that never comes.
+    if bound == "total":
+        core = make_core(PoolConfig("default", max=4, initial=0, autoscale=False), max_pending_total=0)
+    else:
+        core = bounded(bound, "wait")
+    spec = TaskSpec("t") if plain else TaskSpec("t", tenant="a")
+    assert spec.plain is plain
+    with pytest.raises(QueueFull) as refused:
+        core.submit(0, spec)
+    assert refused.value.never is True
+    assert "the submission alone exceeds it" in str(refused.value)
+    core.check_invariants()
+    assert pending(core) == 0
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "with-options"])
+def test_a_batch_is_persisted_whole_before_any_of_it_is_announced_ready(plain):
+    # A batch of plain tasks is admitted without planning; it must still give
+    # the actions a planned batch gives: every submission persisted, then the
+    # tasks queued (ready events, dispatch), so a driver that holds events
+    # until their mutations are durable sees the same order either way.
+    core = make_core(PoolConfig("default", max=4, initial=0, autoscale=False),
+                     persist=True, emit_transitions=True)
+    specs = [TaskSpec(f"t{i}") if plain else TaskSpec(f"t{i}", tenant="a") for i in range(3)]
+    ids = [task_id for task_id, _ in core.submit_batch(0, specs)]
+    kinds = []
+    for raw in core.actions:
+        if raw[0] == act.PERSIST:
+            kinds.append(("persist", raw[1][0], raw[1][1]))
+        elif raw[0] == act.EVENT:
+            kinds.append(("event", raw[4], raw[1]))
+    assert kinds == ([("persist", "submit", i) for i in ids] + [("event", "ready", i) for i in ids])
+    core.check_invariants()

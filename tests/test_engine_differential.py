@@ -1,45 +1,73 @@
 """The engine's fast paths against the general paths they shortcut.
 
-``GeneralCore`` is the engine with its shortcuts replaced by the slow, obvious
-version of the same rule:
+``GeneralCore`` is the engine with every deliberate shortcut replaced by the
+slow, obvious version of the same rule:
 
+- ``fast_paths = False``: every submission, single or batch, goes through the
+  planning path (the engine admits plain tasks straight into their queue),
+  and every ending goes through ``_finish`` (``complete()`` ends a task with
+  no extras and no dependents with the bookkeeping alone);
 - dispatch re-arming: after every call, every pool is offered its free slots
   (the engine marks a pool for dispatch only when something may have changed);
-- admission: every submission goes through the planning path (the engine
-  admits plain tasks straight into their queue);
 - label groups: waiting labelled tasks are served by a scan of every ready
   task, oldest first (the engine compares the heads of its per-label lines,
-  plus the few waiters that hold a slot).
+  plus the few waiters that hold a slot);
+- the ready queues: the next task is always chosen by comparing scores
+  (``take`` pops the head of the only class with work without scoring).
 
-The seeded simulation runs every seed through both, and the complete traces
-(dispatches, aborts, events, scaling, completions, in order and with their
-times) must be identical: a fast path that skips work, or does it in another
-order, shows as a difference.
+The seeded simulation runs every seed through both, with persistence on for
+half of them, and the complete traces must be identical: every raw action
+(dispatches, aborts, events with their messages, persisted mutations,
+scaling) in order, the driver's own record (completions, stale reports,
+refusals) and a snapshot of the engine every ``SNAPSHOT_EVERY`` calls and at
+the end. A fast path that skips work, or does it in another order, shows as
+a difference.
 """
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import pytest
 
 from cronoq.core import Core
-from cronoq.core.engine import W_LABEL, W_NONE
+from cronoq.core import actions as act
+from cronoq.core.model import W_LABEL, W_NONE, PoolState
+from cronoq.core.persist import spec_record
+from cronoq.core.queues import ReadyQueues
 from cronoq.core.types import READY
 from test_simulation import World
 
 SEEDS = 200
+SNAPSHOT_EVERY = 20
+
+
+class GeneralQueues(ReadyQueues):
+    __slots__ = ()
+
+    def take(self, now):
+        e = self._best(now) if self.total else None
+        if e is not None:
+            self.pop(e)
+        return e
 
 
 class GeneralCore(Core):
     __slots__ = ()
+    fast_paths = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for p in self.pools.values():
+            p.queues.__class__ = GeneralQueues
 
     def _offer_everything(self) -> None:
         for p in self.pools.values():
-            if not p.dirty:
-                p.dirty = True
-                self._dirty.append(p)
+            self._mark_dirty(p)
         self._flush(self.now)
 
-    def _then_offer(name):  # noqa: N805  (a decorator factory used in the class body)
+    def _general(name):  # noqa: N805  (a decorator factory used in the class body)
         def call(self, *args, **kwargs):
             try:
                 return getattr(Core, name)(self, *args, **kwargs)
@@ -48,31 +76,19 @@ class GeneralCore(Core):
         call.__name__ = name
         return call
 
-    complete = _then_offer("complete")
-    heartbeat = _then_offer("heartbeat")
-    cancel = _then_offer("cancel")
-    set_capacity = _then_offer("set_capacity")
-    set_group_capacity = _then_offer("set_group_capacity")
-    advance = _then_offer("advance")
-    add_recurring = _then_offer("add_recurring")
-    remove_recurring = _then_offer("remove_recurring")
+    submit = _general("submit")
+    submit_batch = _general("submit_batch")
+    complete = _general("complete")
+    give_back = _general("give_back")
+    heartbeat = _general("heartbeat")
+    cancel = _general("cancel")
+    set_capacity = _general("set_capacity")
+    set_group_capacity = _general("set_group_capacity")
+    advance = _general("advance")
+    add_recurring = _general("add_recurring")
+    remove_recurring = _general("remove_recurring")
 
-    def submit(self, now, spec):
-        now = self._enter(now)
-        try:
-            return self._admit(now, (spec,), False)[0]
-        finally:
-            self._offer_everything()
-
-    def submit_batch(self, now, specs):
-        now = self._enter(now)
-        specs = list(specs)
-        try:
-            return self._admit(now, specs, True) if specs else []
-        finally:
-            self._offer_everything()
-
-    def _serve_labels(self, p, now) -> None:
+    def _serve_labels(self, p: PoolState, now: int) -> None:
         while p.label_waiting:
             free = p.capacity - p.busy - p.held > 0
             waiting = sorted((e for e in self.tasks.values()
@@ -96,29 +112,127 @@ class GeneralCore(Core):
             self._start(p, e, now, group)
 
 
+def comparable(value: Any) -> Any:
+    """Actions and snapshots as plain data (entries by id, specs by their record)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return [comparable(item) for item in value]
+    if isinstance(value, dict):
+        return [[comparable(k), comparable(v)] for k, v in value.items()]
+    if isinstance(value, frozenset):
+        return sorted(repr(comparable(item)) for item in value)
+    name = type(value).__name__
+    if name == "Entry":
+        return ["entry", value.id]
+    if name == "TaskSpec":
+        return ["spec", comparable(spec_record(value, 0)), comparable(value.payload)]
+    if name == "Recurring":
+        return ["recurring", value.name, value.next_start, value.last_task]
+    raise AssertionError(f"no comparable form for {value!r}")
+
+
+class RecordingWorld(World):
+    """The simulation, recording every raw action and periodic snapshots."""
+
+    def __init__(self, seed: int, core_class: type[Core] = Core) -> None:
+        self.record: list = []
+
+        def make(config, pools, resources, now):
+            config.persist = seed % 2 == 0   # the persisted mutations are compared too
+            return core_class(config, pools, resources, now=now)
+
+        super().__init__(seed, make)
+
+    def pump(self) -> None:
+        actions = self.core.actions
+        self.record.extend(comparable(raw) for raw in actions)
+        kept = [raw for raw in actions if raw[0] != act.PERSIST]   # (the driver has no store)
+        actions.clear()
+        actions.extend(kept)
+        super().pump()
+
+    def call(self, fn, *args, pump: bool = True):
+        try:
+            return super().call(fn, *args, pump=pump)
+        finally:
+            if pump and self.steps % SNAPSHOT_EVERY == 0:
+                self.snapshot()
+
+    def snapshot(self) -> None:
+        snap = self.core.snapshot(self.now)
+        self.pump()
+        self.check()
+        self.record.append(("snapshot", comparable(snap.as_dict())))
+
+    def run(self) -> list:
+        trace = super().run()
+        self.snapshot()
+        return comparable(trace) + self.record
+
+
 def test_the_general_core_is_really_general():
-    # The comparison means something only if the general path runs: a seed
-    # whose workload parks labelled tasks goes through the scan.
-    world = World(3, GeneralCore)
-    calls = []
-    original = GeneralCore._serve_labels
+    # The comparison means something only if the general paths run where the
+    # fast core takes its shortcuts: labelled tasks served by the scan, plain
+    # successes ended by _finish, plain submissions and batches admitted by
+    # planning.
+    calls = {"scan": 0, "general_end": 0, "fast_end": 0, "plain": 0, "plain_batch": 0}
+    originals = (GeneralCore._serve_labels, Core._finish, Core._ended, Core._admit, Core._admit_plain,
+                 Core.submit_batch)
+    labels, finish, ended, admit, admit_plain, submit_batch = originals
+    planned = []
 
-    def counting(self, p, now):
-        calls.append(p.name)
-        return original(self, p, now)
+    def counting_labels(self, p, now):
+        calls["scan"] += 1
+        return labels(self, p, now)
 
-    GeneralCore._serve_labels = counting
+    def counting_finish(self, e, status, now, message):
+        if type(self) is GeneralCore and e.x is None and e.children is None and status == "succeeded":
+            calls["general_end"] += 1
+        return finish(self, e, status, now, message)
+
+    def counting_ended(self, e, status, now, message):
+        if sys._getframe(1).f_code.co_name == "complete":
+            assert type(self) is not GeneralCore, "the general core ended a task without _finish"
+            calls["fast_end"] += 1
+        return ended(self, e, status, now, message)
+
+    def counting_admit(self, now, specs, batch):
+        planned.append(1)
+        return admit(self, now, specs, batch)
+
+    def counting_admit_plain(self, p, spec, now):
+        assert type(self) is not GeneralCore, "the general core admitted a task unplanned"
+        calls["plain"] += 1
+        return admit_plain(self, p, spec, now)
+
+    def counting_submit_batch(self, now, specs):
+        planned.clear()
+        results = submit_batch(self, now, specs)
+        if results and not planned:
+            assert type(self) is not GeneralCore, "the general core admitted a batch unplanned"
+            calls["plain_batch"] += 1
+        return results
+
+    (GeneralCore._serve_labels, Core._finish, Core._ended, Core._admit, Core._admit_plain,
+     Core.submit_batch) = (counting_labels, counting_finish, counting_ended, counting_admit,
+                           counting_admit_plain, counting_submit_batch)
     try:
-        world.run()
+        for seed in range(4):
+            RecordingWorld(seed, GeneralCore).run()
+            RecordingWorld(seed).run()
     finally:
-        GeneralCore._serve_labels = original
-    assert calls
+        (GeneralCore._serve_labels, Core._finish, Core._ended, Core._admit, Core._admit_plain,
+         Core.submit_batch) = originals
+    assert all(calls.values()), calls
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_fast_paths_match_the_general_paths(seed):
-    fast = World(seed).run()
-    general = World(seed, GeneralCore).run()
+    fast = RecordingWorld(seed).run()
+    general = RecordingWorld(seed, GeneralCore).run()
     assert len(fast) == len(general)
     for i, (a, b) in enumerate(zip(fast, general)):
         assert a == b, f"seed {seed}: the runs part at step {i}: fast {a} general {b}"
@@ -142,8 +256,8 @@ class CompactingCore(Core):
 
 @pytest.mark.parametrize("seed", range(0, SEEDS, 4))
 def test_timer_compaction_changes_nothing(seed):
-    plain = World(seed).run()
-    compacting = World(seed, CompactingCore).run()
+    plain = RecordingWorld(seed).run()
+    compacting = RecordingWorld(seed, CompactingCore).run()
     assert len(plain) == len(compacting)
     for i, (a, b) in enumerate(zip(plain, compacting)):
         assert a == b, f"seed {seed}: the runs part at step {i}: plain {a} compacting {b}"

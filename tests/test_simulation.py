@@ -530,6 +530,9 @@ class World:
 
     def op_batch(self) -> None:
         rng = self.rng
+        if rng.random() < 0.25:
+            self.op_plain_batch()
+            return
         n = rng.randint(2, 6)
         keys = [self.new_key() for _ in range(n)]
         if rng.random() < 0.1:
@@ -548,6 +551,18 @@ class World:
             spec, behaviour = self.make_spec(plain_ok=False, key=keys[i], edges=edges)
             specs.append(spec)
             behaviours.append(behaviour)
+        self.admit(specs, behaviours, batch=True)
+
+    def op_plain_batch(self) -> None:
+        """A batch of tasks without options (the engine admits them unplanned,
+        unless a pool is bounded or unknown)."""
+        rng = self.rng
+        specs, behaviours = [], []
+        for _ in range(rng.randint(1, 8)):
+            pool = rng.choice(list(self.pool_configs)) if rng.random() < 0.98 else "nope"
+            specs.append(TaskSpec(None, pool=pool, priority=rng.choice(("critical", "high", "normal", "low")),
+                                  kind=rng.choice(("a", "b", "default"))))
+            behaviours.append(Behaviour(rng, True))
         self.admit(specs, behaviours, batch=True)
 
     def op_cancel(self) -> None:

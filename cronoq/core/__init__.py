@@ -16,7 +16,7 @@ from .types import (
     BLOCKED, CANCELLED, CANCELLED_OUTCOME, CLASSES, DEAD_LETTERED, FAILED, MISSED, NS, PERMANENT,
     READY, RETRYABLE, RETRYING, RUNNING, SCHEDULED, SHED, SHUTDOWN, SKIPPED, STATUSES, SUCCEEDED,
     SUCCESS, TERMINAL, AutoscaleConfig, CoreConfig, Dep, PoolConfig, Priority, PriorityConfig,
-    ResourceConfig, RetryPolicy, TaskSpec, UrgencyConfig,
+    ResourceConfig, RetryPolicy, Outcome, Status, TaskSpec, UrgencyConfig,
 )
 
 __all__ = [
@@ -27,7 +27,8 @@ __all__ = [
     "CronoqError", "SchedulerError", "TaskFailed", "Retryable", "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
     "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",
-    "NS", "CLASSES", "STATUSES", "TERMINAL", "BLOCKED", "SCHEDULED", "READY", "RUNNING", "RETRYING",
+    "Status", "Outcome", "NS", "CLASSES", "STATUSES", "TERMINAL",
+    "BLOCKED", "SCHEDULED", "READY", "RUNNING", "RETRYING",
     "SUCCEEDED", "FAILED", "DEAD_LETTERED", "CANCELLED", "SKIPPED", "MISSED", "SHED", "SHUTDOWN",
     "SUCCESS", "RETRYABLE", "PERMANENT", "CANCELLED_OUTCOME",
 ]

@@ -1,8 +1,8 @@
 """What the engine asks its driver to do.
 
-Internally the engine queues plain tuples (cheap to build on the hot path);
-``Core.poll_action`` turns each into one of the typed objects below. Drivers
-that care about speed read the tuples with ``Core.take_actions``.
+Internally the engine queues plain tuples (cheap to build on the hot path)
+in ``Core.actions``; ``Core.poll_action`` turns each into one of the typed
+objects below. Drivers that care about speed pop the tuples themselves.
 
 Tuple layouts, by their first element:
 
@@ -14,6 +14,11 @@ Tuple layouts, by their first element:
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .model import Entry
 
 __all__ = ["DISPATCH", "ABORT", "EVENT", "PERSIST", "SCALE", "Dispatch", "Abort", "StatusEvent",
            "Persist", "Scale", "typed"]
@@ -31,7 +36,7 @@ class Dispatch:
     __slots__ = ("task_id", "lease", "attempt", "pool", "kind", "key", "payload", "tags",
                  "timeout", "deadline", "group")
 
-    def __init__(self, entry, lease: int, attempt: int) -> None:
+    def __init__(self, entry: Entry, lease: int, attempt: int) -> None:
         spec = entry.spec
         self.task_id = entry.id
         self.lease = lease
@@ -87,7 +92,7 @@ class StatusEvent:
         return isinstance(other, StatusEvent) and all(
             getattr(self, f) == getattr(other, f) for f in self.__slots__)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (StatusEvent, tuple(getattr(self, f) for f in self.__slots__))
 
 
@@ -96,7 +101,7 @@ class Persist:
 
     __slots__ = ("mutation",)
 
-    def __init__(self, mutation: tuple) -> None:
+    def __init__(self, mutation: tuple[Any, ...]) -> None:
         self.mutation = mutation
 
     def __repr__(self) -> str:
@@ -116,11 +121,11 @@ class Scale:
         return f"Scale(pool={self.pool!r}, desired={self.desired})"
 
 
-def event_from(raw: tuple) -> StatusEvent:
+def event_from(raw: tuple[Any, ...]) -> StatusEvent:
     return StatusEvent(raw[1], raw[2], raw[3], raw[4], raw[5], raw[6] / 1e9, raw[7])
 
 
-def typed(raw: tuple):
+def typed(raw: tuple[Any, ...]) -> Dispatch | Abort | StatusEvent | Persist | Scale:
     """The typed object for one raw action tuple."""
     kind = raw[0]
     if kind == DISPATCH:

@@ -41,7 +41,7 @@ class Autoscaler:
         self.rate = 0.0                       # tasks per second
         self.service = default_duration_ns / NS   # seconds
         self.arrivals = 0                     # since the last evaluation
-        self.history: deque = deque()         # (time, desired) inside the window
+        self.history: deque[tuple[int, int]] = deque()         # (time, desired) inside the window
         self.last_down: int | None = None
         self.last_tick: int | None = None
         self.target = initial

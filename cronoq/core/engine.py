@@ -13,209 +13,58 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import math
 import random
 from collections import deque
-from typing import Iterable, Sequence
+from typing import Any, ClassVar, Iterable, Iterator, Sequence
 
 from . import actions as act
 from . import timers as tm
-from .autoscale import Autoscaler
 from .errors import (
     AdmissionError, Cycle, InvalidTask, QueueFull, ReservationConflict, ResourceExceedsCapacity,
     SchedulerError, UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
 )
-from .metrics import Histogram, PoolWindow, RunStats
-from .queues import ReadyQueues
-from .persist import _SPEC_PAYLOAD, RestoredSchedule, RestoredTask
+from .invariants import check_invariants
+from .metrics import Histogram, bucket_of
+from .model import (
+    W_DUE, W_LABEL, W_NONE, W_PARKED, W_QUEUE, Edge, Entry, Extra, Group, Labels, Plan, PoolState,
+    pool_order,
+)
+from .mutations import (
+    MUT_OUTPUT, MUT_RECURRING, MUT_RECURRING_REMOVED, MUT_STATUS, MUT_SUBMIT, MUT_WITHDRAWN,
+)
+from .persist import SPEC_PAYLOAD, RestoredSchedule, RestoredTask
 from .recurring import OVERLAP_POLICIES, CronSchedule, Recurring, rfc3339
-from .reservations import Calendar
 from .resources import ResourceState
 from .snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo, TOTAL_FIELDS
 from .timers import TimerHeap
 from .types import (
-    BLOCKED, CANCELLED, CANCELLED_OUTCOME, CLASSES, DEAD_LETTERED, FAILED, MISSED, NS, PERMANENT,
-    READY, RETRYABLE, RETRYING, RUNNING, SCHEDULED, SHED, SKIPPED, SUCCEEDED, SUCCESS, TERMINAL,
-    CoreConfig, PoolConfig, ResourceConfig, TaskSpec, check_name, to_ns,
+    BLOCKED, CANCELLED, CANCELLED_OUTCOME, CLASSES, DEAD_LETTERED, FAILED, ID_EPOCH_BITS, KEY_LIMIT,
+    MISSED, NS, PERMANENT, READY, RECURRING_KEY_LIMIT, RETRYABLE, RETRYING, RUNNING, SCHEDULED, SHED,
+    SKIPPED, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, PoolConfig, ResourceConfig, RetryPolicy, Status,
+    TaskSpec, check_length, check_name, to_ns,
 )
-from .types import KEY_LIMIT, RECURRING_KEY_LIMIT, check_length
 
-__all__ = ["Core", "Entry"]
+__all__ = ["Core", "Entry", "MUT_SUBMIT", "MUT_STATUS", "MUT_OUTPUT", "MUT_RECURRING",
+           "MUT_RECURRING_REMOVED", "MUT_WITHDRAWN", "W_NONE", "W_QUEUE", "W_PARKED", "W_LABEL", "W_DUE"]
 
-# Where a READY task waits.
-W_NONE = 0      # not waiting in a queue (blocked, scheduled, running, retrying, ended)
-W_QUEUE = 1     # the pool's ready queues
-W_PARKED = 2    # parked on a resource
-W_LABEL = 3     # waiting for a slot in a worker group with its labels
-W_DUE = 4       # the pool's due queue (fixed starts and their retries)
-
-ID_BITS = 44    # ids carry the store's epoch above these bits
 _COMPACT_SLACK = 32   # stale timers tolerated beyond half the heap (small heaps are not scanned)
 
 _FAILURES = (RETRYABLE, PERMANENT, CANCELLED_OUTCOME)   # outcomes of complete() besides success
 
-_SATISFIES = {
+# Which parent statuses satisfy a dependency edge, by its condition.
+_SATISFIES: dict[str, frozenset[Status]] = {
     "success": frozenset({SUCCEEDED}),
     "failure": frozenset({FAILED, DEAD_LETTERED}),
     "complete": TERMINAL,
 }
 
-# Persisted mutations (the store layer interprets them).
-MUT_SUBMIT = "submit"
-MUT_STATUS = "status"
-MUT_OUTPUT = "output"
-MUT_RECURRING = "recurring"
-MUT_RECURRING_REMOVED = "recurring_removed"
-MUT_WITHDRAWN = "withdrawn"   # a submission taken back: the store deletes any row of it
-
-
-class Extra:
-    """Per-task state that most tasks never need."""
-
-    __slots__ = ("parents", "awaits", "park_seq", "parked_on", "hb", "start", "tolerance",
-                 "on_miss", "hold", "late", "guard", "recurring", "reoffered")
-
-    def __init__(self) -> None:
-        self.parents: tuple = ()          # live parent ids at admission (cycle checks)
-        self.awaits: list | None = None   # keys this task waits to appear
-        self.park_seq: int | None = None
-        self.parked_on: ResourceState | None = None
-        self.hb = 0                       # last heartbeat (lease TTL pools)
-        self.start: int | None = None     # fixed start
-        self.tolerance = 0
-        self.on_miss = "run_late"
-        self.hold = False                 # a slot is held for this task
-        self.late = False                 # the start was missed and it runs late
-        self.guard: int | None = None     # previous occurrence (recurring, overlap skip)
-        self.recurring: str | None = None
-        self.reoffered = False            # may take units ahead of a resource's waiters
-
-
-class Entry:
-    """A live task. Queues hold references to entries; ids order submissions."""
-
-    __slots__ = ("id", "pool", "cls", "status", "attempt", "submitted", "ready_at", "payload",
-                 "key", "kind", "spec", "lease", "started", "deadline", "lst", "est", "tag",
-                 "unmet", "children", "group", "where", "x")
-
-    def __init__(self, task_id: int, pool, cls: int, now: int, payload, key, kind: str, spec) -> None:
-        self.id = task_id
-        self.pool = pool
-        self.cls = cls
-        self.status = READY
-        self.attempt = 0
-        self.submitted = now
-        self.ready_at = now
-        self.payload = payload
-        self.key = key
-        self.kind = kind
-        self.spec = spec              # the TaskSpec when it has options beyond the basics
-        self.lease = 0
-        self.started = 0
-        self.deadline = None
-        self.lst = None
-        self.est = 0
-        self.tag = None
-        self.unmet = 0
-        self.children = None          # [(child entry, condition)]
-        self.group = None
-        self.where = W_NONE
-        self.x = None                 # Extra
-
-    def extra(self) -> Extra:
-        x = self.x
-        if x is None:
-            x = self.x = Extra()
-        return x
-
-    def __repr__(self) -> str:
-        return f"<Entry {self.id} {self.status} pool={self.pool.name} class={CLASSES[self.cls]}>"
-
-
-def _pool_order(p: PoolState) -> int:
-    return p.index
-
-
-class Group:
-    __slots__ = ("labels", "capacity", "busy")
-
-    def __init__(self, labels: frozenset, capacity: int) -> None:
-        self.labels = labels
-        self.capacity = capacity
-        self.busy = 0
-
-
-class ShedIndex:
-    """Waiting tasks of a shedding pool by class, oldest and newest first."""
-
-    __slots__ = ("oldest", "newest")
-
-    def __init__(self) -> None:
-        self.oldest: list[list[int]] = [[], [], [], []]
-        self.newest: list[list[int]] = [[], [], [], []]
-
-    def add(self, e) -> None:
-        heapq.heappush(self.oldest[e.cls], e.id)
-        heapq.heappush(self.newest[e.cls], -e.id)
-
-    def compact(self, c: int, live) -> None:
-        self.oldest[c] = [i for i in self.oldest[c] if live(i)]
-        heapq.heapify(self.oldest[c])
-        self.newest[c] = [i for i in self.newest[c] if live(-i)]
-        heapq.heapify(self.newest[c])
-
-
-class PoolState:
-    """The engine's state of one pool."""
-
-    # Slots keep attribute access fast on the hot paths (and the set closed).
-    __slots__ = ("name", "index", "config", "queues", "unlabeled", "groups", "capacity", "busy", "held",
-                 "pending", "pending_total", "inactive", "due_n", "due", "hold_waiters",
-                 "label_waiters", "label_waiting", "held_label_waiters", "calendar", "reservation_limit", "window", "runs",
-                 "scaler", "cost_rate", "max_class", "max_total", "bounded", "shed", "retry",
-                 "lease_ttl", "dirty", "started_fixed")
-
-    def __init__(self, config: PoolConfig, core: Core, now: int) -> None:
-        cfg = core.config
-        self.name = config.name
-        self.index = len(core.pools)      # declaration order: the order pools dispatch in
-        self.config = config
-        self.queues = ReadyQueues(cfg.priority, cfg.urgency, config.fair_share, config.tenant_weights)
-        self.unlabeled = Group(frozenset(), config.initial)
-        self.groups: dict[frozenset, Group] = {frozenset(): self.unlabeled}
-        self.capacity = config.initial
-        self.busy = 0
-        self.held = 0
-        self.pending = [0, 0, 0, 0]
-        self.pending_total = 0
-        self.inactive = [0, 0, 0, 0]      # blocked or scheduled, per class
-        self.due_n = [0, 0, 0, 0]
-        self.due: list[tuple] = []        # heap (due time, id, entry)
-        self.hold_waiters: deque = deque()
-        self.label_waiters: dict[frozenset, deque] = {}
-        self.label_waiting = 0
-        # Label waiters that hold a slot: they may start ahead of their label
-        # set's head (which may have no slot). Few, and checked lazily.
-        self.held_label_waiters: list = []
-        self.calendar = Calendar()
-        self.reservation_limit = max(1, math.floor(config.max * config.reservable_fraction))
-        self.window = PoolWindow(cfg.metrics_window_ns, cfg.metrics_buckets, now, config.initial)
-        self.runs = RunStats()
-        self.scaler = (Autoscaler(config.autoscale, config.min, config.max, config.initial,
-                                  config.default_duration_ns) if config.autoscale else None)
-        self.cost_rate = config.autoscale.cost_per_worker_second if config.autoscale else 0.0
-        self.max_class = config.max_pending_class
-        self.max_total = config.max_pending_total
-        self.bounded = self.max_total is not None or any(b is not None for b in self.max_class)
-        self.shed = ShedIndex() if config.overflow.startswith("shed") else None
-        self.retry = config.retry
-        self.lease_ttl = config.lease_ttl_ns
-        self.dirty = False
-        self.started_fixed: set[int] = set()   # fixed-start tasks running on a booking
-
-    @property
-    def desired(self) -> int:
-        return self.scaler.target if self.scaler is not None else self.capacity
+Action = tuple[Any, ...]   # a raw action tuple (layouts in cronoq.core.actions)
+# A retained task: (status, pool, key, kind, attempt, message). The status is
+# kept as its plain string: a tuple of plain values is left alone by the
+# garbage collector, which matters for a million records (an enum member
+# would keep every record tracked).
+Record = tuple[str, str, str | None, str | None, int, str | None]
+_PLAIN: dict[str, str] = {status: status.value for status in Status}
 
 
 class Core:
@@ -226,7 +75,13 @@ class Core:
                  "_counts", "_submitted", "_dispatched", "_succeeded", "rng", "_next_id",
                  "_next_lease", "_park_seq", "_dirty", "_frozen", "_emit_all", "_persist",
                  "_max_total", "_retention", "_retain_max", "_retain_on", "_timer_heap",
-                 "_timers_ended")
+                 "_timers_ended", "_fast")
+
+    # The deliberate shortcuts of the hot paths (plain submissions, the end of
+    # a task with nothing to resolve, the time check on entry). A subclass
+    # that sets this False runs the general path they shortcut; the
+    # differential test compares the two.
+    fast_paths: ClassVar[bool] = True
 
     def __init__(self, config: CoreConfig | None = None, pools: Sequence[PoolConfig] = (),
                  resources: Sequence[ResourceConfig] = (), *, now: int = 0) -> None:
@@ -238,7 +93,7 @@ class Core:
                 raise ValueError(f"pools must be PoolConfig objects, got {type(pc).__name__}")
             if pc.name in self.pools:
                 raise ValueError(f"duplicate pool name {pc.name!r}")
-            self.pools[pc.name] = PoolState(pc, self, now)
+            self.pools[pc.name] = PoolState(pc, config, len(self.pools), now)
         if not self.pools:
             raise ValueError("a scheduler needs at least one pool")
         self.default_pool = self.pools.get("default") or next(iter(self.pools.values()))
@@ -252,19 +107,19 @@ class Core:
         self.tasks: dict[int, Entry] = {}
         self.running: dict[int, Entry] = {}       # lease -> entry
         self.keys: dict[str, int] = {}            # key -> id, live or retained
-        self.retained: dict[int, tuple] = {}      # id -> (status, pool, key, kind, attempt, message)
-        self._retain_order: deque = deque()       # (expiry, id)
-        self.awaiting: dict[str, list] = {}       # key -> [(child entry, condition)]
+        self.retained: dict[int, Record] = {}     # id -> (status, pool, key, kind, attempt, message)
+        self._retain_order: deque[tuple[int, int]] = deque()   # (expiry, id)
+        self.awaiting: dict[str, list[Edge]] = {}  # key -> [(child entry, condition)]
         self.recurring: dict[str, Recurring] = {}
         self.timers = TimerHeap()
-        self.actions: deque = deque()
+        self.actions: deque[Action] = deque()
         self.pending = 0
         self._counts = dict.fromkeys(TOTAL_FIELDS, 0)
         # The three counters every task moves are plain attributes (cheaper).
         self._submitted = self._dispatched = self._succeeded = 0
         self.rng = random.Random(config.seed)
-        self._next_id = (config.epoch << ID_BITS) + 1
-        self._next_lease = (config.epoch << ID_BITS) + 1
+        self._next_id = self._first_id()
+        self._next_lease = self._first_id()
         self._park_seq = 0
         self._dirty: list[PoolState] = []
         self._frozen = False
@@ -276,54 +131,59 @@ class Core:
         self._retain_on = config.retention_ns > 0 and config.retention_max > 0
         self._timer_heap = self.timers.entries()
         self._timers_ended = 0   # timers made stale since the last compaction (an estimate)
+        self._fast = self.fast_paths   # (a slot reads faster than a class attribute)
         for p in self.pools.values():
             if p.scaler is not None:
                 self._arm_scaler(p, now)
+
+    def _first_id(self) -> int:
+        """Ids and leases carry the store's epoch, so that a new leader never reuses one."""
+        return (self.config.epoch << ID_EPOCH_BITS) + 1
 
     # ================================================================ public API
 
     def submit(self, now: int, spec: TaskSpec) -> tuple[int, bool]:
         """Admit one task; returns ``(id, duplicate)``. Raises an AdmissionError
         (and changes nothing) when the task cannot be admitted."""
-        if now < self.now:
+        if now < self.now:   # _enter, inlined: usually nothing is due
             now = self.now
         else:
             self.now = now
         heap = self._timer_heap
         if heap and heap[0][0] <= now or self._retain_order and self._retain_order[0][0] <= now:
             self._enter(now)
-        if type(spec) is TaskSpec and spec.plain and (
+        if type(spec) is TaskSpec and spec.plain and self._fast and (
                 (key := spec.key) is None or key not in self.awaiting):
             # No option beyond pool, kind, priority and key: nothing to plan.
             # (The pool is checked first, as _admit does: an unknown pool is
             # an error even for a key that exists.)
             p = self.default_pool if spec.pool is None else self._pool(spec.pool)
             if key is not None:
-                existing = self._key_id(key, now)
+                existing = self._key_id(key)
                 if existing is not None:
                     if self._dirty:
                         self._flush(now)
                     return (existing, True)
             if p.bounded or self._max_total is not None:
-                self._make_room(p, spec.priority, now)
+                for victim in self._check_bounds([Plan(0, spec, p)], False):
+                    self._shed(victim, now)
             task_id = self._admit_plain(p, spec, now)
             if self._dirty:
                 self._flush(now)
             return (task_id, False)
-        else:
-            result = self._admit(now, (spec,), False)[0]
+        result = self._admit(now, (spec,), False)[0]
         if self._dirty:
             self._flush(now)
         return result
 
-    def submit_batch(self, now: int, specs: Sequence[TaskSpec]) -> list[tuple[int, bool]]:
+    def submit_batch(self, now: int, specs: Iterable[TaskSpec]) -> list[tuple[int, bool]]:
         """Admit several tasks atomically: all of them or, on error, none.
         The error's ``index`` names the offending task."""
         now = self._enter(now)
         specs = list(specs)
         if not specs:
             return []
-        plain = self._max_total is None
+        plain = self._max_total is None and self._fast
         if plain:
             pools = self.pools
             for spec in specs:
@@ -333,48 +193,28 @@ class Core:
                     plain = False
                     break
         if plain:
-            # Nothing in the batch can be refused: admit without planning.
+            # Nothing in the batch can be refused: admit without planning
+            # (creating all, then queueing all, as planning does).
             default = self.default_pool
-            results = [(self._admit_plain(default if spec.pool is None else self.pools[spec.pool],
-                                          spec, now), False) for spec in specs]
+            entries = [self._create(default if spec.pool is None else self.pools[spec.pool], spec, now)
+                       for spec in specs]
+            for e in entries:
+                self._to_ready(e, now)
+            results = [(e.id, False) for e in entries]
         else:
             results = self._admit(now, specs, True)
         if self._dirty:
             self._flush(now)
         return results
 
-    def _admit_plain(self, p: PoolState, spec: TaskSpec, now: int) -> int:
-        """Admit a task with no option beyond pool, kind, priority and a new
-        key, whose bounds were checked: it goes straight to its queue."""
-        c = spec.priority
-        task_id = self._next_id
-        self._next_id = task_id + 1
-        key = spec.key
-        e = Entry(task_id, p, c, now, spec.payload, key, spec.kind, None)
-        self.tasks[task_id] = e
-        if key is not None:
-            self.keys[key] = task_id
-        p.pending[c] += 1
-        p.pending_total += 1
-        self.pending += 1
-        self._submitted += 1
-        if self._persist:
-            self.actions.append((act.PERSIST, (MUT_SUBMIT, task_id, p.name, spec, now)))
-        e.where = W_QUEUE
-        p.queues.push(e)
-        if p.shed is not None:
-            self._index_shed(p, e)
-        self._arrived(p, e, now)
-        return task_id
-
-    def complete(self, now: int, lease: int, outcome: str = SUCCESS, output=None,
+    def complete(self, now: int, lease: int, outcome: str = SUCCESS, output: Any = None,
                  message: str | None = None, retry_after_ns: int | None = None) -> bool:
         """Report the end of an attempt. Returns False for a stale report (the
         attempt was aborted, timed out, already reported, or never existed)."""
-        if outcome != SUCCESS and outcome not in _FAILURES:
+        if outcome is not SUCCESS and outcome != SUCCESS and outcome not in _FAILURES:
             # Checked before anything changes: a bad outcome must not end the attempt.
             raise ValueError(f"outcome must be success, retryable, permanent or cancelled, got {outcome!r}")
-        if now < self.now:
+        if now < self.now:   # _enter, inlined: usually nothing is due
             now = self.now
         else:
             self.now = now
@@ -385,38 +225,22 @@ class Core:
         if e is None:
             self._counts["stale_completions"] += 1
             return False
-        ok = outcome == SUCCESS
+        ok = outcome is SUCCESS or outcome == SUCCESS
         self._end_attempt(e, now, ok)
         if ok:
             if self._persist:
                 self.actions.append((act.PERSIST, (MUT_OUTPUT, e.id, output)))
-            if e.x is None and e.children is None:
-                # The common case, without dependents or extras to resolve.
-                task_id = e.id
-                p = e.pool
-                e.status = SUCCEEDED
-                del self.tasks[task_id]
-                if self._retain_on:
-                    self.retained[task_id] = (SUCCEEDED, p.name, e.key, e.kind, e.attempt, message)
-                    self._retain_order.append((now + self._retention, task_id))
-                    if len(self.retained) > self._retain_max:
-                        self._expire_retained(now, True)
-                elif e.key is not None:
-                    self._forget_key(e)
-                self._succeeded += 1
-                self.actions.append((act.EVENT, task_id, p.name, e.key, SUCCEEDED, e.attempt, now, message))
-                if self._persist:
-                    self.actions.append((act.PERSIST, (MUT_STATUS, task_id, SUCCEEDED, e.attempt, now, message)))
+            if e.x is None and e.children is None and self._fast:
+                # The common case: no extras to clean up, no dependents to resolve.
+                self._ended(e, SUCCEEDED, now, message)
             else:
                 self._finish(e, SUCCEEDED, now, message)
         elif outcome == RETRYABLE:
             self._retry_or_dead(e, now, message, retry_after_ns)
         elif outcome == PERMANENT:
             self._finish(e, FAILED, now, message)
-        elif outcome == CANCELLED_OUTCOME:
-            self._finish(e, CANCELLED, now, message or "cancelled by the executor")
         else:
-            raise ValueError(f"outcome must be success, retryable, permanent or cancelled, got {outcome!r}")
+            self._finish(e, CANCELLED, now, message or "cancelled by the executor")
         if self._dirty:
             self._flush(now)
         elif self._timers_ended > (len(heap) >> 1) + _COMPACT_SLACK:
@@ -436,9 +260,9 @@ class Core:
         """Cancel a task by id or key. True if this call cancelled it, False if
         it had already ended; ``UnknownTask`` if no such task is known."""
         now = self._enter(now)
-        e = self._live(ref, now)
+        e = self._live(ref)
         if e is None:
-            if self._retained_record(ref, now) is not None:
+            if self._retained_record(ref) is not None:
                 return False
             raise UnknownTask(ref)
         self._finish(e, CANCELLED, now, "cancelled")
@@ -527,6 +351,17 @@ class Core:
         now = self._enter(now)
         self._flush(now)
 
+    @property
+    def dispatching(self) -> bool:
+        """False once ``stop_dispatching()`` was called."""
+        return not self._frozen
+
+    @property
+    def settled(self) -> bool:
+        """No pool waits to be offered its free slots, and dispatching is on:
+        the state in which liveness must hold (check_invariants)."""
+        return not self._dirty and not self._frozen
+
     def has_timers(self) -> bool:
         """Whether any timer is armed (live or not yet pruned): a cheap check
         before ``next_wakeup``."""
@@ -534,41 +369,39 @@ class Core:
 
     def next_wakeup(self) -> int | None:
         """When the engine next needs ``advance``, or None if nothing is timed."""
-        heap = self.timers.entries()
+        heap = self._timer_heap
         while heap:
             when, _, kind, obj, token = heap[0]
             if self._timer_live(kind, obj, token):
-                return when
+                return int(when)
             heapq.heappop(heap)
         return None
 
-    def poll_action(self):
-        """The next action as a typed object, or None."""
+    def poll_action(self) -> act.Dispatch | act.Abort | act.StatusEvent | act.Persist | act.Scale | None:
+        """The next action as a typed object, or None. (A driver that cares
+        about speed pops the raw tuples from ``actions`` itself.)"""
         if self.actions:
             return act.typed(self.actions.popleft())
         return None
 
-    def take_actions(self) -> deque:
-        """All queued actions as raw tuples (see ``cronoq.core.actions``)."""
-        taken = self.actions
-        self.actions = deque()
-        return taken
+    def status(self, ref: int | str) -> str:
+        return self.info(ref).status
 
-    def status(self, ref: int | str, now: int | None = None) -> str:
-        return self.info(ref, now).status
-
-    def info(self, ref: int | str, now: int | None = None) -> TaskInfo:
+    def info(self, ref: int | str) -> TaskInfo:
         """What is known of a live or retained task; ``UnknownTask`` otherwise."""
-        now = self.now if now is None else max(now, self.now)
-        e = self._live(ref, now)
+        e = self._live(ref)
         if e is not None:
             return TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None)
-        record = self._retained_record(ref, now)
+        record = self._retained_record(ref)
         if record is None:
             raise UnknownTask(ref)
         task_id = ref if isinstance(ref, int) else self.keys[ref]
         status, pool, key, kind, attempt, message = record
-        return TaskInfo(task_id, status, pool, key, kind, attempt, message)
+        return TaskInfo(task_id, Status(status), pool, key, kind, attempt, message)
+
+    def check_invariants(self) -> None:
+        """Assert the engine's internal consistency (tests call this after every step)."""
+        check_invariants(self)
 
     @property
     def totals(self) -> dict[str, int]:
@@ -597,7 +430,7 @@ class Core:
             t = timers.pop_due(now)
             if t is None:
                 break
-            self._fire(t[0], t[2], t[3], t[4])
+            self._fire(t[2], t[3], t[4])
         if self._dirty:
             # Dispatch what the timers freed or readied now, as advance(now)
             # would: a call that then returns early or raises (a stale
@@ -610,7 +443,7 @@ class Core:
         self._timers_ended = 0
         self.timers.compact(self._timer_gone)
 
-    def _timer_gone(self, kind: int, obj, token) -> bool:
+    def _timer_gone(self, kind: int, obj: Any, token: Any) -> bool:
         """True for a timer that can never matter again (unlike ``_timer_live``,
         which may be false for a while: a held task's hold timer)."""
         if kind == tm.TIMEOUT or kind == tm.LEASE:
@@ -619,34 +452,38 @@ class Core:
             return self.recurring.get(obj.name) is not obj
         if kind == tm.REFILL or kind == tm.AUTOSCALE:
             return False   # one per resource or pool, and due soon
-        if self.tasks.get(obj.id) is not obj:
+        e: Entry = obj
+        if self.tasks.get(e.id) is not e:
             return True    # the task ended
-        return kind == tm.RETRY and obj.attempt != token   # attempts only grow
+        return kind == tm.RETRY and e.attempt != token   # attempts only grow
 
-    def _timer_live(self, kind: int, obj, token) -> bool:
+    def _timer_live(self, kind: int, obj: Any, token: Any) -> bool:
         if kind == tm.TIMEOUT or kind == tm.LEASE:
             return self.running.get(token) is obj
         if kind == tm.REFILL:
-            return obj.refill_at == token
+            return bool(obj.refill_at == token)
         if kind == tm.AUTOSCALE:
-            return obj.scaler.armed == token
+            return bool(obj.scaler.armed == token)
         if kind == tm.RECUR:
-            return self.recurring.get(obj.name) is obj and obj.timer_at == token
+            rec: Recurring = obj
+            return self.recurring.get(rec.name) is rec and rec.timer_at == token
+        e: Entry = obj
         if kind == tm.RETRY:
-            return obj.status is RETRYING and obj.attempt == token and self.tasks.get(obj.id) is obj
-        if self.tasks.get(getattr(obj, "id", None)) is not obj:
+            return e.status is RETRYING and e.attempt == token and self.tasks.get(e.id) is e
+        if self.tasks.get(e.id) is not e:
             return False
         if kind == tm.START:
-            return obj.status is SCHEDULED or obj.status is BLOCKED
+            return e.status is SCHEDULED or e.status is BLOCKED
         if kind == tm.MISS:
-            return obj.attempt == 0 and obj.status is not RUNNING
+            return e.attempt == 0 and e.status is not RUNNING
+        x = _extra(e)
         if kind == tm.HOLD:
-            return obj.attempt == 0 and obj.status is not RUNNING and not obj.x.hold
+            return e.attempt == 0 and e.status is not RUNNING and not x.hold
         if kind == tm.AWAIT:
-            return bool(obj.x.awaits)
+            return bool(x.awaits)
         return True
 
-    def _fire(self, when: int, kind: int, obj, token) -> None:
+    def _fire(self, kind: int, obj: Any, token: Any) -> None:
         if not self._timer_live(kind, obj, token):
             return
         now = self.now
@@ -698,27 +535,49 @@ class Core:
             raise ValueError(f"no pool named {name!r}")
         return p
 
-    def _create(self, p: PoolState, spec: TaskSpec, now: int) -> Entry:
-        task_id = self._next_id
-        self._next_id = task_id + 1
-        e = Entry(task_id, p, spec.priority, now, spec.payload, spec.key, spec.kind,
-                  None if spec.plain else spec)
+    def _create(self, p: PoolState, spec: TaskSpec, now: int, row: RestoredTask | None = None) -> Entry:
+        """A task becomes live: its entry, its key and the pending counts. A
+        new submission takes the next id and is counted and persisted; a
+        recovered ``row`` keeps its id, submission time, payload and attempts."""
+        key = spec.key
+        if row is None:
+            task_id = self._next_id
+            self._next_id = task_id + 1
+            e = Entry(task_id, p, spec.priority, now, spec.payload, key, spec.kind,
+                      None if spec.plain else spec)
+            self._submitted += 1
+            if self._persist:
+                self.actions.append((act.PERSIST, (MUT_SUBMIT, task_id, p.name, spec, now)))
+        else:
+            task_id = row.id
+            payload = spec.payload if row.payload is SPEC_PAYLOAD else row.payload
+            e = Entry(task_id, p, spec.priority, row.submitted_ns, payload, key, spec.kind,
+                      None if spec.plain else spec)
+            e.attempt = row.attempt
         self.tasks[task_id] = e
-        if spec.key is not None:
-            self.keys[spec.key] = task_id
+        if key is not None:
+            self.keys[key] = task_id
         p.pending[e.cls] += 1
         p.pending_total += 1
         self.pending += 1
-        self._submitted += 1
-        if self._persist:
-            self.actions.append((act.PERSIST, (MUT_SUBMIT, task_id, p.name, spec, now)))
         return e
 
-    def _admit(self, now: int, specs: Sequence[TaskSpec], batch: bool) -> list:
+    def _admit_plain(self, p: PoolState, spec: TaskSpec, now: int) -> int:
+        """Admit a task with no option beyond pool, kind, priority and a new
+        key, whose bounds were checked: it goes straight to its queue."""
+        e = self._create(p, spec, now)
+        e.where = W_QUEUE   # (as _to_ready queues a task without a fixed start)
+        p.queues.push(e)
+        if p.shed is not None:
+            self._index_shed(p, e)
+        self._arrived(p, e, now)
+        return e.id
+
+    def _admit(self, now: int, specs: Sequence[TaskSpec], batch: bool) -> list[tuple[int, bool]]:
         """Validate every spec, then apply them all; nothing changes on error."""
         n = len(specs)
-        results: list = [None] * n
-        plans: list[_Plan] = []
+        results: list[tuple[int, bool] | int | None] = [None] * n
+        plans: list[Plan] = []
         batch_keys: dict[str, int] = {}
         for i, spec in enumerate(specs):
             try:
@@ -727,7 +586,7 @@ class Core:
                 p = self._pool(spec.pool)
                 key = spec.key
                 if key is not None:
-                    existing = self._key_id(key, now)
+                    existing = self._key_id(key)
                     if existing is not None:
                         results[i] = (existing, True)
                         continue
@@ -735,36 +594,49 @@ class Core:
                         results[i] = batch_keys[key]   # filled in once that task has an id
                         continue
                     batch_keys[key] = len(plans)
-                plan = _Plan(i, spec, p)
                 if spec.resources:
-                    for name, units in spec.resources.items():
-                        r = self.resources.get(name)
-                        if r is None:
-                            raise UnknownResource(f"no resource named {name!r}")
-                        if units > r.capacity:
-                            raise ResourceExceedsCapacity(
-                                f"resource {name!r} has capacity {r.capacity}, the task asks for {units}")
-                plans.append(plan)
+                    self._check_resources(spec.resources, "the task")
+                plans.append(Plan(i, spec, p))
             except AdmissionError as exc:
                 raise exc.at_index(i) if batch else exc
         if plans:
-            self._resolve_edges(now, plans, batch_keys, batch)
+            self._resolve_edges(plans, batch_keys, batch)
             self._check_reservations(now, plans, batch)
-            victims = self._check_bounds(now, plans, batch)
+            victims = self._check_bounds(plans, batch)
             for victim in victims:
                 self._shed(victim, now)
             self._apply(now, plans)
-        for i in range(n):
-            r = results[i]
-            if isinstance(r, int):       # an in-batch duplicate: same id as its first
-                results[i] = (plans[r].entry.id, True)
-            elif r is None:
-                results[i] = None
         for plan in plans:
-            results[plan.index] = (plan.entry.id, False)
-        return results
+            results[plan.index] = (_entry(plan).id, False)
+        out: list[tuple[int, bool]] = []
+        for r in results:
+            if isinstance(r, int):       # an in-batch duplicate: same id as its first
+                out.append((_entry(plans[r]).id, True))
+            else:
+                assert r is not None
+                out.append(r)
+        return out
 
-    def _resolve_edges(self, now: int, plans: list, batch_keys: dict, batch: bool) -> None:
+    def _check_resources(self, request: dict[str, int], asker: str) -> None:
+        """Every resource a task (or template) asks for exists and can ever grant the units."""
+        for name, units in request.items():
+            r = self.resources.get(name)
+            if r is None:
+                raise UnknownResource(f"no resource named {name!r}")
+            if units > r.capacity:
+                raise ResourceExceedsCapacity(
+                    f"resource {name!r} has capacity {r.capacity}, {asker} asks for {units}")
+
+    def _unconfigured(self, pool: str, spec: TaskSpec) -> str | None:
+        """What a recovered task or schedule needs that this configuration lacks."""
+        if pool not in self.pools:
+            return f"pool {pool!r} is not configured"
+        for name in spec.resources or ():
+            if name not in self.resources:
+                return f"resource {name!r} is not configured"
+        return None
+
+    def _resolve_edges(self, plans: list[Plan], batch_keys: dict[str, int], batch: bool) -> None:
         for plan in plans:
             spec = plan.spec
             if not spec.edges:
@@ -778,11 +650,11 @@ class Core:
                         if j is not None:
                             plan.batch_parents.append((j, cond))
                             continue
-                        e = self._live(ref, now)
+                        e = self._live(ref)
                         if e is not None:
                             plan.live_parents.append((e, cond))
                             continue
-                        record = self._retained_record(ref, now)
+                        record = self._retained_record(ref)
                         if record is not None:
                             plan.ended_parents.append((ref, record[0], cond))
                         elif plan.pool.config.unknown_dependency == "await":
@@ -794,7 +666,7 @@ class Core:
                         if e is not None:
                             plan.live_parents.append((e, cond))
                             continue
-                        record = self._retained_record(ref, now)
+                        record = self._retained_record(ref)
                         if record is None:
                             raise UnknownDependency(f"no task with id {ref}")
                         plan.ended_parents.append((ref, record[0], cond))
@@ -805,14 +677,14 @@ class Core:
         for start in range(len(plans)):
             if state[start]:
                 continue
-            stack = [(start, iter(plans[start].batch_parents))]
+            stack: list[tuple[int, Iterator[tuple[int, str]]]] = [(start, iter(plans[start].batch_parents))]
             state[start] = 1
             while stack:
                 node, parents = stack[-1]
                 for j, _ in parents:
                     if state[j] == 1:
-                        exc = Cycle(f"the batch's dependencies form a cycle through task {plans[j].index}")
-                        raise exc.at_index(plans[j].index) if batch else exc
+                        cycle = Cycle(f"the batch's dependencies form a cycle through task {plans[j].index}")
+                        raise cycle.at_index(plans[j].index) if batch else cycle
                     if state[j] == 0:
                         state[j] = 1
                         stack.append((j, iter(plans[j].batch_parents)))
@@ -827,15 +699,15 @@ class Core:
                 continue
             waiting = {child.id for child, _ in self.awaiting[key] if child.status not in TERMINAL}
             if waiting and self._reaches(plans, k, waiting):
-                exc = Cycle(f"a task awaiting key {key!r} is among this task's own dependencies")
-                raise exc.at_index(plan.index) if batch else exc
+                cycle = Cycle(f"a task awaiting key {key!r} is among this task's own dependencies")
+                raise cycle.at_index(plan.index) if batch else cycle
 
-    def _reaches(self, plans: list, k: int, targets: set[int]) -> bool:
+    def _reaches(self, plans: list[Plan], k: int, targets: set[int]) -> bool:
         """Does plan k depend, directly or not, on a live task in ``targets``?"""
         seen_plans = {k}
         seen_ids: set[int] = set()
         plan_stack = [k]
-        entry_stack: list = []
+        entry_stack: list[Entry] = []
         while plan_stack or entry_stack:
             if plan_stack:
                 plan = plans[plan_stack.pop()]
@@ -859,14 +731,14 @@ class Core:
                         entry_stack.append(parent)
         return False
 
-    def _check_reservations(self, now: int, plans: list, batch: bool) -> None:
-        extra: dict[str, list] = {}
+    def _check_reservations(self, now: int, plans: list[Plan], batch: bool) -> None:
+        extra: dict[str, list[tuple[int, int]]] = {}
         for plan in plans:
             spec = plan.spec
             if spec.start_at_ns is None and spec.start_in_ns is None:
                 continue
             p = plan.pool
-            start = spec.start_at_ns if spec.start_at_ns is not None else now + spec.start_in_ns
+            start = spec.start_at_ns if spec.start_at_ns is not None else now + (spec.start_in_ns or 0)
             tol = spec.tolerance_ns if spec.tolerance_ns is not None else NS
             est = self._estimate(p, spec)
             lo, hi = start - tol, start + est + tol
@@ -879,13 +751,13 @@ class Core:
             mine.append((lo, hi))
             plan.fixed = (start, tol, lo, hi)
 
-    def _check_bounds(self, now: int, plans: list, batch: bool) -> list:
+    def _check_bounds(self, plans: list[Plan], batch: bool) -> list[Entry]:
         """Raise QueueFull if the plans do not fit; for a single task of a
         shedding pool, return the tasks to evict instead."""
         bounded = self._max_total is not None or any(plan.pool.bounded for plan in plans)
         if not bounded:
             return []
-        add_class: dict[tuple, int] = {}
+        add_class: dict[tuple[str, int], int] = {}
         add_pool: dict[str, int] = {}
         total = self.pending
         for plan in plans:
@@ -905,8 +777,9 @@ class Core:
                 what = (f"pool {p.name!r} holds at most {p.max_total} pending tasks" if over_pool
                         else f"the scheduler holds at most {self._max_total} pending tasks")
                 if batch or p.shed is None:
-                    never = (add_pool[p.name] > p.max_total if over_pool
-                             else total - self.pending > self._max_total)
+                    bound = p.max_total if over_pool else self._max_total
+                    assert bound is not None
+                    never = (add_pool[p.name] if over_pool else total - self.pending) > bound
                     raise self._full(plan, batch, what, never)
                 victim = self._victim(p, c)
                 if victim is None:
@@ -914,7 +787,7 @@ class Core:
                 return [victim]
         return []
 
-    def _full(self, plan, batch: bool, what: str, never: bool = False) -> QueueFull:
+    def _full(self, plan: Plan, batch: bool, what: str, never: bool = False) -> QueueFull:
         """QueueFull; ``never`` marks a submission larger than the bound itself,
         which waiting for room cannot help."""
         exc = QueueFull(what + (" (the submission alone exceeds it)" if never else ""))
@@ -923,35 +796,19 @@ class Core:
         exc.never = never
         return exc
 
-    def _make_room(self, p: PoolState, c: int, now: int) -> None:
-        """Bounds for the plain fast path (a single task without options)."""
-        limit_c = p.max_class[c]
-        if limit_c is not None and p.pending[c] + 1 > limit_c:
-            raise QueueFull(f"pool {p.name!r} holds at most {limit_c} pending {CLASSES[c]} tasks")
-        over_pool = p.max_total is not None and p.pending_total + 1 > p.max_total
-        over_all = self._max_total is not None and self.pending + 1 > self._max_total
-        if over_pool or over_all:
-            what = (f"pool {p.name!r} holds at most {p.max_total} pending tasks" if over_pool
-                    else f"the scheduler holds at most {self._max_total} pending tasks")
-            if p.shed is None:
-                raise QueueFull(what)
-            victim = self._victim(p, c)
-            if victim is None:
-                raise QueueFull(what + " and no lower-class task can be shed")
-            self._shed(victim, now)
-
     def _sheddable(self, task_id: int) -> bool:
         e = self.tasks.get(task_id)
         return (e is not None and e.status is READY and W_QUEUE <= e.where <= W_LABEL
                 and (e.x is None or e.x.start is None))
 
-    def _victim(self, p: PoolState, c: int):
+    def _victim(self, p: PoolState, c: int) -> Entry | None:
         """The task a shedding pool evicts to admit one of class c, or None.
 
         shed_lowest takes the newest task of the lowest class below c;
         shed_oldest the oldest task of the lowest class at or below c.
         """
         index = p.shed
+        assert index is not None
         oldest = p.config.overflow == "shed_oldest"
         floor = c if oldest else c + 1
         for k in range(3, floor - 1, -1):
@@ -966,99 +823,123 @@ class Core:
     def _shed(self, e: Entry, now: int) -> None:
         self._finish(e, SHED, now, "shed to admit more important work")
 
-    def _apply(self, now: int, plans: list) -> None:
+    def _apply(self, now: int, plans: list[Plan]) -> None:
         entries = []
         for plan in plans:
-            e = self._create(plan.pool, plan.spec, now)
-            plan.entry = e
+            e = plan.entry = self._create(plan.pool, plan.spec, now)
             entries.append(e)
             spec = plan.spec
-            if spec.deadline_in_ns is not None or spec.deadline_at_ns is not None:
-                deadline = spec.deadline_at_ns if spec.deadline_at_ns is not None else now + spec.deadline_in_ns
-                e.deadline = deadline
-                e.est = self._estimate(plan.pool, spec)
-                e.lst = deadline - e.est
-        doomed: list[tuple] = []
+            if spec.deadline_at_ns is not None:
+                self._set_deadline(e, spec, spec.deadline_at_ns)
+            elif spec.deadline_in_ns is not None:
+                self._set_deadline(e, spec, now + spec.deadline_in_ns)
+        doomed: list[tuple[Entry, str]] = []
         for plan in plans:
-            e = plan.entry
+            e = _entry(plan)
             parents = []
             for j, cond in plan.batch_parents:
-                parent = plans[j].entry
-                e.unmet += 1
-                if parent.children is None:
-                    parent.children = []
-                parent.children.append((e, cond))
+                parent = _entry(plans[j])
+                self._link(parent, e, cond)
                 parents.append(parent.id)
             for parent, cond in plan.live_parents:
                 if parent.status in TERMINAL:
                     # Shed to make room for this very task: resolve the edge
                     # from its status, as for any parent that already ended.
-                    if parent.status not in _SATISFIES[cond]:
-                        doomed.append((e, f"dependency {parent.key or parent.id!r} ended {parent.status}"))
+                    reason = _unmet(parent.key or parent.id, parent.status, cond)
+                    if reason is not None:
+                        doomed.append((e, reason))
                     continue
-                e.unmet += 1
-                if parent.children is None:
-                    parent.children = []
-                parent.children.append((e, cond))
+                self._link(parent, e, cond)
                 parents.append(parent.id)
             for ref, status, cond in plan.ended_parents:
-                if status not in _SATISFIES[cond]:
-                    doomed.append((e, f"dependency {ref!r} ended {status}"))
+                reason = _unmet(ref, status, cond)
+                if reason is not None:
+                    doomed.append((e, reason))
             if plan.awaits:
-                x = e.extra()
-                x.awaits = []
-                for key, cond in plan.awaits:
-                    e.unmet += 1
-                    x.awaits.append(key)
-                    self.awaiting.setdefault(key, []).append((e, cond))
-                timeout = plan.pool.config.await_timeout_ns
-                if timeout is not None:
-                    self.timers.push(now + timeout, tm.AWAIT, e)
+                self._await_keys(e, plan.awaits, now)
             if parents:
                 e.extra().parents = tuple(parents)
             if plan.fixed is not None:
                 start, tol, lo, hi = plan.fixed
-                x = e.extra()
-                x.start = start
-                x.tolerance = tol
-                x.on_miss = plan.spec.on_miss
-                plan.pool.calendar.add(lo, hi, e.id)
+                self._book(e, start, tol, plan.spec.on_miss, lo, hi)
                 scaler = plan.pool.scaler
                 if scaler is not None and (scaler.armed is None or scaler.armed > lo - int(
                         scaler.config.reservation_horizon * NS)):
                     # An idle pool's evaluation must come back for this booking's
                     # pre-warming (it re-arms itself for the horizon's edge).
                     self._arm_scaler(plan.pool, now)
-        # Children that were waiting for a key defined now attach to its task.
+        # Children that were waiting for a key defined now depend on its task.
         for e in entries:
             if e.key is not None and e.key in self.awaiting:
                 for child, cond in self.awaiting.pop(e.key):
                     if child.status in TERMINAL:
                         continue
-                    child.x.awaits.remove(e.key)
-                    if e.children is None:
-                        e.children = []
-                    e.children.append((child, cond))
-                    child.x.parents = child.x.parents + (e.id,)
+                    x = _extra(child)
+                    assert x.awaits is not None
+                    x.awaits.remove(e.key)
+                    child.unmet -= 1   # the wait for the key becomes a wait for its task
+                    self._link(e, child, cond)
+                    x.parents = x.parents + (e.id,)
         doomed_ids = {e.id for e, _ in doomed}
         for e in entries:
-            if e.id in doomed_ids:
-                continue   # ends as skipped below, without ever queueing
-            if e.x is not None and e.x.start is not None:
-                self._arm_fixed(e, now)
-            if e.unmet:
-                self._set_inactive(e, BLOCKED, now)
-            elif e.x is not None and e.x.start is not None and e.x.start > now:
-                self._set_inactive(e, SCHEDULED, now)
-            else:
-                self._to_ready(e, now)
+            if e.id not in doomed_ids:   # (a doomed task ends as skipped below, never queued)
+                self._place(e, now)
         for e, message in doomed:
             if e.status not in TERMINAL:
                 self._finish(e, SKIPPED, now, message)
 
+    def _set_deadline(self, e: Entry, spec: TaskSpec, deadline: int) -> None:
+        """Deadline, estimate and latest start (the urgency of the ready queues)."""
+        e.deadline = deadline
+        e.est = self._estimate(e.pool, spec)
+        e.lst = deadline - e.est
+
+    def _book(self, e: Entry, start: int, tolerance: int, on_miss: str, lo: int, hi: int) -> None:
+        """A fixed start, with its booking [lo, hi) in the pool's calendar."""
+        x = e.extra()
+        x.start = start
+        x.tolerance = tolerance
+        x.on_miss = on_miss
+        e.pool.calendar.add(lo, hi, e.id)
+
+    def _link(self, parent: Entry, child: Entry, cond: str) -> None:
+        """A live dependency edge: ``child`` waits until ``parent`` ends (satisfying ``cond``)."""
+        child.unmet += 1
+        if parent.children is None:
+            parent.children = [(child, cond)]
+        else:
+            parent.children.append((child, cond))
+
+    def _await_keys(self, e: Entry, awaits: list[tuple[str, str]], now: int) -> None:
+        """``e`` waits for tasks with these keys to be submitted (for at most the
+        pool's await timeout)."""
+        x = e.extra()
+        if x.awaits is None:
+            x.awaits = []
+        for key, cond in awaits:
+            e.unmet += 1
+            x.awaits.append(key)
+            self.awaiting.setdefault(key, []).append((e, cond))
+        timeout = e.pool.config.await_timeout_ns
+        if timeout is not None:
+            self.timers.push(now + timeout, tm.AWAIT, e)
+
+    def _place(self, e: Entry, now: int) -> None:
+        """Where a new or recovered task waits: blocked on its dependencies,
+        scheduled for its start, or ready."""
+        x = e.x
+        if x is not None and x.start is not None:
+            self._arm_fixed(e, now)
+        if e.unmet:
+            self._set_inactive(e, BLOCKED, now)
+        elif x is not None and x.start is not None and x.start > now and e.attempt == 0:
+            self._set_inactive(e, SCHEDULED, now)
+        else:
+            self._to_ready(e, now)
+
     # ================================================================ readiness
 
-    def _set_inactive(self, e: Entry, status: str, now: int) -> None:
+    def _set_inactive(self, e: Entry, status: Status, now: int) -> None:
         e.status = status
         e.pool.inactive[e.cls] += 1
         if self._emit_all:
@@ -1078,20 +959,23 @@ class Core:
             return
         if status is BLOCKED or status is SCHEDULED:
             p.inactive[e.cls] -= 1
+        e.status = READY
+        e.ready_at = now
         if x is not None and x.start is not None:
-            e.status = READY
-            e.ready_at = now
-            e.where = W_DUE
-            heapq.heappush(p.due, (x.start if e.attempt == 0 else now, e.id, e))
-            p.due_n[e.cls] += 1
+            self._enqueue_due(p, e, x.start if e.attempt == 0 else now)
         else:
-            e.status = READY
-            e.ready_at = now
             e.where = W_QUEUE
             p.queues.push(e)
             if p.shed is not None:
                 self._index_shed(p, e)
         self._arrived(p, e, now)
+
+    def _enqueue_due(self, p: PoolState, e: Entry, due: int) -> None:
+        """A fixed start waits in the due queue, in line from ``due`` (its
+        start, or for a retry the time it became ready)."""
+        e.where = W_DUE
+        heapq.heappush(p.due, (due, e.id, e))
+        p.due_n[e.cls] += 1
 
     def _arrived(self, p: PoolState, e: Entry, now: int) -> None:
         """``e`` just became ready: an arrival for the autoscaler, and work
@@ -1109,23 +993,26 @@ class Core:
 
     def _index_shed(self, p: PoolState, e: Entry) -> None:
         index = p.shed
+        assert index is not None
         index.add(e)
         heap = index.oldest[e.cls]
         if len(heap) > 2 * p.pending_total + 64:
             index.compact(e.cls, self._sheddable)
 
-    def _to_ready_again(self, e: Entry, now: int) -> None:
+    def _to_ready_again(self, e: Entry) -> None:
         """A parked task goes back to its queue, keeping its place."""
         p = e.pool
         x = e.x
         e.status = READY
         if x is not None and x.start is not None:
-            e.where = W_DUE
-            heapq.heappush(p.due, (x.start if e.attempt == 0 else e.ready_at, e.id, e))
-            p.due_n[e.cls] += 1
+            self._enqueue_due(p, e, x.start if e.attempt == 0 else e.ready_at)
         else:
             e.where = W_QUEUE
             p.queues.push(e)
+        self._mark_dirty(p)
+
+    def _mark_dirty(self, p: PoolState) -> None:
+        """``p`` may have work to start: dispatch it before the call returns."""
         if not p.dirty:
             p.dirty = True
             self._dirty.append(p)
@@ -1149,7 +1036,7 @@ class Core:
             # Pools that compete for shared resources dispatch in declaration
             # order, whichever became dirty first (the run must not depend on
             # which path marked them).
-            dirty.sort(key=_pool_order, reverse=True)
+            dirty.sort(key=pool_order, reverse=True)
         while dirty:
             p = dirty.pop()
             p.dirty = False
@@ -1163,23 +1050,26 @@ class Core:
         q = p.queues
         while q.total and p.capacity - p.busy - p.held > 0:
             e = q.take(now)
+            assert e is not None
             spec = e.spec
-            group = p.unlabeled
+            unlabeled = p.unlabeled
+            group: Group | None = unlabeled
             if spec is not None:
                 if spec.labels is not None:
                     group = self._group_for(p, spec.labels)
                     if group is None:
                         self._label_park(p, e)
                         continue
-                elif group.busy >= group.capacity:
+                elif unlabeled.busy >= unlabeled.capacity:
                     group = self._group_for(p, None)
                 if spec.resources and not self._acquire(e, now):
                     continue
-            elif group.busy >= group.capacity:
+            elif unlabeled.busy >= unlabeled.capacity:
                 group = self._group_for(p, None)
+            assert group is not None   # (a slot is free, so some group has one)
             self._start(p, e, now, group)
 
-    def _group_for(self, p: PoolState, labels: frozenset | None) -> Group | None:
+    def _group_for(self, p: PoolState, labels: Labels | None) -> Group | None:
         if labels is None:
             g = p.unlabeled
             if g.busy < g.capacity:
@@ -1205,19 +1095,15 @@ class Core:
         e.group = group
         self.running[lease] = e
         w = p.window
-        if now > w._last_t:
+        if now > w.last_t:
             w.integrate(now)
         p.busy += 1
         group.busy += 1
         w.busy = p.busy
-        b = w._current if now < w._current_end else w.bucket(now)
+        b = w.current if now < w.current_end else w.bucket(now)
         b.dispatched += 1
-        wait = now - e.ready_at   # recorded inline: this runs on every dispatch
-        if wait < 16:
-            index = wait if wait > 0 else 0
-        else:
-            shift = wait.bit_length() - 4
-            index = (shift << 3) + (wait >> shift)
+        wait = now - e.ready_at   # into the window's histogram (no wait, the common case: bucket 0)
+        index = bucket_of(wait) if wait else 0
         counts = b.waits.counts
         counts[index] = counts.get(index, 0) + 1
         c = e.cls
@@ -1251,47 +1137,53 @@ class Core:
         if self._emit_all:
             self._event(e, RUNNING, now, None)
 
-    def _end_attempt(self, e: Entry, now: int, ok: bool) -> None:
-        """The running attempt of ``e`` is over: free its slot and semaphores."""
+    def _end_attempt(self, e: Entry, now: int, ok: bool | None) -> None:
+        """The attempt of ``e`` stops holding its slot and semaphores. ``ok``
+        says how it ran, for the metrics; None: it never started (given back)."""
         p = e.pool
         w = p.window
-        if now > w._last_t:
+        if now > w.last_t:
             w.integrate(now)
         busy = p.busy - 1
         p.busy = busy
         w.busy = busy
-        e.group.busy -= 1
-        run = now - e.started
-        b = w._current if now < w._current_end else w.bucket(now)
-        b.attempt_time += run
+        group = e.group
+        assert group is not None
+        group.busy -= 1
         x = e.x
         regular = x is None or x.start is None
-        if ok:
-            b.good_time += run
-            b.succeeded += 1
-            runs = p.runs
-            n = runs.records = runs.records + 1
-            if n & 7 == 0 or n < 4096 or not regular:
-                # Learning samples every run at first, then one run in eight:
-                # enough for medians, and cheaper at high completion rates.
-                runs.record(e.kind, run, regular)
-        else:
-            b.failed += 1
+        if ok is not None:
+            run = now - e.started
+            b = w.current if now < w.current_end else w.bucket(now)
+            b.attempt_time += run
+            if ok:
+                b.good_time += run
+                b.succeeded += 1
+                runs = p.runs
+                n = runs.records = runs.records + 1
+                if n & 7 == 0 or n < 4096 or not regular:
+                    # Learning samples every run at first, then one run in eight:
+                    # enough for medians, and cheaper at high completion rates.
+                    runs.record(e.kind, run, regular)
+            else:
+                b.failed += 1
+            if p.scaler is not None:
+                p.scaler.observe_run(run)
         if not regular:
             p.started_fixed.discard(e.id)
-        if p.scaler is not None:
-            p.scaler.observe_run(run)
         if p.lease_ttl is not None:
             self._timers_ended += 1
         spec = e.spec
-        if spec is not None and spec.timeout_ns is not None:
-            self._timers_ended += 1
-        if spec is not None and spec.resources:
-            for name, units in spec.resources.items():
-                r = self.resources[name]
-                if r.semaphore:
-                    r.give(units)
-                    self._reoffer(r, now)
+        if spec is not None:
+            if spec.timeout_ns is not None:
+                self._timers_ended += 1
+            if spec.resources:
+                resources = self.resources
+                for name, units in spec.resources.items():
+                    r = resources[name]
+                    if r.semaphore:
+                        r.give(units)
+                        self._reoffer(r, now)
         if not p.dirty and (p.queues.total or p.due or p.label_waiting or p.hold_waiters):
             p.dirty = True   # a slot freed and work waits for one
             self._dirty.append(p)
@@ -1303,27 +1195,49 @@ class Core:
         self._retry_or_dead(e, now, message, None)
 
     def _retry_or_dead(self, e: Entry, now: int, message: str | None, retry_after_ns: int | None) -> None:
-        policy = e.spec.retry if e.spec is not None and e.spec.retry is not None else e.pool.retry
+        policy = self._policy(e)
         if e.attempt >= policy.max_attempts:
             text = f"gave up after {e.attempt} attempt{'s' if e.attempt != 1 else ''}"
             self._finish(e, DEAD_LETTERED, now, f"{text}: {message}" if message else text)
             return
-        delay = policy.backoff_ns(e.attempt + 1)
-        if policy.jitter and delay:
-            delay = int(self.rng.random() * delay)
+        delay = self._backoff(policy, e.attempt)
         if retry_after_ns is not None and retry_after_ns > delay:
             delay = retry_after_ns
-        e.status = RETRYING
+        self._count_pending(e)
+        self._counts["retries"] += 1
+        self._wait_retry(e, now, delay)
+        self._announce(e, RETRYING, now, message)
+
+    def _policy(self, e: Entry) -> RetryPolicy:
+        spec = e.spec
+        return spec.retry if spec is not None and spec.retry is not None else e.pool.retry
+
+    def _backoff(self, policy: RetryPolicy, attempt: int) -> int:
+        """The wait after attempt number ``attempt``: the policy's backoff or,
+        with jitter, a uniformly random fraction of it."""
+        delay = policy.backoff_ns(attempt + 1)
+        if policy.jitter and delay:
+            delay = int(self.rng.random() * delay)
+        return delay
+
+    def _count_pending(self, e: Entry) -> None:
+        """``e`` stopped running without ending: it is pending again."""
         p = e.pool
         p.pending[e.cls] += 1
         p.pending_total += 1
         self.pending += 1
-        self._counts["retries"] += 1
+
+    def _wait_retry(self, e: Entry, now: int, delay: int) -> None:
+        """``e`` becomes ready again after ``delay``, with its attempt count as it is."""
+        e.status = RETRYING
         self.timers.push(now + delay, tm.RETRY, e, e.attempt)
+
+    def _announce(self, e: Entry, status: Status, now: int, message: str | None) -> None:
+        """A transition that is not an ending: persisted, and an event if transitions are emitted."""
         if self._persist:
-            self.actions.append((act.PERSIST, (MUT_STATUS, e.id, RETRYING, e.attempt, now, message)))
+            self.actions.append((act.PERSIST, (MUT_STATUS, e.id, status, e.attempt, now, message)))
         if self._emit_all:
-            self._event(e, RETRYING, now, message)
+            self._event(e, status, now, message)
 
     # ================================================================ attempts that never started
 
@@ -1343,36 +1257,12 @@ class Core:
         e = self.running.pop(lease, None)
         if e is None:
             return False
-        p = e.pool
-        w = p.window
-        if now > w._last_t:
-            w.integrate(now)
-        p.busy -= 1
-        w.busy = p.busy
-        e.group.busy -= 1
-        spec = e.spec
-        if spec is not None and spec.resources:
-            for name, units in spec.resources.items():
-                r = self.resources[name]
-                if r.semaphore:
-                    r.give(units)
-                    self._reoffer(r, now)
-        if e.x is not None:
-            p.started_fixed.discard(e.id)
+        self._end_attempt(e, now, None)
         e.attempt -= 1
-        p.pending[e.cls] += 1
-        p.pending_total += 1
-        self.pending += 1
+        self._count_pending(e)
         if delay_ns:
-            e.status = RETRYING
-            self.timers.push(now + delay_ns, tm.RETRY, e, e.attempt)
-            if self._persist:
-                self.actions.append((act.PERSIST, (MUT_STATUS, e.id, RETRYING, e.attempt, now, message)))
-            if self._emit_all:
-                self._event(e, RETRYING, now, message)
-            if not p.dirty and (p.queues.total or p.due or p.label_waiting or p.hold_waiters):
-                p.dirty = True   # the slot it held is free for others
-                self._dirty.append(p)
+            self._wait_retry(e, now, delay_ns)
+            self._announce(e, RETRYING, now, message)
         else:
             ready_at = e.ready_at
             self._to_ready(e, now)
@@ -1385,85 +1275,15 @@ class Core:
 
     # ================================================================ endings
 
-    def _leave_waiting(self, e: Entry) -> None:
-        """Take a task that has not started out of wherever it waits."""
-        p = e.pool
-        status = e.status
-        c = e.cls
-        if status is BLOCKED or status is SCHEDULED:
-            p.inactive[c] -= 1
-        elif status is READY:
-            where = e.where
-            if where == W_QUEUE:
-                p.queues.discard(e)
-            elif where == W_DUE:
-                p.due_n[c] -= 1
-            elif where == W_LABEL:
-                p.label_waiting -= 1
-            e.where = W_NONE
-        if status is not RUNNING:
-            p.pending[c] -= 1
-            p.pending_total -= 1
-            self.pending -= 1
-
-    def _finish(self, e: Entry, status: str, now: int, message: str | None) -> None:
+    def _finish(self, e: Entry, status: Status, now: int, message: str | None) -> None:
         """End a task (and, transitively, the dependents it dooms)."""
         stack = [(e, status, message)]
         while stack:
             e, status, message = stack.pop()
             if e.status in TERMINAL:
                 continue
-            p = e.pool
-            if e.status is RUNNING:
-                if self.running.get(e.lease) is e:   # still running: abort it
-                    del self.running[e.lease]
-                    self.actions.append((act.ABORT, e.lease, e.id, status))
-                    self._end_attempt(e, now, False)
-            else:
-                if e.status is RETRYING:
-                    self._timers_ended += 1
-                self._leave_waiting(e)
-            x = e.x
-            if x is not None:
-                # Its start, hold and miss timers, or its await timeout, are stale now.
-                self._timers_ended += 3 if x.start is not None else 1
-                if x.hold:
-                    x.hold = False
-                    p.held -= 1
-                    if not p.dirty:
-                        p.dirty = True
-                        self._dirty.append(p)
-                if x.start is not None:
-                    p.calendar.remove(e.id)
-                    p.started_fixed.discard(e.id)
-                if x.awaits:
-                    for key in x.awaits:
-                        waiting = self.awaiting.get(key)
-                        if waiting is not None:
-                            waiting[:] = [item for item in waiting if item[0] is not e]
-                            if not waiting:
-                                del self.awaiting[key]
-                    x.awaits = None
-                parked = x.parked_on
-                if parked is not None:
-                    x.parked_on = None
-                    # The waiters behind it may fit now (free units, or a bucket
-                    # timer that was set for this task's larger need).
-                    self._reoffer(parked, now)
-                elif x.reoffered:
-                    # It was offered units it never took: offer them again.
-                    self._give_up_offer(e, None, now)
-            e.status = status
-            e.where = W_NONE
-            del self.tasks[e.id]
-            self._retain(e, status, now, message)
-            if status is SUCCEEDED:
-                self._succeeded += 1
-            else:
-                self._counts[status] += 1
-            self.actions.append((act.EVENT, e.id, p.name, e.key, status, e.attempt, now, message))
-            if self._persist:
-                self.actions.append((act.PERSIST, (MUT_STATUS, e.id, status, e.attempt, now, message)))
+            self._leave(e, status, now)
+            self._ended(e, status, now, message)
             children = e.children
             if children:
                 e.children = None
@@ -1471,32 +1291,104 @@ class Core:
                 for child, cond in children:
                     if child.status in TERMINAL:
                         continue
-                    if status in _SATISFIES[cond]:
+                    reason = _unmet(e.key or e.id, status, cond)
+                    if reason is None:
                         child.unmet -= 1
                         if child.unmet == 0 and child.status is BLOCKED:
                             if satisfied is None:
                                 satisfied = []
                             satisfied.append(child)
                     else:
-                        stack.append((child, SKIPPED, f"dependency {e.key or e.id!r} ended {status}"))
+                        stack.append((child, SKIPPED, reason))
                 if satisfied:
                     for child in satisfied:
                         if child.status is BLOCKED:
                             self._to_ready(child, now)
 
-    def _retain(self, e: Entry, status: str, now: int, message: str | None) -> None:
-        if not self._retain_on:
-            if e.key is not None:
-                self._forget_key(e)
+    def _leave(self, e: Entry, ending: Status, now: int) -> None:
+        """A task about to end lets go of everything it holds or waits in:
+        its attempt, its place in line, a held slot, its booking, its awaited
+        keys, the resource units it was parked for or offered."""
+        p = e.pool
+        status = e.status
+        c = e.cls
+        if status is RUNNING:
+            if self.running.get(e.lease) is e:   # still running: abort it
+                del self.running[e.lease]
+                self.actions.append((act.ABORT, e.lease, e.id, ending))
+                self._end_attempt(e, now, False)
+        else:
+            if status is BLOCKED or status is SCHEDULED:
+                p.inactive[c] -= 1
+            elif status is RETRYING:
+                self._timers_ended += 1
+            elif status is READY:
+                where = e.where
+                if where == W_QUEUE:
+                    p.queues.discard(e)
+                elif where == W_DUE:
+                    p.due_n[c] -= 1
+                elif where == W_LABEL:
+                    p.label_waiting -= 1
+            p.pending[c] -= 1
+            p.pending_total -= 1
+            self.pending -= 1
+        e.where = W_NONE
+        x = e.x
+        if x is None:
             return
-        self.retained[e.id] = (status, e.pool.name, e.key, e.kind, e.attempt, message)
-        self._retain_order.append((now + self._retention, e.id))
-        if len(self.retained) > self._retain_max:
-            self._expire_retained(now, force=True)
+        # Its start, hold and miss timers, or its await timeout, are stale now.
+        self._timers_ended += 3 if x.start is not None else 1
+        if x.hold:
+            x.hold = False
+            p.held -= 1
+            self._mark_dirty(p)
+        if x.start is not None:
+            p.calendar.remove(e.id)
+            p.started_fixed.discard(e.id)
+        if x.awaits:
+            for key in x.awaits:
+                waiting = self.awaiting.get(key)
+                if waiting is not None:
+                    waiting[:] = [item for item in waiting if item[0] is not e]
+                    if not waiting:
+                        del self.awaiting[key]
+            x.awaits = None
+        parked = x.parked_on
+        if parked is not None:
+            x.parked_on = None
+            # The waiters behind it may fit now (free units, or a bucket
+            # timer that was set for this task's larger need).
+            self._reoffer(parked, now)
+        elif x.reoffered:
+            # It was offered units it never took: offer them again.
+            self._give_up_offer(e, None, now)
+
+    def _ended(self, e: Entry, status: Status, now: int, message: str | None) -> None:
+        """The bookkeeping of an ending: the task is no longer live, its record
+        is retained (or its key forgotten), counted, announced and persisted."""
+        task_id = e.id
+        e.status = status
+        del self.tasks[task_id]
+        if self._retain_on:
+            self.retained[task_id] = (_PLAIN[status], e.pool.name, e.key, e.kind, e.attempt, message)
+            self._retain_order.append((now + self._retention, task_id))
+            if len(self.retained) > self._retain_max:
+                self._expire_retained(now, True)
+        elif e.key is not None:
+            self._forget_key(e)
+        if status is SUCCEEDED:
+            self._succeeded += 1
+        else:
+            self._counts[status] += 1
+        self.actions.append((act.EVENT, task_id, e.pool.name, e.key, status, e.attempt, now, message))
+        if self._persist:
+            self.actions.append((act.PERSIST, (MUT_STATUS, task_id, status, e.attempt, now, message)))
 
     def _forget_key(self, e: Entry) -> None:
-        if self.keys.get(e.key) == e.id:
-            del self.keys[e.key]
+        key = e.key
+        if key is not None and self.keys.get(key) == e.id:
+            del self.keys[key]
 
     def _expire_retained(self, now: int, force: bool = False) -> None:
         order = self._retain_order
@@ -1510,7 +1402,7 @@ class Core:
 
     # ================================================================ lookups
 
-    def _live(self, ref, now: int) -> Entry | None:
+    def _live(self, ref: int | str) -> Entry | None:
         if isinstance(ref, str):
             task_id = self.keys.get(ref)
             if task_id is None:
@@ -1520,13 +1412,13 @@ class Core:
             raise TypeError(f"a task reference is an id (int) or a key (str), got {type(ref).__name__}")
         return self.tasks.get(ref)
 
-    def _retained_record(self, ref, now: int):
+    def _retained_record(self, ref: int | str) -> Record | None:
         task_id = self.keys.get(ref) if isinstance(ref, str) else ref
         if task_id is None:
             return None
         return self.retained.get(task_id)
 
-    def _key_id(self, key: str, now: int) -> int | None:
+    def _key_id(self, key: str) -> int | None:
         task_id = self.keys.get(key)
         if task_id is None:
             return None
@@ -1536,7 +1428,7 @@ class Core:
 
     # ================================================================ events
 
-    def _event(self, e: Entry, status: str, now: int, message: str | None) -> None:
+    def _event(self, e: Entry, status: Status, now: int, message: str | None) -> None:
         self.actions.append((act.EVENT, e.id, e.pool.name, e.key, status, e.attempt, now, message))
 
     # ================================================================ estimates
@@ -1557,7 +1449,9 @@ class Core:
     def _acquire(self, e: Entry, now: int) -> bool:
         """Take every unit ``e`` asks for, or park it on the first short resource."""
         resources = self.resources
-        request = e.spec.resources
+        spec = e.spec
+        assert spec is not None and spec.resources is not None
+        request = spec.resources
         x = e.x
         reoffered = x is not None and x.reoffered
         short = None
@@ -1591,8 +1485,8 @@ class Core:
         """``e`` was sent back to its queue with units in view and will not
         take them (it ended, or parked on another resource): the waiters of
         those resources may use them."""
-        e.x.reoffered = False
-        for name in e.spec.resources:
+        _extra(e).reoffered = False
+        for name in _request(e):
             r = self.resources[name]
             if r is not keep and r.waiters:
                 self._reoffer(r, now)
@@ -1602,7 +1496,7 @@ class Core:
         head = r.head()
         if head is None:
             return
-        at = now + r.ready_in(head.spec.resources[r.name] + promised, now)
+        at = now + r.ready_in(_request(head)[r.name] + promised, now)
         if r.refill_at is None or at < r.refill_at:
             r.refill_at = at
             self.timers.push(at, tm.REFILL, r, at)
@@ -1614,22 +1508,24 @@ class Core:
             e = r.head()
             if e is None:
                 return
-            need = e.spec.resources[r.name]
+            spec = e.spec
+            x = e.x
+            assert spec is not None and spec.resources is not None and x is not None
+            need = spec.resources[r.name]
             if need > budget:
                 break
             budget -= need
             r.waiters.popleft()
-            x = e.x
             x.parked_on = None
             x.reoffered = True
-            self._to_ready_again(e, now)
+            self._to_ready_again(e)
         if not r.semaphore:
             self._arm_refill(r, now, level - budget)
 
     # ================================================================ labels
 
     def _label_park(self, p: PoolState, e: Entry) -> None:
-        labels = e.spec.labels
+        labels = _labels(e)
         waiters = p.label_waiters.get(labels)
         if waiters is None:
             waiters = p.label_waiters[labels] = deque()
@@ -1664,18 +1560,18 @@ class Core:
                         best_group = group
             if p.held_label_waiters:
                 held = [e for e in p.held_label_waiters
-                        if e.status is READY and e.where == W_LABEL and e.x.hold]
+                        if e.status is READY and e.where == W_LABEL and _extra(e).hold]
                 p.held_label_waiters = held
                 for e in held:
                     if best is not None and e.id > best.id:
                         continue
-                    group = self._group_for(p, e.spec.labels)
+                    group = self._group_for(p, _labels(e))
                     if group is not None:
                         best = e
                         best_group = group
-            if best is None:
+            if best is None or best_group is None:
                 return
-            waiters = p.label_waiters[best.spec.labels]
+            waiters = p.label_waiters[_labels(best)]
             if waiters[0] is best:
                 waiters.popleft()
             else:
@@ -1684,7 +1580,7 @@ class Core:
                 p.held_label_waiters.remove(best)
             p.label_waiting -= 1
             best.where = W_NONE
-            if best.spec.resources and not self._acquire(best, now):
+            if best.spec is not None and best.spec.resources and not self._acquire(best, now):
                 continue
             self._release_hold(p, best)
             self._start(p, best, now, best_group)
@@ -1692,8 +1588,9 @@ class Core:
     # ================================================================ fixed starts
 
     def _arm_fixed(self, e: Entry, now: int) -> None:
-        x = e.x
+        x = _extra(e)
         start = x.start
+        assert start is not None
         self.timers.push(max(now, start - self.config.max_hold_ns), tm.HOLD, e)
         self.timers.push(start, tm.START, e)
         self.timers.push(start + x.tolerance, tm.MISS, e)
@@ -1704,7 +1601,7 @@ class Core:
         return min(lead, self.config.max_hold_ns)
 
     def _check_hold(self, e: Entry, now: int) -> None:
-        x = e.x
+        x = _extra(e)
         if x.hold or e.attempt > 0 or e.status is RUNNING:
             return
         if e.status is BLOCKED:
@@ -1712,6 +1609,7 @@ class Core:
             # parent needs. _to_ready checks again when the task is unblocked.
             return
         lead = self._hold_lead(e.pool, x.tolerance)
+        assert x.start is not None
         if now < x.start - lead:
             self.timers.push(x.start - lead, tm.HOLD, e)
             return
@@ -1722,7 +1620,7 @@ class Core:
             p.hold_waiters.append(e)
 
     def _grant_hold(self, p: PoolState, e: Entry) -> None:
-        e.x.hold = True
+        _extra(e).hold = True
         p.held += 1
         if e.status is READY and e.where == W_LABEL:
             p.held_label_waiters.append(e)   # already waiting for a labelled slot
@@ -1734,9 +1632,10 @@ class Core:
             p.held -= 1
 
     def _on_start(self, e: Entry, now: int) -> None:
-        guard = e.x.guard
+        x = _extra(e)
+        guard = x.guard
         if guard is not None and guard in self.tasks:
-            rec = self.recurring.get(e.x.recurring)
+            rec = self.recurring.get(x.recurring) if x.recurring is not None else None
             if rec is not None and rec.last_task == e.id:
                 rec.last_task = guard   # the next occurrence must also wait for that run
             self._finish(e, SKIPPED, now, f"the previous occurrence (task {guard}) is still running")
@@ -1754,8 +1653,7 @@ class Core:
             self._serve_fixed(e.pool, now)
             if e.status is RUNNING:
                 return
-        x = e.x
-        x.late = True
+        x = _extra(e)
         if x.on_miss == "run_late":
             return
         p = e.pool
@@ -1773,8 +1671,7 @@ class Core:
         waiters = p.hold_waiters
         while waiters and p.capacity - p.busy - p.held > 0:
             e = waiters.popleft()
-            x = e.x
-            if e.status in TERMINAL or e.status is RUNNING or e.attempt > 0 or x.hold:
+            if e.status in TERMINAL or e.status is RUNNING or e.attempt > 0 or _extra(e).hold:
                 continue
             if self.tasks.get(e.id) is not e:
                 continue
@@ -1794,20 +1691,18 @@ class Core:
         keep = []
         for item in live:
             e = item[2]
-            x = e.x
-            held = x.hold
+            held = _extra(e).hold
             if not held and p.capacity - p.busy - p.held <= 0:
                 keep.append(item)
                 continue
-            spec = e.spec
-            group = self._group_for(p, spec.labels)
+            group = self._group_for(p, _labels(e))
             p.due_n[e.cls] -= 1
             if group is None:
                 e.where = W_NONE
                 self._label_park(p, e)
                 continue
             e.where = W_NONE
-            if spec.resources and not self._acquire(e, now):
+            if e.spec is not None and e.spec.resources and not self._acquire(e, now):
                 continue
             self._release_hold(p, e)
             self._start(p, e, now, group)
@@ -1828,6 +1723,7 @@ class Core:
 
     def _arm_scaler(self, p: PoolState, now: int) -> None:
         scaler = p.scaler
+        assert scaler is not None
         at = now
         if scaler.last_tick is not None:
             at = max(now, scaler.last_tick + scaler.interval)
@@ -1842,11 +1738,13 @@ class Core:
     def _reserved(self, p: PoolState, now: int) -> int:
         if not len(p.calendar):
             return 0
+        assert p.scaler is not None
         horizon = int(p.scaler.config.reservation_horizon * NS)
         return p.calendar.peak(now, now + horizon, exclude=p.started_fixed)
 
     def _autoscale(self, p: PoolState, now: int) -> None:
         scaler = p.scaler
+        assert scaler is not None
         scaler.armed = None
         reserved = self._reserved(p, now)
         before = scaler.target
@@ -1891,9 +1789,7 @@ class Core:
         quarantined: list[int] = []
         ended: list[RestoredTask] = []
         entries: list[Entry] = []            # live, in id order
-        interrupted: dict[int, str] = {}     # live ids stored as running or retrying
-        pools = self.pools
-        resources = self.resources
+        interrupted: dict[int, Status] = {}  # live ids stored as running or retrying
         live_tasks = self.tasks
         keys = self.keys
         top = next_id
@@ -1908,15 +1804,10 @@ class Core:
                 ended.append(t)
                 continue
             spec = t.spec
-            p = pools.get(t.pool)
             problem = t.error
             if problem is None:
-                if p is None:
-                    problem = f"pool {t.pool!r} is not configured"
-                elif spec.resources:
-                    missing = [name for name in spec.resources if name not in resources]
-                    if missing:
-                        problem = f"resource {missing[0]!r} is not configured"
+                assert spec is not None   # (only an undecodable row has none, with its error)
+                problem = self._unconfigured(t.pool, spec)
             if problem is not None:
                 quarantined.append(task_id)
                 message = f"quarantined at recovery: {problem}"
@@ -1926,35 +1817,21 @@ class Core:
                 if self._persist:
                     self.actions.append((act.PERSIST, (MUT_STATUS, task_id, FAILED, t.attempt, now, message)))
                 continue
-            payload = t.payload
-            if payload is _SPEC_PAYLOAD:
-                payload = spec.payload
-            key = spec.key
-            e = Entry(task_id, p, spec.priority, t.submitted_ns, payload, key, spec.kind,
-                      None if spec.plain else spec)
-            e.attempt = t.attempt
-            live_tasks[task_id] = e
-            if key is not None:
-                keys[key] = task_id
-            p.pending[e.cls] += 1
-            p.pending_total += 1
-            self.pending += 1
+            assert spec is not None
+            p = self.pools[t.pool]
+            e = self._create(p, spec, now, t)
             if status == RUNNING or status == RETRYING:
                 interrupted[task_id] = RUNNING if status == RUNNING else RETRYING
             if not spec.plain:
                 if spec.deadline_at_ns is not None:
-                    e.deadline = spec.deadline_at_ns
-                    e.est = self._estimate(p, spec)
-                    e.lst = e.deadline - e.est
+                    self._set_deadline(e, spec, spec.deadline_at_ns)
                 if spec.start_at_ns is not None:
-                    x = e.extra()
-                    x.start = spec.start_at_ns
-                    x.tolerance = spec.tolerance_ns if spec.tolerance_ns is not None else NS
-                    x.on_miss = spec.on_miss
-                    if spec.tags and "cronoq.recurring" in spec.tags:
-                        x.recurring = spec.tags["cronoq.recurring"]
+                    start = spec.start_at_ns
+                    tol = spec.tolerance_ns if spec.tolerance_ns is not None else NS
                     est = self._estimate(p, spec)
-                    p.calendar.add(x.start - x.tolerance, x.start + est + x.tolerance, task_id)
+                    self._book(e, start, tol, spec.on_miss, start - tol, start + est + tol)
+                    if spec.tags and "cronoq.recurring" in spec.tags:
+                        _extra(e).recurring = spec.tags["cronoq.recurring"]
             if task_id < last:
                 ordered = False
             last = task_id
@@ -1971,7 +1848,7 @@ class Core:
                     continue
                 key = t.spec.key if t.spec is not None else None
                 kind = t.spec.kind if t.spec is not None else None
-                self.retained[t.id] = (t.status, t.pool, key, kind, t.attempt, t.message)
+                self.retained[t.id] = (_PLAIN[t.status], t.pool, key, kind, t.attempt, t.message)
                 self._retain_order.append((expires, t.id))
                 if key is not None and keys.get(key) not in live_tasks:   # a live task keeps its key
                     keys[key] = t.id
@@ -1982,33 +1859,27 @@ class Core:
             if spec is None or not spec.edges:
                 continue
             parents = []
+            awaits: list[tuple[str, str]] = []
             for ref, cond in spec.edges:
-                task_id = keys.get(ref) if isinstance(ref, str) else ref
-                parent = live_tasks.get(task_id) if task_id is not None else None
+                parent_id = keys.get(ref) if isinstance(ref, str) else ref
+                parent = live_tasks.get(parent_id) if parent_id is not None else None
                 if parent is not None and parent is not e:
-                    e.unmet += 1
-                    if parent.children is None:
-                        parent.children = []
-                    parent.children.append((e, cond))
+                    self._link(parent, e, cond)
                     parents.append(parent.id)
                     continue
-                record = self.retained.get(task_id) if task_id is not None else None
+                record = self.retained.get(parent_id) if parent_id is not None else None
                 if record is not None:
-                    if record[0] not in _SATISFIES[cond]:
-                        doomed.setdefault(e.id, f"dependency {ref!r} ended {record[0]}")
+                    reason = _unmet(ref, record[0], cond)
+                    if reason is not None:
+                        doomed.setdefault(e.id, reason)
                 elif isinstance(ref, str) and e.pool.config.unknown_dependency == "await" \
-                        and task_id is None:
-                    x = e.extra()
-                    if x.awaits is None:
-                        x.awaits = []
-                    x.awaits.append(ref)
-                    e.unmet += 1
-                    self.awaiting.setdefault(ref, []).append((e, cond))
+                        and parent_id is None:
+                    awaits.append((ref, cond))
                 # Otherwise the parent finished before the retention window: satisfied.
             if parents:
                 e.extra().parents = tuple(parents)
-            if e.x is not None and e.x.awaits and e.pool.config.await_timeout_ns is not None:
-                self.timers.push(now + e.pool.config.await_timeout_ns, tm.AWAIT, e)
+            if awaits:
+                self._await_keys(e, awaits, now)
         for e in entries:
             if doomed or interrupted:
                 if e.status in TERMINAL:   # skipped meanwhile: a parent that ended doomed it
@@ -2017,38 +1888,26 @@ class Core:
                     self._finish(e, SKIPPED, now, doomed[e.id])
                     continue
             stored = interrupted.get(e.id) if interrupted else None
-            if stored is not None:
-                policy = e.spec.retry if e.spec is not None and e.spec.retry is not None else e.pool.retry
-                if stored is RUNNING and e.attempt >= policy.max_attempts:
-                    self._finish(e, DEAD_LETTERED, now,
-                                 f"attempt {e.attempt} was interrupted by a scheduler restart and no "
-                                 f"attempts remain")
-                    continue
-                delay = 0
-                if stored is RUNNING:
-                    delay = policy.backoff_ns(e.attempt + 1)
-                    if policy.jitter and delay:
-                        delay = int(self.rng.random() * delay)
-                    self._counts["retries"] += 1
-                    if self._persist:
-                        self.actions.append((act.PERSIST, (MUT_STATUS, e.id, RETRYING, e.attempt, now,
-                                                           "interrupted by a scheduler restart")))
-                e.status = RETRYING
-                self.timers.push(now + delay, tm.RETRY, e, e.attempt)
+            if stored is None:
+                self._place(e, now)
                 continue
-            x = e.x
-            if x is not None and x.start is not None:
-                self._arm_fixed(e, now)
-            if e.unmet:
-                self._set_inactive(e, BLOCKED, now)
-            elif x is not None and x.start is not None and x.start > now and e.attempt == 0:
-                self._set_inactive(e, SCHEDULED, now)
-            else:
-                self._to_ready(e, now)
+            policy = self._policy(e)
+            if stored is RUNNING and e.attempt >= policy.max_attempts:
+                self._finish(e, DEAD_LETTERED, now,
+                             f"attempt {e.attempt} was interrupted by a scheduler restart and no "
+                             f"attempts remain")
+                continue
+            delay = 0
+            if stored is RUNNING:
+                delay = self._backoff(policy, e.attempt)
+                self._counts["retries"] += 1
+                if self._persist:
+                    self.actions.append((act.PERSIST, (MUT_STATUS, e.id, RETRYING, e.attempt, now,
+                                                       "interrupted by a scheduler restart")))
+            self._wait_retry(e, now, delay)
         for s in schedules:
             self._restore_schedule(s, now)
-        first = (self.config.epoch << ID_BITS) + 1
-        self._next_id = max(self._next_id, top + 1, first)
+        self._next_id = max(self._next_id, top + 1, self._first_id())
         self._flush(now)
         return quarantined
 
@@ -2056,11 +1915,7 @@ class Core:
         template = s.template
         problem = s.error
         if problem is None and template is not None:
-            pool = template.pool or self.default_pool.name
-            if pool not in self.pools:
-                problem = f"pool {pool!r} is not configured"
-            elif template.resources and any(name not in self.resources for name in template.resources):
-                problem = "a resource of its template is not configured"
+            problem = self._unconfigured(template.pool or self.default_pool.name, template)
         if problem is not None or template is None:
             self._counts["recurring_invalid"] += 1
             return
@@ -2100,13 +1955,7 @@ class Core:
                 raise SchedulerError(f"a recurring template may not set {field}: it describes a single task")
         p = self._pool(template.pool)
         if template.resources:
-            for rname, units in template.resources.items():
-                r = self.resources.get(rname)
-                if r is None:
-                    raise UnknownResource(f"no resource named {rname!r}")
-                if units > r.capacity:
-                    raise ResourceExceedsCapacity(
-                        f"resource {rname!r} has capacity {r.capacity}, the template asks for {units}")
+            self._check_resources(template.resources, "the template")
         tol = to_ns(tolerance, "tolerance", error=ValueError) if tolerance is not None else (
             template.tolerance_ns if template.tolerance_ns is not None else NS)
         miss = on_miss if on_miss is not None else template.on_miss
@@ -2152,24 +2001,25 @@ class Core:
 
     def _recur(self, rec: Recurring, now: int) -> None:
         """Create the schedule's next occurrence, then arm the one after."""
-        start = rec.next_start
+        due = rec.next_start
         p = self._pool(rec.template.pool)
-        if start is None:
+        if due is None:
             return
-        if now > start + rec.tolerance_ns:
+        start: int | None = due
+        if now > due + rec.tolerance_ns:
             # Skipped ahead (downtime): one late occurrence at most, then resume.
             if rec.on_miss != "run_late":
                 self._counts["missed"] += 1
                 start = None
         if start is not None:
-            self._create_occurrence(rec, p, start, now)
-        nxt = rec.cron.next_after(max(now, rec.next_start))
+            self._create_occurrence(rec, start, now)
+        nxt = rec.cron.next_after(max(now, due))
         rec.next_start = nxt
         if self._persist:
             self.actions.append((act.PERSIST, (MUT_RECURRING, rec.name, rec)))
         self._arm_recurring(rec, p, now)
 
-    def _create_occurrence(self, rec: Recurring, p: PoolState, start: int, now: int) -> None:
+    def _create_occurrence(self, rec: Recurring, start: int, now: int) -> None:
         t = rec.template
         spec = TaskSpec.__new__(type(t))
         spec.__dict__.update(t.__dict__)
@@ -2191,7 +2041,7 @@ class Core:
         if rec.overlap in ("queue", "queue_on_success") and prev is not None and (
                 prev_live or prev in self.retained) and not (
                 rec.overlap == "queue_on_success" and not prev_live
-                and self.retained[prev][0] is SKIPPED):
+                and self.retained[prev][0] == SKIPPED):
             # (queue_on_success: an occurrence skipped after a failure does not
             # doom the next one too; the chain resumes.)
             spec.edges = ((prev, "complete" if rec.overlap == "queue" else "success"),)
@@ -2243,7 +2093,7 @@ class Core:
             attempt_time += b.attempt_time
             waits.merge(b.waits)
 
-        def seconds(v):
+        def seconds(v: float | None) -> float | None:
             return None if v is None else v / NS
 
         cost_rate = p.cost_rate
@@ -2273,146 +2123,36 @@ class Core:
                     for g in sorted(p.groups.values(), key=lambda g: (len(g.labels), sorted(g.labels)))],
         )
 
-    # ================================================================ invariants
-
-    def check_invariants(self) -> None:
-        """Assert the engine's internal consistency (tests call this after every step)."""
-        def check(condition: bool, message: str) -> None:
-            if not condition:
-                raise AssertionError(message)
-
-        pending = 0
-        for p in self.pools.values():
-            counts = [0, 0, 0, 0]
-            inactive = [0, 0, 0, 0]
-            due = [0, 0, 0, 0]
-            queued = [0, 0, 0, 0]
-            busy = 0
-            held = 0
-            label_waiting = 0
-            group_busy: dict = {}
-            for e in self.tasks.values():
-                if e.pool is not p:
-                    continue
-                check(e.status not in TERMINAL, f"{e} is ended but still live")
-                if e.status is RUNNING:
-                    busy += 1
-                    group_busy[e.group.labels] = group_busy.get(e.group.labels, 0) + 1
-                    check(self.running.get(e.lease) is e, f"{e} is running without its lease")
-                else:
-                    counts[e.cls] += 1
-                if e.status in (BLOCKED, SCHEDULED):
-                    inactive[e.cls] += 1
-                if e.status is BLOCKED:
-                    check(e.unmet > 0, f"{e} is blocked with no unmet dependency")
-                if e.status is READY:
-                    check(e.unmet == 0, f"{e} is ready with {e.unmet} unmet dependencies")
-                    check(e.where != W_NONE, f"{e} is ready but waits nowhere")
-                    if e.where == W_DUE:
-                        due[e.cls] += 1
-                    elif e.where == W_QUEUE:
-                        queued[e.cls] += 1
-                    elif e.where == W_LABEL:
-                        label_waiting += 1
-                    elif e.where == W_PARKED:
-                        check(e.x is not None and e.x.parked_on is not None, f"{e} parked on nothing")
-                        check(e in e.x.parked_on.waiters, f"{e} missing from its resource's waiters")
-                if e.x is not None and e.x.hold:
-                    held += 1
-                if e.x is not None and e.x.start is not None:
-                    check(e.id in p.calendar, f"{e} lost its reservation")
-            check(p.pending == counts, f"pool {p.name}: pending {p.pending} != {counts}")
-            check(p.pending_total == sum(counts), f"pool {p.name}: pending_total off")
-            check(p.inactive == inactive, f"pool {p.name}: inactive {p.inactive} != {inactive}")
-            check(p.due_n == due, f"pool {p.name}: due {p.due_n} != {due}")
-            check(p.queues.count == queued, f"pool {p.name}: queued {p.queues.count} != {queued}")
-            check(p.queues.total == sum(queued), f"pool {p.name}: queue total off")
-            check(p.busy == busy, f"pool {p.name}: busy {p.busy} != {busy}")
-            check(p.held == held, f"pool {p.name}: held {p.held} != {held}")
-            check(p.label_waiting == label_waiting, f"pool {p.name}: label waiters off")
-            check(p.capacity == sum(g.capacity for g in p.groups.values()), f"pool {p.name}: capacity off")
-            for labels, g in p.groups.items():
-                check(g.busy == group_busy.get(labels, 0), f"pool {p.name}: group {dict(labels)} busy off")
-            live_queue = sum(1 for _ in p.queues.live_entries())
-            check(live_queue == sum(queued), f"pool {p.name}: queues hold {live_queue} live entries")
-            pending += sum(counts)
-            if not self._dirty and not self._frozen:
-                self._check_liveness(p, check)
-        check(self.pending == pending, f"pending {self.pending} != {pending}")
-        for lease, e in self.running.items():
-            check(e.status is RUNNING and e.lease == lease, f"lease {lease} maps to {e}")
-        for key, task_id in self.keys.items():
-            check(task_id in self.tasks or task_id in self.retained, f"key {key!r} maps to a forgotten task")
-        for e in self.tasks.values():
-            if e.key is not None:
-                check(self.keys.get(e.key) == e.id, f"{e} is not found by its key")
-        check(len(self.retained) <= max(self.config.retention_max, 0), "retention over its bound")
-        for r in self.resources.values():
-            if r.semaphore:
-                held_units = sum(e.spec.resources.get(r.name, 0) for e in self.running.values()
-                                 if e.spec is not None and e.spec.resources)
-                check(r.available + held_units == r.capacity,
-                      f"resource {r.name}: {r.available} free + {held_units} held != {r.capacity}")
-                head = r.head()
-                if head is not None and not self._frozen:
-                    # Liveness: free permits are either offered to tasks on their way
-                    # to a slot, or too few for the first waiter.
-                    offered = sum(e.spec.resources.get(r.name, 0) for e in self.tasks.values()
-                                  if e.status is READY and e.where != W_PARKED and e.x is not None
-                                  and e.x.reoffered and e.spec is not None and e.spec.resources)
-                    check(r.available - offered < head.spec.resources[r.name],
-                          f"resource {r.name}: {r.available} permits free ({offered} offered) while "
-                          f"{head} waits for {head.spec.resources[r.name]}")
-            else:
-                check(r.tokens <= r.capacity + 1e-9, f"resource {r.name}: bucket over its burst")
-        for key, waiting in self.awaiting.items():
-            for child, _ in waiting:
-                check(child.status in TERMINAL or key in (child.x.awaits or ()),
-                      f"{child} awaits {key!r} without knowing it")
+def _entry(plan: Plan) -> Entry:
+    """The entry an applied plan created."""
+    e = plan.entry
+    assert e is not None
+    return e
 
 
-    def _check_liveness(self, p: PoolState, check) -> None:
-        """Nothing waits while a slot it may take is free (between calls).
-
-        A ready task may take a slot when the pool has one free, or when one
-        is held for it; it fits a group whose labels include its own and
-        whose busy count is under its capacity. Tasks parked on a resource
-        wait for the resource, not for a slot, and are not checked here.
-        """
-        free = p.capacity - p.busy - p.held
-        open_groups = [g for g in p.groups.values() if g.busy < g.capacity]
-        if free > 0:
-            check(not p.queues.total, f"pool {p.name}: {p.queues.total} tasks queued with free slots")
-            for e in p.hold_waiters:
-                check(self.tasks.get(e.id) is not e or e.attempt > 0 or e.status is RUNNING or e.x.hold,
-                      f"pool {p.name}: {e} waits for a hold while {free} slots are free")
-        for e in self.tasks.values():
-            if e.pool is not p or e.status is not READY:
-                continue
-            if not (free > 0 or (e.x is not None and e.x.hold)):
-                continue
-            if e.where == W_DUE:
-                check(False, f"pool {p.name}: {e} is due and may take a slot, but waits")
-            elif e.where == W_LABEL:
-                labels = e.spec.labels or frozenset()   # (a held unlabeled task can wait here too)
-                fits = [dict(g.labels) for g in open_groups if labels <= g.labels]
-                check(not fits, f"pool {p.name}: {e} waits for labels {dict(labels)} "
-                                f"while matching groups {fits} have free slots")
+def _extra(e: Entry) -> Extra:
+    """The extras of a task known to have them (a fixed start, an awaited key, a parked task)."""
+    x = e.x
+    assert x is not None
+    return x
 
 
-class _Plan:
-    """One task of an admission being validated."""
+def _request(e: Entry) -> dict[str, int]:
+    """The resource units of a task known to ask for some."""
+    spec = e.spec
+    assert spec is not None and spec.resources is not None
+    return spec.resources
 
-    __slots__ = ("index", "spec", "pool", "batch_parents", "live_parents", "ended_parents",
-                 "awaits", "fixed", "entry")
 
-    def __init__(self, index: int, spec: TaskSpec, pool: PoolState) -> None:
-        self.index = index
-        self.spec = spec
-        self.pool = pool
-        self.batch_parents: list = []
-        self.live_parents: list = []
-        self.ended_parents: list = []
-        self.awaits: list = []
-        self.fixed = None
-        self.entry = None
+def _labels(e: Entry) -> Labels | None:
+    """The labels of a task that waits for a labelled slot (None: a held
+    fixed start without labels, waiting for any slot)."""
+    spec = e.spec
+    return spec.labels if spec is not None else None
+
+
+def _unmet(ref: object, status: str, cond: str) -> str | None:
+    """Why an edge on a parent that ended with ``status`` can never be satisfied, or None if it is."""
+    if status in _SATISFIES[cond]:
+        return None
+    return f"dependency {ref!r} ended {status}"

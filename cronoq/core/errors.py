@@ -8,6 +8,7 @@ boundaries.
 from __future__ import annotations
 
 import math
+from typing import Any, Self
 
 __all__ = [
     "CronoqError",
@@ -49,7 +50,7 @@ class UnknownTask(CronoqError, LookupError):
         super().__init__(f"no task with {'key' if isinstance(ref, str) else 'id'} {ref!r}")
         self.ref = ref
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.ref,))
 
 
@@ -65,7 +66,7 @@ class TaskFailed(CronoqError):
         self.message = message
         self.task_id = task_id
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.status, self.message, self.task_id))
 
 
@@ -86,7 +87,7 @@ class Retryable(CronoqError):
         self.message = message
         self.retry_after = retry_after
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.message, self.retry_after))
 
 
@@ -97,7 +98,7 @@ class Permanent(CronoqError):
         super().__init__(message)
         self.message = message
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.message,))
 
 
@@ -108,7 +109,7 @@ class EventsLagged(CronoqError):
         super().__init__(f"event stream fell behind and dropped {skipped} events")
         self.skipped = skipped
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.skipped,))
 
 
@@ -123,10 +124,10 @@ class AdmissionError(CronoqError):
         self.index = index
         super().__init__(message if index is None else f"task {index} of the batch: {message}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.message, self.index))
 
-    def at_index(self, index: int) -> AdmissionError:
+    def at_index(self, index: int) -> Self:
         """The same error, naming a batch position."""
         return type(self)(self.message, index)
 
@@ -162,7 +163,7 @@ class QueueFull(AdmissionError):
     waiting for room cannot help.
     """
 
-    never = False
+    never: bool = False
 
 
 class InvalidTask(AdmissionError, ValueError):

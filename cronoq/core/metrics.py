@@ -9,6 +9,8 @@ non-empty buckets, which are few.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 __all__ = ["bucket_of", "bucket_mid", "Histogram", "DecayingHistogram", "RunStats", "WindowBucket",
            "PoolWindow"]
 
@@ -28,7 +30,7 @@ def bucket_mid(index: int) -> float:
     return ((mantissa << shift) + ((mantissa + 1) << shift)) / 2.0
 
 
-def percentile_of(counts: dict, total: float, q: float) -> float | None:
+def percentile_of(counts: Mapping[int, float], total: float, q: float) -> float | None:
     """The q-quantile (0 < q <= 1) of a bucket -> count mapping."""
     if total <= 0:
         return None
@@ -42,7 +44,7 @@ def percentile_of(counts: dict, total: float, q: float) -> float | None:
 
 
 class Histogram:
-    """Counts per bucket. The engine's hot path updates ``counts`` inline."""
+    """Counts per bucket."""
 
     __slots__ = ("counts",)
 
@@ -81,11 +83,7 @@ class DecayingHistogram:
         self._cache: dict[float, float | None] = {}
 
     def record(self, value: int) -> None:
-        if value < 16:
-            index = value if value > 0 else 0
-        else:
-            shift = value.bit_length() - 4
-            index = (shift << 3) + (value >> shift)
+        index = bucket_of(value)
         counts = self.counts
         counts[index] = counts.get(index, 0.0) + 1.0
         self.total += 1.0
@@ -193,45 +191,45 @@ class PoolWindow:
     time since the previous change to the buckets it spans.
     """
 
-    __slots__ = ("span", "buckets", "_current", "_current_start", "_current_end", "_last_t", "busy",
+    __slots__ = ("span", "buckets", "current", "current_start", "current_end", "last_t", "busy",
                  "capacity", "worker_time")
 
     def __init__(self, window_ns: int, n: int, now: int, capacity: int) -> None:
         self.span = max(1, window_ns // n)
         self.buckets = [WindowBucket() for _ in range(n)]
-        self._current: WindowBucket | None = None
-        self._current_start = 0
-        self._current_end = -1
-        self._last_t = now
+        self.current = self.buckets[0]   # (not current until current_end says so)
+        self.current_start = 0
+        self.current_end = -1
+        self.last_t = now
         self.busy = 0
         self.capacity = capacity
         self.worker_time = 0        # integral of capacity since start (slot-ns)
 
     def bucket(self, now: int) -> WindowBucket:
-        if self._current_start <= now < self._current_end and self._current is not None:
-            return self._current
+        if self.current_start <= now < self.current_end:
+            return self.current
         epoch = now // self.span
         bucket = self.buckets[epoch % len(self.buckets)]
         if bucket.epoch != epoch:
             bucket.reset(epoch)
-        self._current = bucket
-        self._current_start = epoch * self.span
-        self._current_end = (epoch + 1) * self.span
+        self.current = bucket
+        self.current_start = epoch * self.span
+        self.current_end = (epoch + 1) * self.span
         return bucket
 
     def integrate(self, now: int) -> None:
         """Credit busy and capacity time up to ``now``."""
-        last = self._last_t
+        last = self.last_t
         if now <= last:
             return
-        self._last_t = now
+        self.last_t = now
         busy = self.busy
         capacity = self.capacity
         self.worker_time += capacity * (now - last)
         if not busy and not capacity:
             return
-        if last >= self._current_start and now <= self._current_end:
-            bucket = self._current   # the common case: both ends in the current bucket
+        if last >= self.current_start and now <= self.current_end:
+            bucket = self.current   # the common case: both ends in the current bucket
             dt = now - last
             bucket.busy_time += busy * dt
             bucket.capacity_time += capacity * dt

@@ -9,9 +9,12 @@ Everything here is pure data; the stores decide how to write it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .types import RetryPolicy, TaskSpec
+
+if TYPE_CHECKING:
+    from .recurring import Recurring
 
 __all__ = ["spec_record", "spec_from_record", "RestoredTask", "RestoredSchedule", "schedule_record"]
 
@@ -94,7 +97,7 @@ def spec_from_record(record: dict[str, Any], payload: Any) -> TaskSpec:
     return spec
 
 
-def schedule_record(rec) -> dict[str, Any]:
+def schedule_record(rec: Recurring) -> dict[str, Any]:
     """A recurring schedule (``cronoq.core.recurring.Recurring``) as JSON-able data."""
     return {
         "v": RECORD_VERSION,
@@ -119,7 +122,7 @@ def _template_record(template: TaskSpec) -> dict[str, Any]:
     return record
 
 
-_SPEC_PAYLOAD: Any = object()   # RestoredTask.payload: the spec's own
+SPEC_PAYLOAD: Any = object()   # RestoredTask.payload: the spec's own
 
 
 @dataclass(slots=True)
@@ -139,7 +142,7 @@ class RestoredTask:
     message: str | None = None
     finished_ns: int | None = None
     error: str | None = None       # why the row could not be decoded
-    payload: Any = _SPEC_PAYLOAD   # the task's payload, when not ``spec.payload``
+    payload: Any = SPEC_PAYLOAD   # the task's payload, when not ``spec.payload``
 
 
 @dataclass
@@ -158,4 +161,4 @@ class RestoredSchedule:
     last_task: int | None
     last_start_ns: int | None
     error: str | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -17,22 +17,28 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
+from typing import TYPE_CHECKING, Iterator, cast
 
-from .types import READY
+from .types import READY, PriorityConfig, UrgencyConfig
+
+if TYPE_CHECKING:
+    from .model import Entry
 
 __all__ = ["ReadyQueues"]
 
-_ID = lambda e: e.id  # noqa: E731  (bisect key)
+def _ID(e: Entry) -> int:   # (bisect key)
+    return e.id
 
 
 class ReadyQueues:
     __slots__ = ("lanes", "deadlines", "fair", "count", "total", "base", "rate", "cap",
                  "u_peak", "u_window", "u_rate", "u_cap", "weights", "vtime", "finish")
 
-    def __init__(self, priority, urgency, fair: bool, weights: dict[str, float]) -> None:
-        self.lanes = [deque(), deque(), deque(), deque()]
-        self.deadlines: list[list] = [[], [], [], []]
-        self.fair: list[list] | None = [[], [], [], []] if fair else None
+    def __init__(self, priority: PriorityConfig, urgency: UrgencyConfig, fair: bool,
+                 weights: dict[str, float]) -> None:
+        self.lanes: list[deque[Entry]] = [deque(), deque(), deque(), deque()]
+        self.deadlines: list[list[tuple[int, int, Entry]]] = [[], [], [], []]
+        self.fair: list[list[tuple[float, int, Entry]]] | None = [[], [], [], []] if fair else None
         self.count = [0, 0, 0, 0]       # live entries per class
         self.total = 0
         # Scores in points; times in ns, so per-ns rates.
@@ -43,13 +49,14 @@ class ReadyQueues:
         self.u_window = int(urgency.window * 1e9)
         self.u_rate = urgency.overdue_rate / 1e9
         self.u_cap = urgency.overdue_cap
-        self.weights = weights
+        # (a task without a tenant is looked up as None, and weighs 1)
+        self.weights = cast("dict[str | None, float]", weights)
         self.vtime = [0.0, 0.0, 0.0, 0.0]
-        self.finish: list[dict] = [{}, {}, {}, {}]
+        self.finish: list[dict[str | None, float]] = [{}, {}, {}, {}]
 
     # ------------------------------------------------------------ insertion
 
-    def push(self, e) -> None:
+    def push(self, e: Entry) -> None:
         """A task becomes ready; a task seen before returns to its place."""
         c = e.cls
         self.count[c] += 1
@@ -69,10 +76,10 @@ class ReadyQueues:
             else:
                 lane.insert(bisect.bisect_left(lane, e.id, key=_ID), e)
 
-    def _start_tag(self, c: int, e) -> float:
+    def _start_tag(self, c: int, e: Entry) -> float:
         tenant = e.spec.tenant if e.spec is not None else None
         finish = self.finish[c]
-        start = max(self.vtime[c], finish.get(tenant, 0.0))
+        start: float = max(self.vtime[c], finish.get(tenant, 0.0))
         finish[tenant] = start + 1.0 / self.weights.get(tenant, 1.0)
         if len(finish) > 4096:
             # Tenants whose finish tag is behind the virtual time hold no credit.
@@ -80,33 +87,34 @@ class ReadyQueues:
             self.finish[c] = {t: f for t, f in finish.items() if f > v}
         return start
 
-    def discard(self, e) -> None:
+    def discard(self, e: Entry) -> None:
         """A queued task ended without being picked; its entry goes stale."""
         self.count[e.cls] -= 1
         self.total -= 1
 
     # ------------------------------------------------------------ choice
 
-    def urgency(self, e, now: int) -> float:
-        slack = e.lst - now
+    def urgency(self, e: Entry, now: int) -> float:
+        # (only a task with a deadline has urgency)
+        slack = e.lst - now   # type: ignore[operator]
         horizon = e.est if e.est > self.u_window else self.u_window
         if slack >= horizon:
             return 0.0
         if slack >= 0:
-            return self.u_peak * (1.0 - slack / horizon)
+            return float(self.u_peak * (1.0 - slack / horizon))
         overdue = -slack * self.u_rate
-        return self.u_peak + (overdue if overdue < self.u_cap else self.u_cap)
+        return float(self.u_peak + (overdue if overdue < self.u_cap else self.u_cap))
 
-    def score(self, e, now: int) -> float:
+    def score(self, e: Entry, now: int) -> float:
         c = e.cls
         age = (now - e.submitted) * self.rate[c]
         cap = self.cap[c]
-        s = self.base[c] + (age if age < cap else cap)
+        s: float = self.base[c] + (age if age < cap else cap)
         if e.lst is not None:
             s += self.urgency(e, now)
         return s
 
-    def _head(self, c: int):
+    def _head(self, c: int) -> tuple[Entry | None, Entry | None]:
         """The live head of class c's FIFO (or fair) queue and of its deadline heap."""
         if self.fair is None:
             lane = self.lanes[c]
@@ -114,16 +122,16 @@ class ReadyQueues:
                 lane.popleft()
             first = lane[0] if lane else None
         else:
-            heap = self.fair[c]
-            while heap and heap[0][2].status is not READY:
-                heapq.heappop(heap)
-            first = heap[0][2] if heap else None
+            fair = self.fair[c]
+            while fair and fair[0][2].status is not READY:
+                heapq.heappop(fair)
+            first = fair[0][2] if fair else None
         heap = self.deadlines[c]
         while heap and heap[0][2].status is not READY:
             heapq.heappop(heap)
         return first, (heap[0][2] if heap else None)
 
-    def take(self, now: int):
+    def take(self, now: int) -> Entry | None:
         """Remove and return the task with the highest effective score, or None.
 
         Ties go to the more important class, then to the older task.
@@ -150,14 +158,15 @@ class ReadyQueues:
             e = heapq.heappop(heap)[2]
             while e.status is not READY:
                 e = heapq.heappop(heap)[2]
-            if e.tag > self.vtime[c]:
-                self.vtime[c] = e.tag
+            if e.tag > self.vtime[c]:   # type: ignore[operator]
+                self.vtime[c] = e.tag   # type: ignore[assignment]
             return e
-        e = self._best(now)
-        self.pop(e)
-        return e
+        best = self._best(now)
+        if best is not None:
+            self.pop(best)
+        return best
 
-    def _best(self, now: int):
+    def _best(self, now: int) -> Entry | None:
         count = self.count
         best = None
         best_score = 0.0
@@ -177,13 +186,13 @@ class ReadyQueues:
                     best_score = s
         return best
 
-    def peek(self, now: int):
+    def peek(self, now: int) -> Entry | None:
         """The task ``take`` would return, left in place."""
         if not self.total:
             return None
         return self._best(now)
 
-    def pop(self, e) -> None:
+    def pop(self, e: Entry) -> None:
         """Remove ``e``, a live queue head (as ``peek`` returns), from its queue."""
         c = e.cls
         self.count[c] -= 1
@@ -192,20 +201,12 @@ class ReadyQueues:
             heapq.heappop(self.deadlines[c])
         elif self.fair is not None:
             heapq.heappop(self.fair[c])
-            if e.tag > self.vtime[c]:
-                self.vtime[c] = e.tag
+            if e.tag > self.vtime[c]:   # type: ignore[operator]
+                self.vtime[c] = e.tag   # type: ignore[assignment]
         else:
             self.lanes[c].popleft()
 
-    def higher_waiting(self, c: int) -> bool:
-        """Is a task of a strictly more important class than c ready?"""
-        count = self.count
-        for k in range(c):
-            if count[k]:
-                return True
-        return False
-
-    def live_entries(self):
+    def live_entries(self) -> Iterator[Entry]:
         """Every live queued entry (for invariant checks and shedding)."""
         for c in range(4):
             for e in self.lanes[c]:

@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
-from .types import NS
+from .types import NS, TaskSpec
 
 __all__ = ["CronSchedule", "Recurring", "rfc3339", "OVERLAP_POLICIES"]
 
@@ -25,7 +25,7 @@ _UTC = _dt.timezone.utc
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_UTC)
 
 
-def _zone(tz: str):
+def _zone(tz: str) -> _dt.tzinfo:
     if not isinstance(tz, str) or not tz or "\x00" in tz:
         raise ValueError(f"tz must be an IANA time zone name, got {tz!r}")
     if tz.upper() == "UTC":
@@ -114,9 +114,9 @@ class Recurring:
     """A recurring schedule registered with the engine."""
 
     __slots__ = ("name", "cron", "template", "overlap", "tolerance_ns", "on_miss", "key",
-                 "next_start", "last_task", "last_start", "timer_at", "invalid")
+                 "next_start", "last_task", "last_start", "timer_at")
 
-    def __init__(self, name: str, cron: CronSchedule, template, overlap: str, tolerance_ns: int,
+    def __init__(self, name: str, cron: CronSchedule, template: TaskSpec, overlap: str, tolerance_ns: int,
                  on_miss: str, key: str | None) -> None:
         self.name = name
         self.cron = cron
@@ -129,4 +129,3 @@ class Recurring:
         self.last_task: int | None = None     # id of the last occurrence created
         self.last_start: int | None = None    # its start
         self.timer_at: int | None = None
-        self.invalid = False

@@ -9,6 +9,7 @@ collide.
 from __future__ import annotations
 
 import bisect
+from typing import Container, Sequence
 
 __all__ = ["Calendar"]
 
@@ -23,7 +24,8 @@ class Calendar:
     def __len__(self) -> int:
         return len(self._items)
 
-    def peak(self, lo: int, hi: int, extra: list[tuple[int, int]] = (), exclude=()) -> int:
+    def peak(self, lo: int, hi: int, extra: Sequence[tuple[int, int]] = (),
+             exclude: Container[int] = ()) -> int:
         """The most bookings overlapping at one instant of [lo, hi), counting
         ``extra`` intervals too and leaving out the task ids in ``exclude``."""
         points = []
@@ -45,7 +47,7 @@ class Calendar:
                 best = level
         return best
 
-    def fits(self, lo: int, hi: int, limit: int, extra: list[tuple[int, int]] = ()) -> bool:
+    def fits(self, lo: int, hi: int, limit: int, extra: Sequence[tuple[int, int]] = ()) -> bool:
         return self.peak(lo, hi, extra) + 1 <= limit
 
     def next_start_after(self, now: int) -> int | None:

@@ -12,11 +12,17 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
+from typing import TYPE_CHECKING
+
 from .types import READY, ResourceConfig
+
+if TYPE_CHECKING:
+    from .model import Entry
 
 __all__ = ["ResourceState"]
 
-_PARK = lambda e: e.x.park_seq  # noqa: E731  (bisect key)
+def _PARK(e: Entry) -> int:   # (bisect key: the order of first parking)
+    return e.x.park_seq   # type: ignore[union-attr,return-value]
 
 
 class ResourceState:
@@ -27,11 +33,11 @@ class ResourceState:
         self.name = config.name
         self.semaphore = config.kind == "semaphore"
         self.capacity = config.capacity
-        self.available = config.permits if self.semaphore else 0
+        self.available: int = config.permits or 0   # (a bucket has tokens instead)
         self.tokens = float(config.burst or 0)   # a bucket starts full
         self.rate = (config.rate or 0.0) / 1e9    # tokens per ns
         self.last = now
-        self.waiters: deque = deque()
+        self.waiters: deque[Entry] = deque()
         self.refill_at: int | None = None          # time of the armed refill timer
 
     def level(self, now: int) -> float:
@@ -54,16 +60,16 @@ class ResourceState:
         if self.semaphore:
             self.available += units
 
-    def ready_in(self, units: int, now: int) -> int:
+    def ready_in(self, units: float, now: int) -> int:
         """Nanoseconds until a bucket holds ``units`` tokens."""
         missing = units - self.level(now)
         if missing <= 0:
             return 0
         return max(1, int(missing / self.rate) + 1)
 
-    def park(self, e) -> None:
+    def park(self, e: Entry) -> None:
         waiters = self.waiters
-        seq = e.x.park_seq
+        seq = _PARK(e)
         if not waiters or _PARK(waiters[-1]) < seq:
             waiters.append(e)
         elif _PARK(waiters[0]) > seq:
@@ -71,12 +77,13 @@ class ResourceState:
         else:
             waiters.insert(bisect.bisect_left(waiters, seq, key=_PARK), e)
 
-    def head(self):
+    def head(self) -> Entry | None:
         """The first waiter still parked here, dropping stale ones."""
         waiters = self.waiters
         while waiters:
             e = waiters[0]
-            if e.status is READY and e.x.parked_on is self:
+            x = e.x
+            if e.status is READY and x is not None and x.parked_on is self:
                 return e
             waiters.popleft()
         return None

@@ -12,10 +12,10 @@ TOTAL_FIELDS = ("submitted", "dispatched", "succeeded", "failed", "dead_lettered
 
 
 class _View:
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        out = {}
+        out: dict[str, Any] = {}
         for name in self.__slots__:
             value = getattr(self, name)
             if isinstance(value, list):
@@ -30,11 +30,11 @@ class _View:
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self.as_dict() == other.as_dict()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (_rebuild, (type(self), {n: getattr(self, n) for n in self.__slots__}))
 
 
-def _rebuild(cls, fields):
+def _rebuild(cls: type[_View], fields: dict[str, Any]) -> _View:
     obj = cls.__new__(cls)
     for name, value in fields.items():
         setattr(obj, name, value)
@@ -66,6 +66,29 @@ class PoolSnapshot(_View):
                  "reservations", "dispatched", "succeeded", "failed", "priority_adherence",
                  "fixed_start_hit_rate", "utilization", "schedule_efficiency", "wait_p50",
                  "wait_p90", "wait_p99", "worker_seconds", "cost", "groups", "stray_threads")
+
+    name: str
+    capacity: int
+    busy: int
+    held: int
+    desired: int
+    pending: int
+    pending_by_class: dict[str, int]
+    reservations: int
+    dispatched: int
+    succeeded: int
+    failed: int
+    priority_adherence: float
+    fixed_start_hit_rate: float
+    utilization: float
+    schedule_efficiency: float
+    wait_p50: float
+    wait_p90: float
+    wait_p99: float
+    worker_seconds: float
+    cost: float
+    groups: list[GroupSnapshot]
+    stray_threads: int
 
     def __init__(self, **fields: Any) -> None:
         for name in self.__slots__:

@@ -12,8 +12,11 @@ majority (``compact``, amortised O(1) per ended timer).
 from __future__ import annotations
 
 import heapq
+from typing import Any, Callable
 
-__all__ = ["TimerHeap"]
+__all__ = ["TimerHeap", "Timer"]
+
+Timer = tuple[int, int, int, Any, Any]   # (when, sequence, kind, obj, token)
 
 # Timer kinds, handled by Core._fire.
 RETRY = 1           # backoff elapsed: obj is the entry, token its attempt number
@@ -32,7 +35,7 @@ class TimerHeap:
     __slots__ = ("_heap", "_seq")
 
     def __init__(self) -> None:
-        self._heap: list[tuple] = []
+        self._heap: list[Timer] = []
         self._seq = 0
 
     def push(self, when: int, kind: int, obj: object, token: object = None) -> None:
@@ -43,14 +46,14 @@ class TimerHeap:
         heap = self._heap
         return heap[0][0] if heap else None
 
-    def pop_due(self, now: int):
+    def pop_due(self, now: int) -> Timer | None:
         """Pop the earliest timer if it is due, else return None."""
         heap = self._heap
         if heap and heap[0][0] <= now:
             return heapq.heappop(heap)
         return None
 
-    def compact(self, gone) -> None:
+    def compact(self, gone: Callable[[int, Any, Any], bool]) -> None:
         """Drop every entry for which ``gone(kind, obj, token)`` is true. The
         list is changed in place: the engine keeps a reference to it."""
         heap = self._heap
@@ -60,5 +63,5 @@ class TimerHeap:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def entries(self) -> list[tuple]:
+    def entries(self) -> list[Timer]:
         return self._heap

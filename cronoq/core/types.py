@@ -13,12 +13,15 @@ import datetime as _dt
 import enum
 import inspect
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .errors import InvalidTask
 
 __all__ = [
     "Priority",
+    "Status",
+    "Outcome",
+    "ID_EPOCH_BITS",
     "CLASSES",
     "BLOCKED",
     "SCHEDULED",
@@ -81,29 +84,60 @@ class Priority(enum.IntEnum):
 CLASSES = ("critical", "high", "normal", "low")
 _CLASS_BY_NAME = {name: i for i, name in enumerate(CLASSES)}
 
-# Statuses are plain strings so events and snapshots need no translation.
-BLOCKED = "blocked"
-SCHEDULED = "scheduled"
-READY = "ready"
-RUNNING = "running"
-RETRYING = "retrying"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-DEAD_LETTERED = "dead_lettered"
-CANCELLED = "cancelled"
-SKIPPED = "skipped"
-MISSED = "missed"
-SHED = "shed"
-SHUTDOWN = "shutdown"  # handles only: the scheduler stopped first
-TERMINAL = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED, CANCELLED, SKIPPED, MISSED, SHED})
-STATUSES = (BLOCKED, SCHEDULED, READY, RUNNING, RETRYING, SUCCEEDED, FAILED, DEAD_LETTERED,
-            CANCELLED, SKIPPED, MISSED, SHED)
+class Status(enum.StrEnum):
+    """A task's status. Members are strings (``Status.READY == "ready"``), so
+    events and snapshots need no translation; the engine compares them by
+    identity, so a status read from a store must be mapped to its member
+    first (``Status(text)``)."""
 
-# Outcomes of an attempt, as reported to Core.complete.
-SUCCESS = "success"
-RETRYABLE = "retryable"
-PERMANENT = "permanent"
-CANCELLED_OUTCOME = "cancelled"
+    BLOCKED = "blocked"
+    SCHEDULED = "scheduled"
+    READY = "ready"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DEAD_LETTERED = "dead_lettered"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+    MISSED = "missed"
+    SHED = "shed"
+    SHUTDOWN = "shutdown"  # handles only: the scheduler stopped first
+
+
+BLOCKED = Status.BLOCKED
+SCHEDULED = Status.SCHEDULED
+READY = Status.READY
+RUNNING = Status.RUNNING
+RETRYING = Status.RETRYING
+SUCCEEDED = Status.SUCCEEDED
+FAILED = Status.FAILED
+DEAD_LETTERED = Status.DEAD_LETTERED
+CANCELLED = Status.CANCELLED
+SKIPPED = Status.SKIPPED
+MISSED = Status.MISSED
+SHED = Status.SHED
+SHUTDOWN = Status.SHUTDOWN
+TERMINAL: frozenset[Status] = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED, CANCELLED, SKIPPED, MISSED, SHED})
+STATUSES: tuple[Status, ...] = (BLOCKED, SCHEDULED, READY, RUNNING, RETRYING, SUCCEEDED, FAILED,
+                                DEAD_LETTERED, CANCELLED, SKIPPED, MISSED, SHED)
+
+
+class Outcome(enum.StrEnum):
+    """How an attempt ended, as reported to ``Core.complete`` (plain strings work too)."""
+
+    SUCCESS = "success"
+    RETRYABLE = "retryable"
+    PERMANENT = "permanent"
+    CANCELLED = "cancelled"
+
+
+SUCCESS = Outcome.SUCCESS
+RETRYABLE = Outcome.RETRYABLE
+PERMANENT = Outcome.PERMANENT
+CANCELLED_OUTCOME = Outcome.CANCELLED
+
+ID_EPOCH_BITS = 44   # task ids and leases carry the store's epoch above these bits
 
 _EDGE_CONDITIONS = ("success", "failure", "complete")
 _MISS_POLICIES = ("run_late", "skip", "fail")
@@ -240,9 +274,9 @@ def parse_priority(value: object, field: str = "priority", error: type[Exception
     raise error(f"{field} must be a Priority or one of {', '.join(CLASSES)}, got {value!r}")
 
 
-def _class_table(value: object, field: str, convert) -> list:
+def _class_table(value: object, field: str, convert: Callable[[Any, str], Any]) -> list[Any]:
     """A per-class table from a 4-sequence or a mapping class name -> value."""
-    table: list = [None, None, None, None]
+    table: list[Any] = [None, None, None, None]
     if value is None:
         return table
     if isinstance(value, Mapping):
@@ -285,7 +319,7 @@ class Dep:
     def __hash__(self) -> int:
         return hash((self.ref, self.on))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (Dep, (self.ref, self.on))
 
 
@@ -332,7 +366,7 @@ class RetryPolicy:
         return (f"RetryPolicy(max_attempts={self.max_attempts}, initial_backoff={self.initial_backoff}, "
                 f"multiplier={self.multiplier}, max_backoff={self.max_backoff}, jitter={self.jitter})")
 
-    def _key(self) -> tuple:
+    def _key(self) -> tuple[Any, ...]:
         return (self.max_attempts, self._initial_ns, self.multiplier, self._max_ns, self.jitter)
 
     def __eq__(self, other: object) -> bool:
@@ -341,12 +375,12 @@ class RetryPolicy:
     def __hash__(self) -> int:
         return hash(self._key())
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (RetryPolicy, (self.max_attempts, self.initial_backoff, self.multiplier,
                               self.max_backoff, self.jitter))
 
 
-def _refs(value: object) -> tuple:
+def _refs(value: object) -> tuple[str | int, ...]:
     if value is None:
         return ()
     if isinstance(value, (str, int)) and not isinstance(value, bool):
@@ -383,13 +417,13 @@ class TaskSpec:
     timeout_ns: int | None = None
     retry: RetryPolicy | None = None
     resources: dict[str, int] | None = None
-    edges: tuple = ()  # ((ref, condition), ...)
+    edges: tuple[tuple[str | int, str], ...] = ()  # ((ref, condition), ...)
     start_in_ns: int | None = None
     start_at_ns: int | None = None
     tolerance_ns: int | None = None
     on_miss: str = "run_late"
     tenant: str | None = None
-    labels: frozenset | None = None
+    labels: frozenset[tuple[str, str]] | None = None
     tags: dict[str, str] | None = None
     plain = True  # no option beyond pool, kind and priority
 
@@ -539,7 +573,8 @@ def _task_signature() -> inspect.Signature:
 
 _TASK_OPTIONS = frozenset(name for name in inspect.signature(TaskSpec._configure).parameters
                           if name != "self")
-TaskSpec.__init__.__signature__ = _task_signature()   # help() and docs show every option
+# help() and docs show every option:
+TaskSpec.__init__.__signature__ = _task_signature()   # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------- configuration
@@ -584,7 +619,7 @@ class AutoscaleConfig:
                  "max_step_down", "cost_per_worker_second")
 
     def __init__(self, *, interval: float = 1.0, target_utilization: float = 0.75,
-                 drain_time: float = 30.0, slo: Mapping[str, float] | Sequence | None = None,
+                 drain_time: float = 30.0, slo: Mapping[str, float] | Sequence[float | None] | None = None,
                  reservation_horizon: float = 60.0, max_step_up_ratio: float = 1.0,
                  max_step_up_abs: int = 4, stabilization_window: float = 60.0,
                  cooldown: float = 30.0, max_step_down: int = 1,
@@ -617,6 +652,9 @@ class ResourceConfig:
                  burst: int | None = None) -> None:
         self.name = check_length(check_name(name, "resource name", error=ValueError), "resource name",
                                  NAME_LIMIT, error=ValueError)
+        self.permits: int | None
+        self.rate: float | None
+        self.burst: int | None
         if kind == "semaphore":
             self.permits = _int_at_least(permits, "permits", 1)
             self.rate = None
@@ -642,7 +680,9 @@ class ResourceConfig:
     @property
     def capacity(self) -> int:
         """The most units one task may ever request."""
-        return self.permits if self.kind == "semaphore" else self.burst
+        units = self.permits if self.kind == "semaphore" else self.burst
+        assert units is not None
+        return units
 
     def __repr__(self) -> str:
         if self.kind == "semaphore":

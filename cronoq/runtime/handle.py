@@ -1,8 +1,19 @@
-"""``TaskHandle``: the awaitable result of a submitted task."""
+"""``TaskHandle``: the awaitable result of a submitted task.
+
+A handle is also an asyncio future as far as ``asyncio.gather``, ``wait``,
+``as_completed``, ``wait_for`` and ``shield`` are concerned
+(``asyncio.isfuture(handle)`` is true), so they use it directly instead of
+wrapping each handle in a Task. Cancelling it (as they do when they are
+cancelled or time out) cancels the current *wait*, never the task: the
+callbacks registered so far see a cancelled future, and the next wait (an
+``await``, another ``gather``) starts afresh, so a handle stays usable after
+a timed-out ``wait_for``.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Generator
 from typing import Any, Callable
 
@@ -21,7 +32,11 @@ class TaskHandle:
     cancels the task; cancel it with ``Scheduler.cancel``.
     """
 
-    __slots__ = ("id", "key", "duplicate", "_loop", "_state", "_value", "_future", "_callbacks")
+    # asyncio.isfuture() looks for this: gather and friends take the handle as a future.
+    _asyncio_future_blocking = False
+
+    __slots__ = ("id", "key", "duplicate", "_loop", "_state", "_value", "_waiters", "_callbacks", "_cancel",
+                 "_notify")
 
     def __init__(self, task_id: int, key: str | None, duplicate: bool,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -31,10 +46,14 @@ class TaskHandle:
         self._loop = loop
         self._state = _PENDING
         self._value: Any = None
-        self._future: asyncio.Future[None] | list[asyncio.Future[None]] | None = None
-        self._callbacks: list[Callable[[TaskHandle], Any]] | None = None
+        self._waiters: asyncio.Future[None] | list[asyncio.Future[None]] | None = None   # one per await
+        # The future protocol: done-callbacks of the current wait, and whether
+        # that wait was cancelled (with its message).
+        self._callbacks: list[tuple[Callable[[TaskHandle], object], contextvars.Context | None]] | None = None
+        self._cancel: tuple[Any] | None = None
+        self._notify: list[Callable[[TaskHandle], Any]] | None = None
 
-    # -- resolution (the scheduler's side, on its loop, as asyncio.Future's set_result)
+    # -- resolution (the scheduler's side, on its loop)
 
     def set_result(self, value: Any) -> None:
         """Resolve with the task's output (the scheduler calls this; the first
@@ -55,40 +74,53 @@ class TaskHandle:
         self._wake()
 
     def _wake(self) -> None:
-        future = self._future
-        if future is not None:
-            self._future = None
-            for f in future if isinstance(future, list) else (future,):
+        waiters = self._waiters
+        if waiters is not None:
+            self._waiters = None
+            for f in waiters if isinstance(waiters, list) else (waiters,):
                 if not f.done():
                     f.set_result(None)
         if self._callbacks:
-            for callback in self._callbacks:
+            self._run_callbacks()
+        if self._notify:
+            for callback in self._notify:
                 callback(self)
-            self._callbacks = None
+            self._notify = None
 
-    def add_done_callback(self, callback: Callable[[TaskHandle], Any]) -> None:
-        """Call ``callback(handle)`` once resolved (at once if it already is),
-        on the scheduler's loop."""
+    def _failure(self) -> TaskFailed:
+        status, message = self._value
+        return TaskFailed(status, message, self.id)
+
+    def on_resolve(self, callback: Callable[[TaskHandle], Any]) -> None:
+        """Call ``callback(handle)`` once resolved, on the thread that resolves
+        it (the scheduler's loop), or at once if it is resolved. Safe from any
+        thread, for waiters that are not coroutines (``BlockingHandle``): a
+        callback added while the handle resolves may be called twice, so it
+        must not mind (setting an event, say)."""
+        notify = self._notify
+        if notify is None:
+            self._notify = notify = []
+        notify.append(callback)
         if self._state:
             callback(self)
-        elif self._callbacks is None:
-            self._callbacks = [callback]
-        else:
-            self._callbacks.append(callback)
 
-    # -- user side
+    # -- the user's side
 
     def done(self) -> bool:
+        """Whether the task has ended (its outcome is known)."""
+        self._cancel = None   # a cancelled wait is over: the next one starts afresh
         return self._state != _PENDING
 
     def result(self) -> Any:
         """The output of a finished task (raises ``TaskFailed`` if it failed,
-        ``asyncio.InvalidStateError`` if it is still running)."""
+        ``asyncio.InvalidStateError`` if it is still running, and
+        ``CancelledError`` right after a wait on it was cancelled)."""
+        if self._cancel is not None:
+            raise self._make_cancelled_error()
         if self._state == _OK:
             return self._value
         if self._state == _FAILED:
-            status, message = self._value
-            raise TaskFailed(status, message, self.id)
+            raise self._failure()
         raise asyncio.InvalidStateError(f"task {self.id} has not finished")
 
     @property
@@ -102,20 +134,86 @@ class TaskHandle:
         return None
 
     def __await__(self) -> Generator[Any, None, Any]:
+        self._cancel = None
         if not self._state:
             # One future per await: cancelling one awaiter (a wait_for that
             # timed out) must not cancel the others or later awaits.
             future: asyncio.Future[None] = self._loop.create_future()
-            waiting = self._future
+            waiting = self._waiters
             if waiting is None:
-                self._future = future
+                self._waiters = future
             elif isinstance(waiting, list):
                 waiting[:] = [f for f in waiting if not f.done()]
                 waiting.append(future)
             else:
-                self._future = [future] if waiting.done() else [waiting, future]
+                self._waiters = [future] if waiting.done() else [waiting, future]
             yield from future.__await__()
         return self.result()
+
+    # -- the asyncio future protocol (gather, wait, as_completed, wait_for, shield)
+
+    def _run_callbacks(self) -> None:
+        callbacks, self._callbacks = self._callbacks, None
+        call_soon = self._loop.call_soon
+        for fn, context in callbacks or ():
+            call_soon(fn, self, context=context)
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def add_done_callback(self, fn: Callable[[TaskHandle], object], *,
+                          context: contextvars.Context | None = None) -> None:
+        """As ``asyncio.Future.add_done_callback``, on the scheduler's loop:
+        ``fn(handle)`` runs soon after the task ends (or this wait is cancelled)."""
+        self._cancel = None
+        if self._callbacks is None:
+            self._callbacks = []
+        self._callbacks.append((fn, context))
+        if self._state:
+            self._run_callbacks()
+
+    def remove_done_callback(self, fn: Callable[[TaskHandle], object]) -> int:
+        callbacks = self._callbacks
+        if not callbacks:
+            return 0
+        kept = [item for item in callbacks if item[0] != fn]
+        self._callbacks = kept
+        return len(callbacks) - len(kept)
+
+    def cancel(self, msg: Any = None) -> bool:
+        """Cancel the current wait on this handle (what ``gather`` and
+        ``wait_for`` do when they are cancelled or time out): its callbacks
+        see a cancelled future. The task is not cancelled: use
+        ``Scheduler.cancel`` for that."""
+        if self._state or self._cancel is not None:
+            return False
+        self._cancel = (msg,)
+        self._run_callbacks()
+        return True
+
+    def cancelled(self) -> bool:
+        """Whether the current wait on this handle was cancelled."""
+        return self._cancel is not None
+
+    def exception(self) -> BaseException | None:
+        """As ``asyncio.Future.exception``: the ``TaskFailed`` of a failed
+        task, None after a success."""
+        if self._cancel is not None:
+            raise self._make_cancelled_error()
+        if self._state == _OK:
+            return None
+        if self._state == _FAILED:
+            return self._failure()
+        raise asyncio.InvalidStateError(f"task {self.id} has not finished")
+
+    # asyncio.gather reads these of a cancelled child.
+    @property
+    def _cancel_message(self) -> Any:
+        return None if self._cancel is None else self._cancel[0]
+
+    def _make_cancelled_error(self) -> asyncio.CancelledError:
+        message = self._cancel_message
+        return asyncio.CancelledError() if message is None else asyncio.CancelledError(message)
 
     def __repr__(self) -> str:
         state = self.status or "pending"

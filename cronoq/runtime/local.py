@@ -144,7 +144,7 @@ class LocalRunner:
             escaping: BaseException | None = None
             try:
                 output = await fn(ctx, attempt.payload)
-                outcome = SUCCESS
+                outcome: str = SUCCESS
             except asyncio.CancelledError as exc:
                 if task.cancelling():   # this worker was cancelled: by an abort, or by whoever owns the loop
                     del current[lease]

@@ -27,10 +27,10 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Seque
 from .. import realtime
 from ..core import actions as act
 from ..core.engine import Core
-from ..core.errors import InvalidTask, QueueFull, SchedulerError
+from ..core.errors import InvalidTask, QueueFull, SchedulerError, TaskFailed
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
-    CANCELLED, DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
+    CANCELLED, DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig, Status,
     TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
@@ -52,7 +52,7 @@ __all__ = ["Scheduler"]
 log = logging.getLogger("cronoq.scheduler")
 
 _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
-_STATUS = {status: status for status in STATUSES}
+_STATUS: dict[str, Status] = {status: status for status in STATUSES}
 # Terminal statuses the event path handles without logging (dead letters are logged).
 _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
 _NO_OUTPUT: Any = object()   # "no output at hand" (None is a valid output)
@@ -953,12 +953,13 @@ class Scheduler:
         return task_id
 
     async def _submit_spec(self, spec: TaskSpec, handle: bool,
-                           wrap: Callable[[TaskHandle], Any] | None = None, hooked: bool = False) -> Any:
+                           wrap: Callable[[TaskHandle], Any] | None = None, hooked: bool = False,
+                           pair: bool = False) -> Any:
         if self._submit_hooks and not hooked:
             spec = self._hooked(spec)
         task_id, duplicate = await self._admit(spec)
         with self._lock:
-            value: Any = task_id
+            value: Any = (task_id, duplicate) if pair else task_id
             if handle:
                 value = self._attach(task_id, spec.key, duplicate)
                 if wrap is not None:
@@ -978,7 +979,8 @@ class Scheduler:
         its errors are raised here and its answer does not wait for the loop;
         the loop is then asked to carry out what the engine queued. Returns
         ``(value, later)``: ``value`` is the handle (``wrap(handle)`` if
-        given, made under the lock) or, with ``handle=False``, the id. When
+        given, made under the lock) or, with ``handle=False``, the pair
+        ``(id, duplicate)``. When
         ``later`` is not None, the call is not answered yet: run
         ``await later()`` on the loop for the value (with a store, the commit
         of the submission; with a full queue under the "wait" policy, the
@@ -991,9 +993,9 @@ class Scheduler:
         with self._lock:
             result = self._admit_now(self._check_serving(), spec)
             if result is None:
-                return None, lambda: self._submit_spec(spec, handle, wrap, hooked=True)
+                return None, lambda: self._submit_spec(spec, handle, wrap, hooked=True, pair=not handle)
             task_id, duplicate = result
-            value: Any = task_id
+            value: Any = result
             if handle:
                 value = self._attach(task_id, spec.key, duplicate)
                 if wrap is not None:
@@ -1079,14 +1081,11 @@ class Scheduler:
             handle = self._attach(info.id, info.key, True)
         if info.status in TERMINAL and not handle.done():
             # Its output is being loaded from the store: return the handle resolved.
-            loaded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-            def wake(_: TaskHandle) -> None:
-                if not loaded.done():
-                    loaded.set_result(None)
-
-            handle.add_done_callback(wake)
-            await loaded
+            try:
+                await handle
+            except (TaskFailed, asyncio.CancelledError):
+                if handle.status is None:
+                    raise   # this call was cancelled
         return handle
 
     async def info(self, ref: int | str) -> TaskInfo:

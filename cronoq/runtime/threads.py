@@ -217,7 +217,7 @@ class ThreadRunner:
             retry_after = None
             try:
                 output = fn(ctx, job.payload)
-                outcome = SUCCESS
+                outcome: str = SUCCESS
             except BaseException as exc:  # noqa: B036 - in a thread, KeyboardInterrupt is a failure too
                 outcome, message, retry_after = outcome_of(exc)
             with lock:

@@ -41,6 +41,7 @@ from .durability import DurableHooks, DurableLog, encoded_payload
 from .events import EventSink, EventStream
 from .handle import TaskHandle
 from .pool import Pool
+from . import listing as _listing
 from . import process as _process
 from .local import LocalRunner
 from .runner import Attempt, Runner, RunnerLink
@@ -1239,3 +1240,18 @@ class Scheduler:
 
     def __repr__(self) -> str:
         return f"<cronoq.Scheduler {self._state} pools={[p.name for p in self.pools]}>"
+
+    # ================================================================ listings (cronoq.runtime.listing)
+
+    async def list_tasks(self, *, pools: Iterable[str] | None = None, statuses: Iterable[str] | None = None,
+                         after: int = 0, limit: int = 100) -> list[TaskInfo]:
+        """Tasks with ids above ``after`` in id order, at most ``limit``: live
+        ones, and finished ones the engine retains or the store keeps. Only
+        those of ``pools`` and ``statuses`` when given (``UnknownPool`` for a
+        pool the scheduler does not have)."""
+        core = self._check()
+        return await _listing.list_tasks(core, self.store, pools, statuses, after, limit)
+
+    async def recurring(self) -> list[_listing.RecurringInfo]:
+        """The recurring schedules, sorted by name, with their next occurrence."""
+        return _listing.recurring(self._check())

@@ -21,6 +21,7 @@ import gc
 import logging
 import os
 import threading
+import time
 from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Sequence, TypeVar
 
@@ -50,6 +51,11 @@ from .threads import ThreadRunner
 __all__ = ["Scheduler"]
 
 log = logging.getLogger("cronoq.scheduler")
+
+# The wall clock, read without a Python frame on the hot paths when the
+# scheduler runs on a SystemClock. A module attribute on purpose: freezegun
+# replaces module attributes that are the real function, so frozen time is seen.
+_wall_ns = time.time_ns
 
 _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
 _STATUS: dict[str, Status] = {status: status for status in STATUSES}
@@ -150,6 +156,7 @@ class Scheduler:
         self.codec: Codec = codec if codec is not None else JsonCodec()
         self.clock: Clock = clock or SystemClock()
         self._now_ns = self.clock.now_ns
+        self._system_time = type(self.clock) is SystemClock
         if config is None:
             config = CoreConfig(emit_transitions=emit_transitions, max_pending_total=max_pending_total,
                                 seed=0 if seed is None else seed)
@@ -533,7 +540,13 @@ class Scheduler:
                 for runner in runners.values():
                     if runner.abort(raw[1]):
                         break
-        self._after_effects()
+        # (_after_effects, inline: this runs after every engine step)
+        if self._room:
+            self._wake_room()
+        if self._drained is not None and not core.running:
+            self._drained.set()
+        if self._timer_at is not None or core.timer_heap:
+            self._arm()
 
     def _pump_durable(self) -> None:
         """The pump with a store: mutations go to the open batch; every other
@@ -683,7 +696,7 @@ class Scheduler:
     def _arm(self) -> None:
         core = self._core
         assert core is not None
-        if self._timer_at is None and not core.has_timers():
+        if self._timer_at is None and not core.timer_heap:
             return   # no timer armed and none wanted: the common case, kept cheap
         at = core.next_wakeup()
         if at == self._timer_at:
@@ -716,12 +729,16 @@ class Scheduler:
             core = self._core
             if self._state is _STOPPED or core is None:
                 return
-            if core.complete(self._now_ns(), attempt.lease, outcome, output, message, retry_after_ns) \
+            now = _wall_ns() if self._system_time else self._now_ns()
+            if core.complete(now, attempt.lease, outcome, output, message, retry_after_ns) \
                     and outcome == SUCCESS:
                 # Kept until its success event goes out (with a store, once committed):
                 # then it goes to the handles waiting for it, whatever the cache holds.
                 self._delivering[attempt.id] = output
-            self._pump()
+            if self._log is None:
+                self._pump_memory()
+            else:
+                self._pump_durable()
 
     def _not_started(self, lease: int, message: str) -> None:
         """A runner could not start this attempt: it gives the attempt back."""
@@ -764,10 +781,17 @@ class Scheduler:
         and keep it in the cache for handles attached later."""
         output = self._delivering.pop(task_id, _NO_OUTPUT)
         if output is not _NO_OUTPUT and self._output_limit:
-            self._remember_output(task_id, output)
+            self._outputs[task_id] = output          # (as _remember_output, inline: every success)
+            order = self._output_order
+            order.append(task_id)
+            if len(order) > self._output_limit:
+                self._outputs.pop(order.popleft(), None)
         handle = self._handles.pop(task_id, None)
         if handle is not None:
-            self._resolve(handle, task_id, SUCCEEDED, None, output)
+            if output is not _NO_OUTPUT and type(handle) is TaskHandle:
+                handle.set_result(output)   # the common case, without _resolve's checks
+            else:
+                self._resolve(handle, task_id, SUCCEEDED, None, output)
 
     def _remember_output(self, task_id: int, output: Any) -> None:
         if not self._output_limit:
@@ -879,7 +903,7 @@ class Scheduler:
         """Admission, the one place it happens (under the lock): the answer,
         or None when a full queue asks the submitter to wait for room."""
         try:
-            return core.submit(self.clock.now_ns(), spec)
+            return core.submit(_wall_ns() if self._system_time else self._now_ns(), spec)
         except QueueFull as exc:
             if core.overflow_policy(spec.pool) != "wait" or exc.never:
                 raise
@@ -1027,7 +1051,7 @@ class Scheduler:
 
         def attempt(core: Core) -> tuple[list[TaskSpec], list[tuple[int, bool]]] | None:
             try:
-                return specs, core.submit_batch(self.clock.now_ns(), specs)
+                return specs, core.submit_batch(_wall_ns() if self._system_time else self._now_ns(), specs)
             except QueueFull as exc:
                 index = exc.index if exc.index is not None else 0
                 if core.overflow_policy(specs[index].pool) != "wait" or exc.never:

@@ -1014,7 +1014,10 @@ class Scheduler:
             spec = self._hooked(spec)
         if self._log is not None:
             encoded_payload(spec, self.codec)   # outside the lock: it may be slow
-        with self._lock:
+        lock = self._lock
+        if not lock.acquire(False):
+            self._wait_for_engine(lock)
+        try:
             result = self._admit_now(self._check_serving(), spec)
             if result is None:
                 return None, lambda: self._submit_spec(spec, handle, wrap, hooked=True, pair=not handle)
@@ -1025,6 +1028,8 @@ class Scheduler:
                 if wrap is not None:
                     value = wrap(value)
             self._ask_pump()
+        finally:
+            lock.release()
         if self._log is None:
             return value, None
         log_ = self._log
@@ -1034,6 +1039,17 @@ class Scheduler:
             return value
 
         return None, committed
+
+    @staticmethod
+    def _wait_for_engine(lock: threading.RLock) -> None:
+        """The loop holds the engine: yield the interpreter to it instead of
+        blocking (a thread blocked on the lock would wait for the loop thread
+        to give up the interpreter, up to a switch interval, each time)."""
+        for _ in range(64):
+            time.sleep(0)
+            if lock.acquire(False):
+                return
+        lock.acquire()
 
     async def _admit_batch(self, tasks: Iterable[TaskSpec]) -> tuple[list[TaskSpec], list[tuple[int, bool]]]:
         specs = list(tasks)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS
 from pydantic import Field
 
 __all__ = ["triage_dead_letters", "why_is_pool_slow", "schedule_nightly_job", "drain_pool"]
@@ -61,7 +63,8 @@ def schedule_nightly_job(
 ) -> str:
     match = _TIME.match(time.strip())
     if match is None:
-        raise ValueError(f"time must be HH:MM (24-hour clock), got {time!r}")
+        # (an MCPError reaches the client as it is; other exceptions lose their message)
+        raise MCPError(code=INVALID_PARAMS, message=f"time must be HH:MM (24-hour clock), got {time!r}")
     hour, minute = int(match.group(1)), int(match.group(2))
     cron = f"{minute} {hour} * * *"
     return f"""Set up a nightly cronoq job named {name!r}: {what}

@@ -268,9 +268,15 @@ async def test_the_http_gateway_answers_401_without_its_own_access_token(gateway
             assert "access token" in response.json()["error"]
         response = await http.post(gateway.url + "?access_token=" + ACCESS, json=initialize, headers=headers)
         assert response.status_code == 401   # tokens in URLs are not accepted
-        response = await http.post(gateway.url, json=initialize,
-                                   headers=dict(headers, Authorization=f"Bearer {ACCESS}"))
+        good = dict(headers, Authorization=f"Bearer {ACCESS}")
+        response = await http.post(gateway.url, json=initialize, headers=good)
         assert response.status_code == 200
+        # With the token, a page that rebinds its name to 127.0.0.1 is still refused (the SDK's protection).
+        response = await http.post(gateway.url, json=initialize, headers=dict(good, Host="attacker.example"))
+        assert response.status_code == 421
+        response = await http.post(gateway.url, json=initialize,
+                                   headers=dict(good, Origin="http://attacker.example"))
+        assert response.status_code == 403
     with pytest.raises(BaseException):
         async with http_session(gateway.url, "wrong-token-0123456789abcdef"):
             pass
@@ -438,8 +444,8 @@ async def test_list_tasks_filters_and_pages(gateway):
         cancelled = structured(await session.call_tool("list_tasks", {"statuses": ["cancelled"],
                                                                       "after": ids[0] - 1}))
         assert {t["id"] for t in cancelled["tasks"]} >= set(ids)
-        assert "INVALID_ARGUMENT" in error_text(await session.call_tool("list_tasks", {"statuses": ["asleep"]})) \
-            or "validation error" in error_text(await session.call_tool("list_tasks", {"statuses": ["asleep"]}))
+        refused = error_text(await session.call_tool("list_tasks", {"statuses": ["asleep"]}))
+        assert "validation error" in refused and "statuses" in refused
         assert "NOT_FOUND" in error_text(await session.call_tool("list_tasks", {"pools": ["nope"]}))
 
 
@@ -679,3 +685,42 @@ async def test_prompts_are_ready_workflows(gateway):
             await session.get_prompt("schedule_nightly_job", {"name": "x", "what": "y", "time": "25:00"})
         with pytest.raises(MCPError):
             await session.get_prompt("why_is_pool_slow", {})
+
+
+def test_the_client_configuration_snippets_in_the_docs_are_valid():
+    import re
+
+    from cronoq.mcp.cli import _parser
+
+    text = (ROOT / "docs" / "mcp.md").read_text()
+    snippets = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", text, re.S)]
+    assert len(snippets) == 2
+    stdio, http = (snippet["mcpServers"]["cronoq"] for snippet in snippets)
+    assert stdio["command"] == "cronoq-mcp" and set(stdio["env"]) == {"CRONOQ_TOKEN"}
+    assert _parser().parse_args(stdio["args"]).server == "127.0.0.1:7070"
+    assert http["url"].endswith("/mcp") and http["headers"]["Authorization"].startswith("Bearer ")
+
+
+def test_the_console_script_and_the_subcommand_hook(monkeypatch, capsys):
+    import argparse
+    import importlib.metadata
+    from pathlib import Path
+
+    from cronoq.mcp import cli
+
+    (script,) = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "cronoq-mcp"]
+    assert script.value == "cronoq.mcp.cli:main"
+    installed = Path(sys.executable).parent / "cronoq-mcp"
+    if installed.exists():
+        done = subprocess.run([str(installed), "--help"], capture_output=True, text=True, env=mcp_env(None),
+                              timeout=60)
+        assert done.returncode == 0 and "usage: cronoq-mcp" in done.stdout and "CRONOQ_MCP_TOKEN" in done.stdout
+
+    # The `cronoq` command line adds `mcp` to its own parser and runs it.
+    parser = argparse.ArgumentParser(prog="cronoq")
+    cli.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["mcp", "--server", "127.0.0.1:7070", "--http", "127.0.0.1:0"])
+    monkeypatch.delenv("CRONOQ_MCP_TOKEN", raising=False)
+    assert args.command == "mcp" and args.run is cli.run
+    assert args.run(args) == 2
+    assert "needs an access token" in capsys.readouterr().err

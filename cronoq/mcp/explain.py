@@ -157,7 +157,8 @@ def explain(info: TaskInfo, *, now: float | None = None, memory: Memory | None =
         if pool_state.capacity == 0 and status != "ready":
             reasons.append(f"no worker serves pool {pool_state.name} now (capacity 0)")
     return Explanation(
-        task=task_view(info), waiting=status in WAITING, summary=summary, reasons=reasons, score=None if task_score is None else round(task_score, 1),
+        task=task_view(info), waiting=status in WAITING, summary=summary, reasons=reasons,
+        score=None if task_score is None else round(task_score, 1),
         deadline=unix(known.deadline) if known is not None else None, position=position,
         ready_in_pool=len(ready) if ready is not None and status == "ready" else None, dependencies=deps,
         resources=(known.resources or None) if known is not None else None,

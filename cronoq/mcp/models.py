@@ -21,9 +21,10 @@ from ..client import ScheduleInfo, TaskInfo, TaskResult, WorkerInfo
 
 __all__ = ["PriorityName", "StatusName", "TaskRef", "RetryInput", "DepInput", "TaskInput", "TaskView",
            "ResultView", "SubmitAnswer", "BatchAnswer", "CancelAnswer", "TaskPageView", "WorkerView",
-           "ScheduleView", "WorkerList", "ScheduleList", "ScheduleAdded", "ScheduleRemoved", "GroupView", "PoolView", "SnapshotView",
-           "TaskDetail", "PoolDetail", "DeadLetters", "DependencyView", "Explanation", "payload_bytes", "task_view", "result_view", "worker_view",
-           "schedule_view", "pool_view", "snapshot_view", "unix"]
+           "ScheduleView", "WorkerList", "ScheduleList", "ScheduleAdded", "ScheduleRemoved", "GroupView",
+           "PoolView", "SnapshotView", "TaskDetail", "PoolDetail", "DeadLetters", "DependencyView", "Explanation",
+           "payload_bytes", "task_view", "result_view", "worker_view", "schedule_view", "pool_view",
+           "snapshot_view", "unix"]
 
 PriorityName = Literal["critical", "high", "normal", "low"]
 StatusName = Literal["blocked", "scheduled", "ready", "running", "retrying", "succeeded", "failed",

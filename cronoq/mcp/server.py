@@ -128,8 +128,7 @@ def build_server(client: Client, *, memory: Memory | None = None, name: str = "c
 
     target = client.target
     memory = memory if memory is not None else Memory()
-    app: MCPServer[Any] = MCPServer(name, title="cronoq", version=__version__, instructions=INSTRUCTIONS,
-                                    warn_on_duplicate_tools=False)
+    app: MCPServer[Any] = MCPServer(name, title="cronoq", version=__version__, instructions=INSTRUCTIONS)
 
     @contextlib.contextmanager
     def calls() -> Iterator[None]:

@@ -9,8 +9,10 @@ import asyncio
 import base64
 import datetime as dt
 import json
+import queue
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from zoneinfo import ZoneInfo
@@ -29,7 +31,7 @@ from mcp.shared.exceptions import MCPError  # noqa: E402
 
 CONFIG = LISTEN + AUTH + """
 [limits]
-max_wait_s = 20
+max_wait_s = 120
 
 [[pools]]
 name = "default"
@@ -47,6 +49,10 @@ TOOLS = {"submit_task", "submit_batch", "get_task", "wait_task", "cancel_task", 
          "snapshot", "list_workers", "list_schedules", "add_schedule", "remove_schedule"}
 RESOURCES = {"cronoq://snapshot", "cronoq://schedules", "cronoq://workers", "cronoq://dead-letters"}
 TEMPLATES = {"cronoq://pools/{pool}", "cronoq://tasks/{id}", "cronoq://keys/{key}"}
+# Seconds a test waits for what should happen much sooner: it matters only when the test fails (a loaded
+# machine may be slow, never this slow). The server's max_wait_s is as long, so it does not cut waits short.
+PATIENCE = 120.0
+
 PROMPTS = {"triage_dead_letters", "why_is_pool_slow", "schedule_nightly_job", "drain_pool"}
 
 
@@ -82,9 +88,17 @@ def gateway(server, worker):
     assert process.stop() == 0, process.log
 
 
-async def until_status(session, task, statuses, timeout: float = 30.0) -> dict:
-    """get_task until the task is in one of ``statuses`` (a generous limit that matters only on failure)."""
-    deadline = time.monotonic() + timeout
+async def run_task(session, arguments: dict) -> dict:
+    """submit_task with wait=true: the answer, which must carry the task's result."""
+    answer = structured(await session.call_tool("submit_task", {**arguments, "wait": True,
+                                                                "wait_timeout": PATIENCE}))
+    assert answer["result"] is not None, answer["note"]
+    return answer
+
+
+async def until_status(session, task, statuses) -> dict:
+    """get_task until the task is in one of ``statuses``."""
+    deadline = time.monotonic() + PATIENCE
     while True:
         info = structured(await session.call_tool("get_task", {"task": task}))
         if info["status"] in statuses:
@@ -124,7 +138,7 @@ async def test_stdio_lists_every_tool_resource_and_prompt_and_a_task_runs(server
         assert [a.name for a in prompts["why_is_pool_slow"].arguments] == ["pool"]
         assert all(a.description for p in prompts.values() for a in p.arguments)
 
-        answer = structured(await session.call_tool("submit_task", {"payload": {"n": 21}, "wait": True}))
+        answer = await run_task(session, {"payload": {"n": 21}})
         assert answer["duplicate"] is False
         assert answer["result"]["ok"] is True
         assert answer["result"]["output"]["echo"] == {"n": 21}
@@ -143,7 +157,7 @@ async def test_stdio_with_a_client_token_submits_but_cannot_add_schedules(server
         with pytest.raises(MCPError, match="PERMISSION_DENIED"):
             await session.read_resource("cronoq://schedules")
         # What the client role may do still works.
-        answer = structured(await session.call_tool("submit_task", {"payload": "hello", "wait": True}))
+        answer = await run_task(session, {"payload": "hello"})
         assert answer["result"]["output"]["echo"] == "hello"
         # explain_task works too, saying what the role does not show.
         waiting = structured(await session.call_tool("submit_task", {"pool": "idle"}))
@@ -209,16 +223,16 @@ def test_stdio_keeps_standard_output_for_the_protocol(tmp_path):
                                    text=True, env=mcp_env(ADMIN), cwd=ROOT)
         try:
             assert process.stdin is not None and process.stdout is not None
+            stdout, stderr = Lines(process.stdout), Lines(process.stderr)
             answers = []
             for message in messages:
                 process.stdin.write(json.dumps(message) + "\n")
                 process.stdin.flush()
                 if "id" in message:
-                    answers.append(json.loads(process.stdout.readline()))
+                    answers.append(json.loads(stdout.next()))
             process.stdin.close()
-            rest = process.stdout.read()
-            stderr = process.stderr.read() if process.stderr else ""
-            assert process.wait(30) == 0, stderr
+            assert process.wait(PATIENCE) == 0, stderr.rest()
+            rest, log = stdout.rest(), stderr.rest()
         finally:
             if process.poll() is None:
                 process.kill()
@@ -228,10 +242,39 @@ def test_stdio_keeps_standard_output_for_the_protocol(tmp_path):
     call = answers[1]["result"]
     assert call["isError"] is True
     assert f"cannot reach cronoq-server at 127.0.0.1:{port}" in call["content"][0]["text"]
-    for line in rest.splitlines():
+    for line in rest:
         assert json.loads(line)["jsonrpc"] == "2.0", line
-    assert "driving cronoq-server at" in stderr
-    assert "Tool 'get_task' failed" in stderr
+    assert any("driving cronoq-server at" in line for line in log), log
+    assert any("Tool 'get_task' failed" in line for line in log), log
+
+
+class Lines:
+    """A pipe's lines, read on a thread, so that a silent process fails the test instead of hanging it."""
+
+    def __init__(self, pipe) -> None:
+        self._lines: queue.Queue[str | None] = queue.Queue()
+
+        def read() -> None:
+            for line in pipe:
+                self._lines.put(line.rstrip("\n"))
+            self._lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def next(self) -> str:
+        try:
+            line = self._lines.get(timeout=PATIENCE)
+        except queue.Empty:
+            raise AssertionError(f"no line within {PATIENCE:g} s") from None
+        assert line is not None, "the pipe closed"
+        return line
+
+    def rest(self) -> list[str]:
+        """The remaining lines, up to the end of the pipe (the process has exited)."""
+        lines = []
+        while (line := self._lines.get(timeout=PATIENCE)) is not None:
+            lines.append(line)
+        return lines
 
 
 class socket_closed_port:
@@ -342,11 +385,11 @@ async def test_submit_task_sends_every_option_to_the_worker(gateway):
     key = unique("report")
     before = time.time()
     async with http_session(gateway.url) as session:
-        answer = structured(await session.call_tool("submit_task", {
+        answer = await run_task(session, {
             "payload": {"report": "q3"}, "pool": "default", "kind": "resize", "priority": "high", "key": key,
             "tenant": "acme", "deadline_in": 600, "timeout": 30, "duration_hint": 0.5,
             "retry": {"max_attempts": 5, "initial_backoff": 0.1, "jitter": False}, "resources": {"gpu": 1},
-            "tags": {"team": "data"}, "labels": {"zone": "eu"}, "wait": True, "wait_timeout": 20}))
+            "tags": {"team": "data"}, "labels": {"zone": "eu"}})
         after = time.time()
         output = answer["result"]["output"]
         assert output["echo"] == {"report": "q3"} and output["content_type"] == "application/json"
@@ -361,20 +404,20 @@ async def test_submit_task_sends_every_option_to_the_worker(gateway):
         assert info["max_attempts"] == 5 and info["tags"] == {"team": "data"} and info["priority"] == "high"
 
         # Text and binary payloads, with and without a content type.
-        text = structured(await session.call_tool("submit_task", {"payload": "plain words", "wait": True}))
+        text = await run_task(session, {"payload": "plain words"})
         assert text["result"]["output"]["echo"] == "plain words"
         assert text["result"]["output"]["content_type"].startswith("text/plain")
         raw = bytes(range(256))
-        binary = structured(await session.call_tool("submit_task", {
-            "payload_base64": base64.b64encode(raw).decode(), "content_type": "image/x-test", "wait": True}))
+        binary = await run_task(session, {
+            "payload_base64": base64.b64encode(raw).decode(), "content_type": "image/x-test"})
         assert base64.b64decode(binary["result"]["output"]["echo"]) == raw
         assert binary["result"]["output"]["content_type"] == "image/x-test"
 
         # An absolute deadline and an absolute fixed start (a second away: it runs then).
         soon = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)
-        fixed = structured(await session.call_tool("submit_task", {
+        fixed = await run_task(session, {
             "payload": {"at": "soon"}, "start_at": soon.isoformat(), "tolerance": 30, "on_miss": "run_late",
-            "deadline_at": (soon + dt.timedelta(hours=1)).isoformat(), "wait": True}))
+            "deadline_at": (soon + dt.timedelta(hours=1)).isoformat()})
         assert fixed["result"]["ok"] is True
         assert abs(fixed["result"]["output"]["deadline"] - (soon.timestamp() + 3600)) < 1e-3
 
@@ -410,7 +453,7 @@ async def test_submit_batch_runs_a_dependency_graph_atomically(gateway):
         ]}))
         ids = [t["id"] for t in batch["tasks"]]
         assert len(set(ids)) == 3 and not any(t["duplicate"] for t in batch["tasks"])
-        last = structured(await session.call_tool("wait_task", {"task": load, "timeout": 20}))
+        last = structured(await session.call_tool("wait_task", {"task": load, "timeout": PATIENCE}))
         assert last["id"] == ids[0] and last["output"]["echo"] == {"step": "load"}
         for key in (extract, transform):
             assert structured(await session.call_tool("get_task", {"task": key}))["status"] == "succeeded"
@@ -452,13 +495,11 @@ async def test_list_tasks_filters_and_pages(gateway):
 @pytest.mark.asyncio
 async def test_failures_come_back_with_their_messages_and_as_dead_letters(gateway):
     async with http_session(gateway.url) as session:
-        dead = structured(await session.call_tool("submit_task", {
-            "payload": {"fail": "retryable", "message": "disk full"}, "retry": {"max_attempts": 1},
-            "wait": True}))["result"]
+        dead = (await run_task(session, {
+            "payload": {"fail": "retryable", "message": "disk full"}, "retry": {"max_attempts": 1}}))["result"]
         assert dead["status"] == "dead_lettered" and "disk full" in dead["message"]
         assert dead["output"] is None and dead["output_available"] is False
-        failed = structured(await session.call_tool("submit_task", {
-            "payload": {"fail": "permanent", "message": "bad input"}, "wait": True}))["result"]
+        failed = (await run_task(session, {"payload": {"fail": "permanent", "message": "bad input"}}))["result"]
         assert failed["status"] == "failed" and "bad input" in failed["message"]
 
         letters = resource_json(await session.read_resource("cronoq://dead-letters"))
@@ -594,7 +635,7 @@ async def test_explain_task_says_why_tasks_wait(server, gateway):
             assert explanation["task"]["status"] == "ready"
             assert "parked on a resource" in explanation["summary"] and explanation["resources"] == {"gpu": 1}
             assert structured(await session.call_tool("cancel_task", {"task": holder}))["cancelled"] is True
-            released = structured(await session.call_tool("wait_task", {"task": parked, "timeout": 20}))
+            released = structured(await session.call_tool("wait_task", {"task": parked, "timeout": PATIENCE}))
             assert released["output"]["echo"] == {"parked": True}
             finished = await explain(parked)
             assert finished["waiting"] is False and "finished as succeeded" in finished["summary"]
@@ -641,8 +682,7 @@ async def test_resources_are_read_live(gateway):
 
         by_id = resource_json(await session.read_resource(f"cronoq://tasks/{waiting}"))
         assert by_id["task"]["key"] == key and by_id["task"]["status"] == "ready" and by_id["result"] is None
-        done = structured(await session.call_tool("submit_task", {"payload": {"x": 1}, "key": key + "/done",
-                                                                  "wait": True}))
+        done = await run_task(session, {"payload": {"x": 1}, "key": key + "/done"})
         by_key = resource_json(await session.read_resource(f"cronoq://keys/{key}%2Fdone"))
         assert by_key["task"]["id"] == done["id"] and by_key["result"]["output"]["echo"] == {"x": 1}
         with pytest.raises(MCPError, match="NOT_FOUND"):

@@ -79,7 +79,7 @@ class Process:
         with self._changed:
             return "\n".join(self.lines)
 
-    def wait_for(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
+    def wait_for(self, pattern: str, timeout: float = 120.0) -> re.Match[str]:
         """The first log line matching ``pattern`` (a regular expression), waiting for it."""
         deadline = time.monotonic() + timeout
         regex = re.compile(pattern)
@@ -95,7 +95,7 @@ class Process:
                                          + "\n".join(self.lines))
                 self._changed.wait(min(left, 0.5))
 
-    def stop(self, timeout: float = 20.0) -> int:
+    def stop(self, timeout: float = 60.0) -> int:
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)
             try:

@@ -324,7 +324,10 @@ async def test_the_http_gateway_answers_401_without_its_own_access_token(gateway
         async with http_session(gateway.url, "wrong-token-0123456789abcdef"):
             pass
     async with http_session(gateway.url) as session:
-        assert set(t.name for t in (await session.list_tools()).tools) == TOOLS
+        assert {t.name for t in (await session.list_tools()).tools} == TOOLS
+        assert {str(r.uri) for r in (await session.list_resources()).resources} == RESOURCES
+        assert {t.uri_template for t in (await session.list_resource_templates()).resource_templates} == TEMPLATES
+        assert {p.name for p in (await session.list_prompts()).prompts} == PROMPTS
 
 
 @pytest.mark.asyncio
@@ -560,11 +563,11 @@ async def test_recurring_schedules_are_listed_added_replaced_and_removed(gateway
         assert (listed[name]["pool"], listed[name]["overlap"]) == ("idle", "queue")
         assert listed[name]["next_at"] == added["next_at"] and listed[name]["last_task_id"] is None
 
-        # Same name: replaced.
-        structured(await session.call_tool("add_schedule", {"name": name, "cron": "@hourly", "pool": "idle"}))
+        # Same name: replaced (@yearly: no occurrence fires while the test runs).
+        structured(await session.call_tool("add_schedule", {"name": name, "cron": "@yearly", "pool": "idle"}))
         listed = [s for s in structured(await session.call_tool("list_schedules", {}))["schedules"]
                   if s["name"] == name]
-        assert len(listed) == 1 and listed[0]["cron"] == "@hourly" and listed[0]["overlap"] == "skip"
+        assert len(listed) == 1 and listed[0]["cron"] == "@yearly" and listed[0]["overlap"] == "skip"
         resource = resource_json(await session.read_resource("cronoq://schedules"))
         assert name in {s["name"] for s in resource["schedules"]}
 
@@ -764,3 +767,79 @@ def test_the_console_script_and_the_subcommand_hook(monkeypatch, capsys):
     assert args.command == "mcp" and args.run is cli.run
     assert args.run(args) == 2
     assert "needs an access token" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- what-if (cronoq's simulator)
+
+
+def what_if_trace() -> str:
+    """Twenty one-second tasks submitted at once to a pool of one worker: the queue is the whole story."""
+    lines: list[dict] = [{"cronoq_trace": 1, "t0": 1_800_000_000.0,
+                          "policy": {"pools": {"app": {"min": 1, "max": 1}}}}]
+    for i in range(20):
+        lines.append({"task": i + 1, "at": 0.0, "pool": "app", "kind": "report", "seconds": 1.0})
+    return "\n".join(json.dumps(line) for line in lines) + "\n"
+
+
+WHAT_IF_POLICIES = """
+[[variant]]
+name = "as recorded"
+
+[[variant]]
+name = "four workers"
+pools.app.min = 4
+pools.app.max = 4
+"""
+
+
+def test_traces_need_the_simulator(tmp_path, capsys, monkeypatch):
+    from cronoq.mcp import main
+    from cronoq.mcp.whatif import simulator
+
+    if simulator() is not None:
+        pytest.skip("this installation has cronoq.whatif: test_what_if_replays_a_trace_against_variants runs")
+    monkeypatch.delenv("CRONOQ_MCP_TOKEN", raising=False)
+    assert main(["--traces", str(tmp_path)]) == 2
+    assert "--traces needs cronoq's simulator (cronoq.whatif)" in capsys.readouterr().err
+    from cronoq.mcp import build_server
+
+    with pytest.raises(ValueError, match="needs cronoq's simulator"):
+        build_server(Client("127.0.0.1:1", retry_for=0), traces=tmp_path)
+
+
+@pytest.mark.asyncio
+async def test_what_if_replays_a_trace_against_variants(server, tmp_path):
+    pytest.importorskip("cronoq.whatif")
+    (tmp_path / "reports.jsonl").write_text(what_if_trace())
+    (tmp_path.parent / "outside.jsonl").write_text(what_if_trace())
+    async with stdio_session(server.target, METRICS, "--traces", str(tmp_path)) as session:
+        tools = {t.name: t for t in (await session.list_tools()).tools}
+        assert set(tools) == TOOLS | {"what_if"} and tools["what_if"].annotations.read_only_hint is True
+        report = structured(await session.call_tool("what_if", {"trace": "reports.jsonl",
+                                                                "policies": WHAT_IF_POLICIES, "seed": 1}))
+        assert report["trace"]["tasks"] == 20
+        recorded, wider = report["variants"]
+        assert (recorded["name"], wider["name"]) == ("as recorded", "four workers")
+        assert recorded["endings"] == wider["endings"] == {"succeeded": 20}
+        # One worker: the last task starts after 19 s; four: after 4 s.
+        assert recorded["waits"]["all"]["max"] == pytest.approx(19, abs=0.5)
+        assert wider["waits"]["all"]["max"] == pytest.approx(4, abs=0.5)
+        assert "timeline" not in wider
+        again = structured(await session.call_tool("what_if", {"trace": "reports.jsonl",
+                                                               "policies": WHAT_IF_POLICIES, "seed": 1}))
+        assert again == report   # virtual time: the same seed, the same report
+        only = structured(await session.call_tool("what_if", {"trace": "reports.jsonl",
+                                                              "policies": WHAT_IF_POLICIES,
+                                                              "variants": ["four workers"]}))
+        assert [v["name"] for v in only["variants"]] == ["four workers"]
+
+        missing = error_text(await session.call_tool("what_if", {"trace": "nope.jsonl"}))
+        assert "no trace named 'nope.jsonl'; the traces: reports.jsonl" in missing
+        for outside in ("../outside.jsonl", str(tmp_path.parent / "outside.jsonl"), ".hidden"):
+            assert "must be a file name in the trace directory" in error_text(
+                await session.call_tool("what_if", {"trace": outside}))
+        bad = error_text(await session.call_tool("what_if", {"trace": "reports.jsonl", "policies": "[[variant"}))
+        assert "what-if: policies: not valid TOML" in bad, bad
+        unknown = error_text(await session.call_tool("what_if", {"trace": "reports.jsonl",
+                                                                 "variants": ["nope"]}))
+        assert "what-if: no variant named 'nope'" in unknown

@@ -53,6 +53,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="TLS to the server with this CA (implies TLS), for a private CA")
     parser.add_argument("--cert-file", metavar="PEM", type=Path, help="client certificate for mTLS (with --key-file)")
     parser.add_argument("--key-file", metavar="PEM", type=Path, help="its private key")
+    parser.add_argument("--traces", metavar="DIR", type=Path,
+                        help="a directory of recorded workloads (what-if traces): adds the what_if tool, which "
+                             "replays them against other policies (needs cronoq's simulator, cronoq.whatif)")
     parser.add_argument("--log-level", default=os.environ.get("CRONOQ_LOG_LEVEL", "info").lower(),
                         choices=("debug", "info", "warning", "error"), help="log verbosity (default info)")
 
@@ -159,12 +162,19 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"${ACCESS_TOKEN_ENV} must have at least {MIN_TOKEN_LENGTH} characters")
         elif args.no_access_token:
             raise UsageError("--no-access-token applies to --http only")
+        if args.traces is not None:
+            from .whatif import simulator
+            if simulator() is None:
+                raise UsageError("--traces needs cronoq's simulator (cronoq.whatif), which this installation "
+                                 "does not have")
+            if not args.traces.is_dir():
+                raise UsageError(f"--traces: {args.traces} is not a directory")
     except (UsageError, ValueError) as exc:
         print(f"cronoq-mcp: {exc}", file=sys.stderr)
         return EXIT_USAGE
     _configure_logging(args.log_level)
     log = logging.getLogger("cronoq.mcp")
-    app = build_server(client)
+    app = build_server(client, traces=args.traces)
     log.info("driving cronoq-server at %s (%s)", target,
              f"with the token from ${TOKEN_ENV}" if token else f"no token: ${TOKEN_ENV} is not set")
 

@@ -11,6 +11,7 @@ the server's status code and message; nothing is retried here.
 import contextlib
 import datetime as _dt
 import time
+from pathlib import Path
 from typing import Annotated, Any, Iterator
 
 from mcp.server.mcpserver import MCPServer, ResourceSecurity
@@ -118,12 +119,15 @@ def remembered(task: TaskInput, now: float) -> Remembered:
                       resources=dict(task.resources or {}), labels=dict(task.labels or {}))
 
 
-def build_server(client: Client, *, memory: Memory | None = None, name: str = "cronoq") -> MCPServer[Any]:
+def build_server(client: Client, *, memory: Memory | None = None, name: str = "cronoq",
+                 traces: Path | None = None) -> MCPServer[Any]:
     """An MCP server driving the cronoq-server behind ``client`` (its token's role applies).
 
     ``memory`` keeps the options of the tasks submitted through this server
     that the API does not show (deadlines, dependencies, resources, labels),
-    for explain_task."""
+    for explain_task. ``traces``, a directory of recorded workloads, adds the
+    what_if tool (it needs cronoq's simulator, ``cronoq.whatif``: ValueError
+    without it)."""
     from .. import __version__
 
     target = client.target
@@ -423,6 +427,10 @@ def build_server(client: Client, *, memory: Memory | None = None, name: str = "c
                 after = page.next_after
         return DeadLetters(tasks=[task_view(t) for t in reversed(recent)], scanned=scanned,
                            complete=complete).model_dump_json(indent=2)
+
+    if traces is not None:
+        from .whatif import add_what_if
+        add_what_if(app, traces)
 
     # ------------------------------------------------------------ prompts
 

@@ -848,3 +848,10 @@ async def test_what_if_replays_a_trace_against_variants(server, tmp_path):
         unknown = error_text(await session.call_tool("what_if", {"trace": "reports.jsonl",
                                                                  "variants": ["nope"]}))
         assert "what-if: no variant named 'nope'" in unknown
+
+    # The instructions point agents at it only when it is there.
+    from cronoq.mcp import build_server
+
+    async with Client("127.0.0.1:1", retry_for=0) as plain:
+        assert "what_if" in (build_server(plain, traces=tmp_path).instructions or "")
+        assert "what_if" not in (build_server(plain).instructions or "")

@@ -32,7 +32,7 @@ from .models import (
     WorkerList, payload_bytes, pool_view, result_view, schedule_view, snapshot_view, task_view, worker_view,
 )
 
-__all__ = ["build_server", "describe_error", "INSTRUCTIONS"]
+__all__ = ["build_server", "describe_error", "INSTRUCTIONS", "WHAT_IF_INSTRUCTIONS"]
 
 INSTRUCTIONS = """\
 cronoq is a priority-aware task scheduler; this server drives one cronoq-server. Tasks go to pools served by
@@ -44,6 +44,10 @@ list_workers, ask explain_task why a task waits, and manage cron schedules with 
 and remove_schedule. Resources give live views (cronoq://snapshot, cronoq://pools/{pool}, cronoq://tasks/{id},
 cronoq://keys/{key}, cronoq://schedules, cronoq://workers, cronoq://dead-letters). The server's roles apply:
 a refused call is an error naming the status code (PERMISSION_DENIED, NOT_FOUND, INVALID_ARGUMENT...)."""
+
+WHAT_IF_INSTRUCTIONS = """
+Before recommending a change of pool settings, compare the candidates with what_if: it replays a recorded workload
+under each policy variant in virtual time (nothing runs on the server)."""
 
 _CODES: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
     ((_errors.UnknownTask, _errors.UnknownPool), "NOT_FOUND"),
@@ -132,7 +136,8 @@ def build_server(client: Client, *, memory: Memory | None = None, name: str = "c
 
     target = client.target
     memory = memory if memory is not None else Memory()
-    app: MCPServer[Any] = MCPServer(name, title="cronoq", version=__version__, instructions=INSTRUCTIONS)
+    instructions = INSTRUCTIONS + (WHAT_IF_INSTRUCTIONS if traces is not None else "")
+    app: MCPServer[Any] = MCPServer(name, title="cronoq", version=__version__, instructions=instructions)
 
     @contextlib.contextmanager
     def calls() -> Iterator[None]:

@@ -156,6 +156,12 @@ async def test_stdio_with_a_client_token_submits_but_cannot_add_schedules(server
         assert "PERMISSION_DENIED" in error_text(await session.call_tool("snapshot", {}))
         with pytest.raises(MCPError, match="PERMISSION_DENIED"):
             await session.read_resource("cronoq://schedules")
+        # No pool suggestions without the metrics role, and no error for a hint either.
+        from mcp.types import ResourceTemplateReference
+
+        hint = await session.complete(ResourceTemplateReference(uri="cronoq://pools/{pool}"),
+                                      {"name": "pool", "value": ""})
+        assert hint.completion.values == []
         # What the client role may do still works.
         answer = await run_task(session, {"payload": "hello"})
         assert answer["result"]["output"]["echo"] == "hello"
@@ -728,6 +734,27 @@ async def test_prompts_are_ready_workflows(gateway):
             await session.get_prompt("schedule_nightly_job", {"name": "x", "what": "y", "time": "25:00"})
         with pytest.raises(MCPError):
             await session.get_prompt("why_is_pool_slow", {})
+
+
+@pytest.mark.asyncio
+async def test_pool_and_time_zone_arguments_are_completed(gateway):
+    from mcp.types import PromptReference, ResourceTemplateReference
+
+    pool_template = ResourceTemplateReference(uri="cronoq://pools/{pool}")
+    async with http_session(gateway.url) as session:
+        async def values(ref, name, value):
+            return (await session.complete(ref, {"name": name, "value": value})).completion.values
+
+        assert await values(pool_template, "pool", "") == ["default", "idle"]
+        assert await values(pool_template, "pool", "i") == ["idle"]
+        assert await values(PromptReference(name="drain_pool"), "pool", "de") == ["default"]
+        assert await values(PromptReference(name="why_is_pool_slow"), "pool", "x") == []
+        zones = await values(PromptReference(name="schedule_nightly_job"), "tz", "Europe/Par")
+        assert zones == ["Europe/Paris"]
+        many = (await session.complete(PromptReference(name="schedule_nightly_job"),
+                                       {"name": "tz", "value": ""})).completion
+        assert len(many.values) == 100 and many.has_more is True and many.total > 100
+        assert await values(PromptReference(name="schedule_nightly_job"), "name", "") == []
 
 
 def test_the_client_configuration_snippets_in_the_docs_are_valid():

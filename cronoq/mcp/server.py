@@ -11,12 +11,15 @@ the server's status code and message; nothing is retried here.
 import contextlib
 import datetime as _dt
 import time
+import zoneinfo
 from pathlib import Path
-from typing import Annotated, Any, Iterator
+from typing import Annotated, Any, Iterator, cast
 
 from mcp.server.mcpserver import MCPServer, ResourceSecurity
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
-from mcp.types import ToolAnnotations
+from mcp.types import (
+    Completion, CompletionArgument, CompletionContext, PromptReference, ResourceTemplateReference, ToolAnnotations,
+)
 from pydantic import Field
 
 from .. import errors as _errors
@@ -92,6 +95,7 @@ ScheduleName = Annotated[str, Field(description="The schedule's unique name.")]
 READY_SCAN_PAGES = 10       # explain_task reads at most this many pages of ready tasks
 DEAD_LETTER_PAGES = 20      # cronoq://dead-letters reads at most this many pages
 RECENT_DEAD_LETTERS = 50
+MAX_COMPLETIONS = 100     # the protocol's limit of values in one completion
 
 
 def task_options(task: TaskInput) -> dict[str, Any]:
@@ -432,6 +436,26 @@ def build_server(client: Client, *, memory: Memory | None = None, name: str = "c
                 after = page.next_after
         return DeadLetters(tasks=[task_view(t) for t in reversed(recent)], scanned=scanned,
                            complete=complete).model_dump_json(indent=2)
+
+    # ------------------------------------------------------------ completions
+
+    async def complete(ref: PromptReference | ResourceTemplateReference, argument: CompletionArgument,
+                       context: CompletionContext | None) -> Completion | None:
+        """Suggestions for the 'pool' arguments (the server's pools) and 'tz' (IANA zones)."""
+        if argument.name == "pool":
+            try:
+                names = [p["name"] for p in (await client.snapshot())["pools"]]
+            except _CALL_ERRORS:
+                return None   # a token without the metrics role: no suggestions, and no error for a hint
+        elif argument.name == "tz":
+            names = sorted(zoneinfo.available_timezones())
+        else:
+            return None
+        matches = [name for name in names if name.startswith(argument.value)]
+        return Completion(values=matches[:MAX_COMPLETIONS], total=len(matches),
+                          has_more=len(matches) > MAX_COMPLETIONS)
+
+    cast(Any, app).completion()(complete)   # (the SDK's decorator is untyped)
 
     if traces is not None:
         from .whatif import add_what_if

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import datetime as dt
 import json
 import queue
@@ -71,7 +72,7 @@ def worker(server):
     process = start_worker(server.target, WORKER, "default", "zone=eu")
     try:
         with BlockingClient(server.target, token=METRICS) as client:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + PATIENCE
             while not client.workers(pools=["default"]):
                 assert time.monotonic() < deadline and process.process.poll() is None, process.log
                 time.sleep(0.05)
@@ -96,15 +97,33 @@ async def run_task(session, arguments: dict) -> dict:
     return answer
 
 
-async def until_status(session, task, statuses) -> dict:
-    """get_task until the task is in one of ``statuses``."""
+async def until_status(session, server, task: int, statuses) -> dict:
+    """get_task until the task is in one of ``statuses``, looking again at each status event of the task
+    (the server's watch stream), or after a second in case the stream started after the change."""
+    changed = asyncio.Event()
+
+    async def follow(client: Client) -> None:
+        async for event in client.watch():
+            if event.id == task:
+                changed.set()
+
     deadline = time.monotonic() + PATIENCE
-    while True:
-        info = structured(await session.call_tool("get_task", {"task": task}))
-        if info["status"] in statuses:
-            return info
-        assert time.monotonic() < deadline, f"task {task} stayed {info['status']}, not {statuses}"
-        await asyncio.sleep(0.05)
+    async with Client(server.target, token=ADMIN) as direct:
+        following = asyncio.create_task(follow(direct))
+        try:
+            while True:
+                changed.clear()
+                info = structured(await session.call_tool("get_task", {"task": task}))
+                if info["status"] in statuses:
+                    return info
+                left = deadline - time.monotonic()
+                assert left > 0, f"task {task} stayed {info['status']}, not {statuses}"
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, 1.0))
+        finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
 
 
 # ---------------------------------------------------------------- stdio
@@ -635,7 +654,7 @@ async def test_explain_task_says_why_tasks_wait(server, gateway):
             # Parked on a resource another task holds, while the pool has free slots.
             holder = await submit(payload={"sleep": 120}, resources={"gpu": 1})
             cleanup.append(holder)
-            await until_status(session, holder, {"running"})
+            await until_status(session, server, holder, {"running"})
             running = await explain(holder)
             assert running["waiting"] is False and "is running" in running["summary"]
             parked = await submit(payload={"parked": True}, resources={"gpu": 1})
@@ -653,7 +672,7 @@ async def test_explain_task_says_why_tasks_wait(server, gateway):
             retrying = await submit(payload={"fail": "retryable", "message": "flaky"},
                                     retry={"max_attempts": 3, "initial_backoff": 600, "jitter": False})
             cleanup.append(retrying)
-            await until_status(session, retrying, {"retrying"})
+            await until_status(session, server, retrying, {"retrying"})
             backoff = await explain(retrying)
             assert "Attempt 1 of 3 failed" in backoff["summary"] and "retry backoff" in backoff["summary"]
 

@@ -857,6 +857,16 @@ def test_traces_need_the_simulator(tmp_path, capsys, monkeypatch):
         build_server(Client("127.0.0.1:1", retry_for=0), traces=tmp_path)
 
 
+def test_traces_must_be_a_directory(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("cronoq.whatif")
+    from cronoq.mcp import main
+
+    monkeypatch.delenv("CRONOQ_MCP_TOKEN", raising=False)
+    (tmp_path / "reports.jsonl").write_text(what_if_trace())
+    assert main(["--traces", str(tmp_path / "reports.jsonl")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
 @pytest.mark.asyncio
 async def test_what_if_replays_a_trace_against_variants(server, tmp_path):
     pytest.importorskip("cronoq.whatif")
@@ -901,3 +911,5 @@ async def test_what_if_replays_a_trace_against_variants(server, tmp_path):
     async with Client("127.0.0.1:1", retry_for=0) as plain:
         assert "what_if" in (build_server(plain, traces=tmp_path).instructions or "")
         assert "what_if" not in (build_server(plain).instructions or "")
+        with pytest.raises(ValueError, match="does not exist"):
+            build_server(plain, traces=tmp_path / "nope")

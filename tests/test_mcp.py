@@ -345,9 +345,11 @@ async def test_the_http_gateway_answers_401_without_its_own_access_token(gateway
         response = await http.post(gateway.url, json=initialize,
                                    headers=dict(good, Origin="http://attacker.example"))
         assert response.status_code == 403
-    with pytest.raises(BaseException):
+    # The SDK's client gets the 401 at initialization and gives up with an error.
+    with pytest.raises(BaseExceptionGroup) as refused:
         async with http_session(gateway.url, "wrong-token-0123456789abcdef"):
             pass
+    assert refused.group_contains(MCPError)
     async with http_session(gateway.url) as session:
         assert {t.name for t in (await session.list_tools()).tools} == TOOLS
         assert {str(r.uri) for r in (await session.list_resources()).resources} == RESOURCES

@@ -494,6 +494,8 @@ async def test_submit_batch_runs_a_dependency_graph_atomically(gateway):
             {"key": a, "after": [b]}, {"key": b, "after": [a]}]}))
         assert "INVALID_ARGUMENT" in refused and "cycle" in refused.lower()
         assert "NOT_FOUND" in error_text(await session.call_tool("get_task", {"task": a}))
+        assert "a link leading outside the trace directory" in error_text(
+            await session.call_tool("what_if", {"trace": "elsewhere.jsonl"}))
         bad = error_text(await session.call_tool("submit_batch", {"tasks": [{}, {"payload": 1,
                                                                                  "payload_base64": "AA=="}]}))
         assert "nothing was sent: task 1: give payload or payload_base64, not both" in bad
@@ -874,6 +876,7 @@ async def test_what_if_replays_a_trace_against_variants(server, tmp_path):
     pytest.importorskip("cronoq.whatif")
     (tmp_path / "reports.jsonl").write_text(what_if_trace())
     (tmp_path.parent / "outside.jsonl").write_text(what_if_trace())
+    (tmp_path / "elsewhere.jsonl").symlink_to(tmp_path.parent / "outside.jsonl")
     async with stdio_session(server.target, METRICS, "--traces", str(tmp_path)) as session:
         tools = {t.name: t for t in (await session.list_tools()).tools}
         assert set(tools) == TOOLS | {"what_if"} and tools["what_if"].annotations.read_only_hint is True

@@ -48,7 +48,8 @@ class WhatIfReport(BaseModel):
 
 
 def _trace_names(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
+    return sorted(p.name for p in directory.iterdir()
+                  if p.is_file() and not p.name.startswith(".") and p.resolve().parent == directory)
 
 
 def _trace_path(directory: Path, name: str) -> Path:
@@ -56,7 +57,9 @@ def _trace_path(directory: Path, name: str) -> Path:
     if not name or "/" in name or "\\" in name or name.startswith(".") or "\0" in name:
         raise ToolError(f"trace must be a file name in the trace directory, got {name!r}")
     path = (directory / name).resolve()
-    if path.parent != directory or not path.is_file():
+    if path.parent != directory:
+        raise ToolError(f"trace {name!r} is a link leading outside the trace directory")
+    if not path.is_file():
         names = _trace_names(directory)
         shown = ", ".join(names[:MAX_LISTED]) + (" ..." if len(names) > MAX_LISTED else "")
         raise ToolError(f"no trace named {name!r}; the traces: {shown or '(none)'}")

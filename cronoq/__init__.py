@@ -17,8 +17,11 @@ from .core.snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
 from .core.types import AutoscaleConfig, Dep, Outcome, Priority, RetryPolicy, Status
 from .core.types import ResourceConfig as Resource
 from .core.types import TaskSpec as Task
-from .runtime import EventStream, Pool, Scheduler, SystemClock, TaskContext, TaskHandle, VirtualClock
+from .runtime import (
+    EventStream, Pool, RecurringInfo, Scheduler, SystemClock, TaskContext, TaskHandle, VirtualClock,
+)
 from .blocking import BlockingEventStream, BlockingHandle, BlockingScheduler
+from .errors import AccessDenied, CancelTask, Reject, ServerError
 from .store.base import Fenced, LeaderUnavailable, StoreRejected, StoreUnavailable
 from .store.codec import JsonCodec
 
@@ -31,11 +34,12 @@ __all__ = [
     "Scheduler", "BlockingScheduler", "BlockingHandle", "BlockingEventStream", "Pool", "Task", "Dep", "RetryPolicy", "Priority", "Status", "Outcome", "Resource", "AutoscaleConfig",
     "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock", "SystemClock",
     "SqliteStore", "PostgresStore", "JsonCodec",
-    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo",
+    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "RecurringInfo",
     "CronoqError", "SchedulerError", "StoreUnavailable", "LeaderUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
     "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
     "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",
+    "Reject", "CancelTask", "ServerError", "AccessDenied",
 ]
 
 

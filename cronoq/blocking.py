@@ -30,6 +30,7 @@ from . import realtime
 from .runtime.clock import Clock
 from .runtime.events import EventBuffer, EventSink
 from .runtime.handle import TaskHandle
+from .runtime.listing import RecurringInfo
 from .runtime import process as _process
 from .runtime.pool import Pool
 from .runtime.scheduler import Scheduler
@@ -747,4 +748,15 @@ class BlockingScheduler:
 
     def __repr__(self) -> str:
         return f"<cronoq.BlockingScheduler {'running' if self.running else 'stopped'}>"
+
+    # ================================================================ listings (Scheduler's twins)
+
+    def list_tasks(self, *, pools: Iterable[str] | None = None, statuses: Iterable[str] | None = None,
+                   after: int = 0, limit: int = 100) -> list[TaskInfo]:
+        """Tasks with ids above ``after`` in id order (see ``Scheduler.list_tasks``)."""
+        return self._call(self._sched.list_tasks, pools=pools, statuses=statuses, after=after, limit=limit)
+
+    def recurring(self) -> list[RecurringInfo]:
+        """The recurring schedules, sorted by name, with their next occurrence."""
+        return self._call(self._sched.recurring)
 

@@ -86,7 +86,10 @@ class Task:
                 object.__setattr__(self, "priority", Priority(self.priority))
             except ValueError:
                 raise ValueError(f"Task priority must be a Priority, got {self.priority!r}") from None
-        dependencies = () if self.dependencies is None else self.dependencies
+        dependencies = self.dependencies
+        if dependencies is None or (type(dependencies) is tuple and not dependencies):
+            object.__setattr__(self, "dependencies", ())   # the default, kept cheap
+            return
         if isinstance(dependencies, str) or not isinstance(dependencies, Iterable):
             raise ValueError(f"Task dependencies must be a list of task ids, got {dependencies!r}")
         object.__setattr__(self, "dependencies", tuple(dependencies))

@@ -1,3 +1,5 @@
+import signal
+
 import pytest
 
 
@@ -27,3 +29,38 @@ def pg_server():
         yield server
     finally:
         server.stop()
+
+
+def _server_starter(directory):
+    from serverkit import ServerProcess
+
+    started: list = []
+
+    def start(config, *, wait_for="serving as the leader", env=None, args=(), name=None, timeout=30.0):
+        server = ServerProcess(config, directory, env=env, args=args, name=name or f"server{len(started)}")
+        started.append(server)
+        return server.start(wait_for=wait_for, timeout=timeout)
+
+    def stop_all():
+        for server in started:
+            if server.process is not None and server.process.poll() is None:
+                server.signal(signal.SIGCONT)   # a test may have paused it
+                server.stop(timeout=15)
+
+    return start, stop_all
+
+
+@pytest.fixture
+def servers(tmp_path):
+    """Starts cronoq-server processes (tests/serverkit.py) and stops each, by pid, at the end."""
+    start, stop_all = _server_starter(tmp_path)
+    yield start
+    stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_servers(tmp_path_factory):
+    """``servers`` for a module's shared server processes."""
+    start, stop_all = _server_starter(tmp_path_factory.mktemp("servers"))
+    yield start
+    stop_all()

@@ -434,7 +434,7 @@ def test_sixteen_threads_submitting_concurrently_lose_and_duplicate_nothing():
         thread, i = payload
         return thread * 1000 + i
 
-    threads, per_thread = 16, 500
+    threads, per_thread = 16, 2000
     with cronoq.BlockingScheduler([fixed("default", run, capacity=8)]) as bs:
         start = threading.Barrier(threads)
 
@@ -688,3 +688,28 @@ def test_blocking_scheduler_inside_a_threaded_wsgi_server():
         sched.shutdown()
     assert not serving.is_alive()
     assert not sched.running and not sched._thread.is_alive()
+
+
+def test_a_submit_from_a_thread_does_not_wait_for_the_loop():
+    # Admission runs on the submitting thread, under the engine's lock: while
+    # an executor holds the loop thread, submissions are still answered (with
+    # their ids, and their errors), and they run once the loop is free.
+    hold, holding = threading.Event(), threading.Event()
+
+    async def blocks_the_loop(ctx, payload):
+        if payload == "hog":
+            holding.set()
+            hold.wait(30)          # on purpose: the loop thread is stuck here
+        return payload
+
+    with cronoq.BlockingScheduler([fixed("default", blocks_the_loop, capacity=4)]) as bs:
+        bs.enqueue("hog")
+        assert holding.wait(30)
+        handles = [bs.submit(i, key=f"k{i}") for i in range(100)]
+        assert [h.duplicate for h in handles] == [False] * 100
+        with pytest.raises(cronoq.UnknownPool):
+            bs.submit(1, pool="nope")
+        again = bs.submit(0, key="k0")
+        assert again.duplicate and again.id == handles[0].id
+        hold.set()
+        assert [h.result(timeout=30) for h in handles] == list(range(100))

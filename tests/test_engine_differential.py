@@ -245,7 +245,7 @@ class CompactingCore(Core):
     __slots__ = ()
 
     def _flush(self, now):
-        self._timers_ended = len(self._timer_heap) + 1_000   # always past the threshold
+        self._timers_ended = len(self.timer_heap) + 1_000   # always past the threshold
         return Core._flush(self, now)
 
     def _timer_gone(self, kind, obj, token):

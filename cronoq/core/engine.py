@@ -74,7 +74,7 @@ class Core:
                  "retained", "_retain_order", "awaiting", "recurring", "timers", "actions", "pending",
                  "_counts", "_submitted", "_dispatched", "_succeeded", "rng", "_next_id",
                  "_next_lease", "_park_seq", "_dirty", "_frozen", "_emit_all", "_persist",
-                 "_max_total", "_retention", "_retain_max", "_retain_on", "_timer_heap",
+                 "_max_total", "_retention", "_retain_max", "_retain_on", "timer_heap",
                  "_timers_ended", "_fast")
 
     # The deliberate shortcuts of the hot paths (plain submissions, the end of
@@ -129,7 +129,7 @@ class Core:
         self._retention = config.retention_ns
         self._retain_max = config.retention_max
         self._retain_on = config.retention_ns > 0 and config.retention_max > 0
-        self._timer_heap = self.timers.entries()
+        self.timer_heap = self.timers.entries()   # read-only for drivers: empty when no timer is armed
         self._timers_ended = 0   # timers made stale since the last compaction (an estimate)
         self._fast = self.fast_paths   # (a slot reads faster than a class attribute)
         for p in self.pools.values():
@@ -149,7 +149,7 @@ class Core:
             now = self.now
         else:
             self.now = now
-        heap = self._timer_heap
+        heap = self.timer_heap
         if heap and heap[0][0] <= now or self._retain_order and self._retain_order[0][0] <= now:
             self._enter(now)
         if type(spec) is TaskSpec and spec.plain and self._fast and (
@@ -218,7 +218,7 @@ class Core:
             now = self.now
         else:
             self.now = now
-        heap = self._timer_heap
+        heap = self.timer_heap
         if heap and heap[0][0] <= now or self._retain_order and self._retain_order[0][0] <= now:
             self._enter(now)
         e = self.running.pop(lease, None)
@@ -268,7 +268,7 @@ class Core:
         self._finish(e, CANCELLED, now, "cancelled")
         if self._dirty:
             self._flush(now)
-        elif self._timers_ended > (len(self._timer_heap) >> 1) + _COMPACT_SLACK:
+        elif self._timers_ended > (len(self.timer_heap) >> 1) + _COMPACT_SLACK:
             self._compact_timers()
         return True
 
@@ -365,11 +365,11 @@ class Core:
     def has_timers(self) -> bool:
         """Whether any timer is armed (live or not yet pruned): a cheap check
         before ``next_wakeup``."""
-        return bool(self._timer_heap)
+        return bool(self.timer_heap)
 
     def next_wakeup(self) -> int | None:
         """When the engine next needs ``advance``, or None if nothing is timed."""
-        heap = self._timer_heap
+        heap = self.timer_heap
         while heap:
             when, _, kind, obj, token = heap[0]
             if self._timer_live(kind, obj, token):
@@ -1024,7 +1024,7 @@ class Core:
         self._frozen = True
 
     def _flush(self, now: int) -> None:
-        if self._timers_ended > (len(self._timer_heap) >> 1) + _COMPACT_SLACK:
+        if self._timers_ended > (len(self.timer_heap) >> 1) + _COMPACT_SLACK:
             self._compact_timers()
         dirty = self._dirty
         if self._frozen:

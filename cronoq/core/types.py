@@ -170,6 +170,9 @@ VALUE_LIMIT = 1024    # label and tag values
 RECURRING_KEY_LIMIT = KEY_LIMIT - len("@2000-01-01T00:00:00Z")
 
 
+_LENGTH_CHECKED = (("pool", NAME_LIMIT), ("kind", NAME_LIMIT), ("tenant", NAME_LIMIT), ("key", KEY_LIMIT))
+
+
 def check_length(value: str, field: str, limit: int, *, error: type[Exception] = InvalidTask) -> str:
     """``value`` if it takes at most ``limit`` bytes in UTF-8."""
     if len(value) * 4 > limit:   # shorter strings fit whatever their characters
@@ -181,20 +184,26 @@ def check_length(value: str, field: str, limit: int, *, error: type[Exception] =
 
 def _check_lengths(spec: TaskSpec) -> None:
     """The length limits of a task's options (see KEY_LIMIT and friends)."""
-    for field, limit in (("pool", NAME_LIMIT), ("kind", NAME_LIMIT), ("tenant", NAME_LIMIT),
-                         ("key", KEY_LIMIT)):
-        value = spec.__dict__.get(field)
-        if value is not None:
+    options = spec.__dict__
+    for field, limit in _LENGTH_CHECKED:
+        value = options.get(field)
+        if value is not None and len(value) * 4 > limit:   # (shorter ones always fit)
             check_length(value, field, limit)
-    for ref, _ in spec.edges:
-        if isinstance(ref, str):
-            check_length(ref, "a dependency's key", KEY_LIMIT)
-    for name in spec.resources or ():
-        check_length(name, "resource name", NAME_LIMIT)
-    for field, items in (("labels", spec.labels or ()), ("tags", (spec.tags or {}).items())):
-        for name, value in items:
-            check_length(name, f"{field} name", NAME_LIMIT)
-            check_length(value, f"{field}[{name!r}]", VALUE_LIMIT)
+    if spec.edges:
+        for ref, _ in spec.edges:
+            if isinstance(ref, str):
+                check_length(ref, "a dependency's key", KEY_LIMIT)
+    if spec.resources:
+        for name in spec.resources:
+            check_length(name, "resource name", NAME_LIMIT)
+    if spec.labels:
+        for name, value in spec.labels:
+            check_length(name, "labels name", NAME_LIMIT)
+            check_length(value, f"labels[{name!r}]", VALUE_LIMIT)
+    if spec.tags:
+        for name, value in spec.tags.items():
+            check_length(name, "tags name", NAME_LIMIT)
+            check_length(value, f"tags[{name!r}]", VALUE_LIMIT)
 
 
 def _check_text(value: object, field: str, error: type[Exception]) -> str:

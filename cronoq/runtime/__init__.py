@@ -4,8 +4,9 @@ from .clock import Clock, SystemClock, VirtualClock
 from .context import TaskContext
 from .events import EventStream
 from .handle import TaskHandle
+from .listing import RecurringInfo
 from .pool import Pool
 from .scheduler import Scheduler
 
-__all__ = ["Scheduler", "Pool", "TaskContext", "TaskHandle", "EventStream", "Clock", "SystemClock",
+__all__ = ["Scheduler", "Pool", "TaskContext", "TaskHandle", "EventStream", "RecurringInfo", "Clock", "SystemClock",
            "VirtualClock"]

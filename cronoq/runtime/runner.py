@@ -43,18 +43,16 @@ class Attempt:
     ``ctx.is_cancelled()``).
     """
 
-    __slots__ = ("_entry", "lease", "attempt", "_group", "cancelled")
+    __slots__ = ("_entry", "id", "lease", "attempt", "payload", "_group", "cancelled")
 
     def __init__(self, entry: Any, lease: int, attempt: int) -> None:
         self._entry = entry
+        self.id: int = entry.id
         self.lease = lease
         self.attempt = attempt
+        self.payload: Any = entry.payload
         self._group = entry.group
         self.cancelled = False
-
-    @property
-    def id(self) -> int:
-        return int(self._entry.id)
 
     @property
     def pool(self) -> str:
@@ -68,10 +66,6 @@ class Attempt:
     def key(self) -> str | None:
         key: str | None = self._entry.key
         return key
-
-    @property
-    def payload(self) -> Any:
-        return self._entry.payload
 
     @property
     def priority(self) -> str:

@@ -22,6 +22,7 @@ import gc
 import logging
 import os
 import threading
+import time
 from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Sequence, TypeVar
 
@@ -42,6 +43,7 @@ from .durability import DurableHooks, DurableLog, encoded_payload
 from .events import EventSink, EventStream
 from .handle import TaskHandle
 from .pool import Pool
+from . import listing as _listing
 from . import process as _process
 from .local import LocalRunner
 from .runner import Attempt, Runner, RunnerLink
@@ -52,6 +54,11 @@ from ..core.persist import spec_record
 __all__ = ["Scheduler"]
 
 log = logging.getLogger("cronoq.scheduler")
+
+# The wall clock, read without a Python frame on the hot paths when the
+# scheduler runs on a SystemClock. A module attribute on purpose: freezegun
+# replaces module attributes that are the real function, so frozen time is seen.
+_wall_ns = time.time_ns
 
 _NEW, _RUNNING, _STOPPING, _STOPPED = "new", "running", "stopping", "stopped"
 _STATUS: dict[str, Status] = {status: status for status in STATUSES}
@@ -156,6 +163,7 @@ class Scheduler:
         self.codec: Codec = codec if codec is not None else JsonCodec()
         self.clock: Clock = clock or SystemClock()
         self._now_ns = self.clock.now_ns
+        self._system_time = type(self.clock) is SystemClock
         if config is None:
             config = CoreConfig(emit_transitions=emit_transitions, max_pending_total=max_pending_total,
                                 seed=0 if seed is None else seed)
@@ -597,7 +605,13 @@ class Scheduler:
                 for runner in runners.values():
                     if runner.abort(raw[1]):
                         break
-        self._after_effects()
+        # (_after_effects, inline: this runs after every engine step)
+        if self._room:
+            self._wake_room()
+        if self._drained is not None and not core.running:
+            self._drained.set()
+        if self._timer_at is not None or core.timer_heap:
+            self._arm()
 
     def _pump_durable(self) -> None:
         """The pump with a store: mutations go to the open batch; every other
@@ -752,7 +766,7 @@ class Scheduler:
     def _arm(self) -> None:
         core = self._core
         assert core is not None
-        if self._timer_at is None and not core.has_timers():
+        if self._timer_at is None and not core.timer_heap:
             return   # no timer armed and none wanted: the common case, kept cheap
         at = core.next_wakeup()
         if at == self._timer_at:
@@ -785,12 +799,16 @@ class Scheduler:
             core = self._core
             if self._state is _STOPPED or core is None:
                 return
-            if core.complete(self._now_ns(), attempt.lease, outcome, output, message, retry_after_ns) \
+            now = _wall_ns() if self._system_time else self._now_ns()
+            if core.complete(now, attempt.lease, outcome, output, message, retry_after_ns) \
                     and outcome == SUCCESS:
                 # Kept until its success event goes out (with a store, once committed):
                 # then it goes to the handles waiting for it, whatever the cache holds.
                 self._delivering[attempt.id] = output
-            self._pump()
+            if self._log is None:
+                self._pump_memory()
+            else:
+                self._pump_durable()
 
     def _not_started(self, lease: int, message: str) -> None:
         """A runner could not start this attempt: it gives the attempt back."""
@@ -833,10 +851,17 @@ class Scheduler:
         and keep it in the cache for handles attached later."""
         output = self._delivering.pop(task_id, _NO_OUTPUT)
         if output is not _NO_OUTPUT and self._output_limit:
-            self._remember_output(task_id, output)
+            self._outputs[task_id] = output          # (as _remember_output, inline: every success)
+            order = self._output_order
+            order.append(task_id)
+            if len(order) > self._output_limit:
+                self._outputs.pop(order.popleft(), None)
         handle = self._handles.pop(task_id, None)
         if handle is not None:
-            self._resolve(handle, task_id, SUCCEEDED, None, output)
+            if output is not _NO_OUTPUT and type(handle) is TaskHandle:
+                handle.set_result(output)   # the common case, without _resolve's checks
+            else:
+                self._resolve(handle, task_id, SUCCEEDED, None, output)
 
     def _remember_output(self, task_id: int, output: Any) -> None:
         if not self._output_limit:
@@ -948,7 +973,7 @@ class Scheduler:
         """Admission, the one place it happens (under the lock): the answer,
         or None when a full queue asks the submitter to wait for room."""
         try:
-            return core.submit(self.clock.now_ns(), spec)
+            return core.submit(_wall_ns() if self._system_time else self._now_ns(), spec)
         except QueueFull as exc:
             if core.overflow_policy(spec.pool) != "wait" or exc.never:
                 raise
@@ -1066,7 +1091,10 @@ class Scheduler:
             return None, lambda: self._follow_one(spec, handle, wrap, not handle)
         if self._log is not None:
             encoded_payload(spec, self.codec)   # outside the lock: it may be slow
-        with self._lock:
+        lock = self._lock
+        if not lock.acquire(False):
+            self._wait_for_engine(lock)
+        try:
             result = self._admit_now(self._check_serving(), spec)
             if result is None:
                 return None, lambda: self._submit_spec(spec, handle, wrap, hooked=True, pair=not handle)
@@ -1077,6 +1105,8 @@ class Scheduler:
                 if wrap is not None:
                     value = wrap(value)
             self._ask_pump()
+        finally:
+            lock.release()
         if self._log is None:
             return value, None
         log_ = self._log
@@ -1086,6 +1116,17 @@ class Scheduler:
             return value
 
         return None, committed
+
+    @staticmethod
+    def _wait_for_engine(lock: threading.RLock) -> None:
+        """The loop holds the engine: yield the interpreter to it instead of
+        blocking (a thread blocked on the lock would wait for the loop thread
+        to give up the interpreter, up to a switch interval, each time)."""
+        for _ in range(64):
+            time.sleep(0)
+            if lock.acquire(False):
+                return
+        lock.acquire()
 
     async def _admit_batch(self, tasks: Iterable[TaskSpec], hooked: bool = False
                            ) -> tuple[list[TaskSpec], list[tuple[int, bool]]]:
@@ -1107,7 +1148,7 @@ class Scheduler:
 
         def attempt(core: Core) -> tuple[list[TaskSpec], list[tuple[int, bool]]] | None:
             try:
-                return specs, core.submit_batch(self.clock.now_ns(), specs)
+                return specs, core.submit_batch(_wall_ns() if self._system_time else self._now_ns(), specs)
             except QueueFull as exc:
                 index = exc.index if exc.index is not None else 0
                 if core.overflow_policy(specs[index].pool) != "wait" or exc.never:
@@ -1642,3 +1683,18 @@ class Scheduler:
 
     def __repr__(self) -> str:
         return f"<cronoq.Scheduler {self._state} pools={[p.name for p in self.pools]}>"
+
+    # ================================================================ listings (cronoq.runtime.listing)
+
+    async def list_tasks(self, *, pools: Iterable[str] | None = None, statuses: Iterable[str] | None = None,
+                         after: int = 0, limit: int = 100) -> list[TaskInfo]:
+        """Tasks with ids above ``after`` in id order, at most ``limit``: live
+        ones, and finished ones the engine retains or the store keeps. Only
+        those of ``pools`` and ``statuses`` when given (``UnknownPool`` for a
+        pool the scheduler does not have)."""
+        core = self._check()
+        return await _listing.list_tasks(core, self.store, pools, statuses, after, limit)
+
+    async def recurring(self) -> list[_listing.RecurringInfo]:
+        """The recurring schedules, sorted by name, with their next occurrence."""
+        return _listing.recurring(self._check())

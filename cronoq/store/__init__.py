@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from .base import (
     Batch, Fenced, Recovered, ScheduleRow, StatusRow, Store, StoredSchedule, StoredTask,
-    StoreRejected, StoreUnavailable, TaskRow,
+    StoreRejected, StoreUnavailable, TaskRecord,
+    TaskRow,
 )
 from .codec import Codec, JsonCodec
 from .memory import InMemoryStore, MemoryDatabase
@@ -19,7 +20,7 @@ if TYPE_CHECKING:   # loaded on first use (below); type checkers see them at onc
     from .sqlite import SqliteStore
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
-           "StoredSchedule", "Fenced", "StoreUnavailable", "StoreRejected", "Codec", "JsonCodec", "InMemoryStore",
+           "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "Codec", "JsonCodec", "InMemoryStore",
            "MemoryDatabase", "SqliteStore", "PostgresStore"]
 
 

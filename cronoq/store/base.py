@@ -17,8 +17,9 @@ from ..core.types import ID_EPOCH_BITS   # task ids carry the leader's epoch abo
 from ..core.errors import SchedulerError
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
-           "StoredSchedule", "Fenced", "StoreUnavailable", "StoreRejected", "LeaderUnavailable", "ID_EPOCH_BITS", "LostCallback",
-           "STORE_MEMBERS", "seconds"]
+           "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "LeaderUnavailable",
+           "ID_EPOCH_BITS",
+           "LostCallback", "STORE_MEMBERS", "seconds"]
 
 
 
@@ -123,6 +124,25 @@ class StoredTask:
     message: str | None
     submitted_ns: int
     finished_ns: int | None
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """A task's stored summary, as the listing queries read it (no payload):
+    ``finished_ns`` is None while it is live, ``has_output`` whether an
+    output is stored."""
+
+    id: int
+    pool: str
+    kind: str
+    key: str | None
+    priority: int
+    status: str
+    attempt: int
+    message: str | None
+    submitted_ns: int
+    finished_ns: int | None
+    has_output: bool
 
 
 @dataclass

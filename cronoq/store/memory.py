@@ -18,7 +18,7 @@ from .. import realtime
 from ..core.types import TERMINAL
 from .base import (
     Batch, Fenced, LostCallback, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable,
-    TaskRow, seconds,
+    TaskRecord, TaskRow, seconds,
 )
 
 __all__ = ["MemoryDatabase", "InMemoryStore"]
@@ -135,6 +135,30 @@ class InMemoryStore:
 
     async def load_output(self, task_id: int) -> bytes | None:
         return self._check().outputs.get(task_id)
+
+    # -- task records (as SqlStore.list_finished and find_task)
+
+    def _record(self, row: dict[str, Any]) -> TaskRecord:
+        return TaskRecord(row["id"], row["pool"], row["kind"], row["key"], row["priority"], row["status"],
+                          row["attempt"], row["message"], row["submitted_ns"], row["finished_ns"],
+                          row["id"] in self.database.outputs)
+
+    async def list_finished(self, *, pools: list[str] | None = None, statuses: list[str] | None = None,
+                            after: int = 0, limit: int = 100) -> list[TaskRecord]:
+        db = self._check()
+        rows = sorted((row for row in db.tasks.values()
+                       if row["finished_ns"] is not None and row["id"] > after
+                       and (pools is None or row["pool"] in pools)
+                       and (statuses is None or row["status"] in statuses)), key=lambda row: row["id"])
+        return [self._record(row) for row in rows[:limit]]
+
+    async def find_task(self, ref: int | str) -> TaskRecord | None:
+        db = self._check()
+        if isinstance(ref, str):
+            rows = [row for row in db.tasks.values() if row["key"] == ref]
+            return self._record(max(rows, key=lambda row: row["id"])) if rows else None
+        row = db.tasks.get(ref)
+        return None if row is None else self._record(row)
 
     async def release_leadership(self) -> None:
         if self.database.leader is self:

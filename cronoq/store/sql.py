@@ -38,7 +38,7 @@ from ..core.errors import SchedulerError
 from ..core.types import TERMINAL
 from .base import (
     Batch, Fenced, LostCallback, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable,
-    seconds,
+    TaskRecord, seconds,
 )
 from .cluster import ClusterTransport
 from .schema import Tables
@@ -777,6 +777,54 @@ class SqlStore:
         with self._begin_read() as conn:
             data = conn.execute(select(tasks.c.output).where(tasks.c.id == task_id)).scalar_one_or_none()
         return None if data is None else bytes(data)
+
+    # ----------------------------------------------------------- task records (listings)
+
+    async def list_finished(self, *, pools: list[str] | None = None, statuses: list[str] | None = None,
+                            after: int = 0, limit: int = 100) -> list[TaskRecord]:
+        """Finished tasks with ids above ``after``, in id order, at most
+        ``limit``; only those of ``pools`` and ``statuses`` when given."""
+        return await self._call(self._list_finished_sync, pools, statuses, after, limit)
+
+    async def find_task(self, ref: int | str) -> TaskRecord | None:
+        """The stored task with this id, or the newest with this key; None if none."""
+        return await self._call(self._find_task_sync, ref)
+
+    def _record_columns(self) -> list[Any]:
+        c = self._t.tasks.c
+        return [c.id, c.pool, c.kind, c.key, c.priority, c.status, c.attempt, c.message, c.submitted_ns,
+                c.finished_ns, c.output.isnot(None)]
+
+    def _list_finished_sync(self, pools: list[str] | None, statuses: list[str] | None, after: int,
+                            limit: int) -> list[TaskRecord]:
+        self._ensure()
+        c = self._t.tasks.c
+        query = select(*self._record_columns()).where(c.finished_ns.isnot(None), c.id > after)
+        if pools is not None:
+            query = query.where(c.pool.in_([clean_text(p) for p in pools]))
+        if statuses is not None:
+            query = query.where(c.status.in_(list(statuses)))
+        with self._begin_read() as conn:
+            rows = conn.execute(query.order_by(c.id).limit(limit)).all()
+        return [self._task_record(row) for row in rows]
+
+    def _find_task_sync(self, ref: int | str) -> TaskRecord | None:
+        self._ensure()
+        c = self._t.tasks.c
+        query = select(*self._record_columns())
+        if isinstance(ref, str):
+            query = query.where(c.key == clean_text(ref)).order_by(c.id.desc()).limit(1)
+        else:
+            query = query.where(c.id == ref)
+        with self._begin_read() as conn:
+            row = conn.execute(query).first()
+        return None if row is None else self._task_record(row)
+
+    @staticmethod
+    def _task_record(row: Any) -> TaskRecord:
+        return TaskRecord(id=row[0], pool=row[1], kind=row[2], key=row[3], priority=row[4], status=row[5],
+                          attempt=row[6], message=row[7], submitted_ns=row[8], finished_ns=row[9],
+                          has_output=bool(row[10]))
 
     # ----------------------------------------------------------- closing
 

@@ -1,0 +1,21 @@
+"""cronoq.client: talk to a cronoq-server (extra ``cronoq[client]``).
+
+``Client`` submits tasks and follows them (submit, submit_batch, get, wait,
+cancel, list, watch, and the admin calls); ``Worker`` serves a pool from this
+process, speaking worker protocol version ``PROTOCOL_VERSION`` (3). Handlers
+raise ``cronoq.Retryable``, ``cronoq.Permanent``, ``Reject`` or
+``CancelTask`` to decide an attempt. ``BlockingClient`` is the synchronous
+client for threaded code. Both connect on first use; docs/server.md has the
+details.
+"""
+
+from .._proto import PROTOCOL_VERSION
+from ..core.errors import Permanent, Retryable
+from ..errors import AccessDenied, CancelTask, Reject, ServerError
+from .blocking import BlockingClient
+from .client import Client, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo
+from .worker import Lease, Worker
+
+__all__ = ["Client", "BlockingClient", "Worker", "Lease", "Reject", "CancelTask", "Retryable", "Permanent",
+           "Submission", "TaskResult", "TaskInfo", "TaskPage", "WorkerInfo", "ScheduleInfo", "ServerError",
+           "AccessDenied", "PROTOCOL_VERSION"]

@@ -1,0 +1,361 @@
+"""``cronoq.client.Client``: submit and follow tasks on a cronoq-server."""
+
+from __future__ import annotations
+
+import builtins
+
+import asyncio
+import json
+import random
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, TypeVar, cast
+
+import grpc
+
+from .._proto import cronoq_pb2 as pb
+from .._proto import cronoq_pb2_grpc as pb_grpc
+from ..core.actions import StatusEvent
+from ..core.types import CLASSES, NS, STATUSES, TaskSpec
+from . import wire
+
+__all__ = ["Client", "Submission", "TaskResult", "TaskInfo", "TaskPage", "WorkerInfo", "ScheduleInfo"]
+
+T = TypeVar("T")
+_PRIORITIES = {pb.PRIORITY_CRITICAL: "critical", pb.PRIORITY_HIGH: "high", pb.PRIORITY_NORMAL: "normal",
+               pb.PRIORITY_LOW: "low", pb.PRIORITY_UNSPECIFIED: "normal"}
+_OVERLAP = {"skip": pb.OVERLAP_SKIP, "allow": pb.OVERLAP_ALLOW, "queue": pb.OVERLAP_QUEUE,
+            "queue_on_success": pb.OVERLAP_QUEUE_ON_SUCCESS}
+
+
+def _status(value: int) -> str:
+    return pb.TaskStatus.Name(value)[len("TASK_STATUS_"):].lower()
+
+
+def _seconds(message: Any, field_name: str) -> float | None:
+    return getattr(message, field_name) / NS if message.HasField(field_name) else None
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """A finished task: ``status`` is terminal; ``output`` (bytes) and its
+    ``content_type`` are set when it succeeded and the output is still kept
+    (``output_available``); ``message`` explains failures."""
+
+    id: int
+    status: str
+    output: bytes | None
+    content_type: str
+    message: str | None
+    output_available: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+    def json(self) -> Any:
+        """The output parsed as JSON."""
+        if self.output is None:
+            raise ValueError(f"task {self.id} has no output ({self.status}"
+                             f"{': ' + self.message if self.message else ''})")
+        return json.loads(self.output)
+
+    def text(self) -> str:
+        """The output as UTF-8 text."""
+        if self.output is None:
+            raise ValueError(f"task {self.id} has no output ({self.status})")
+        return self.output.decode("utf-8")
+
+    @classmethod
+    def _from(cls, m: pb.TaskResult) -> TaskResult:
+        return cls(m.id, _status(m.status), bytes(m.output) if m.output_available else None, m.content_type,
+                   m.message or None, m.output_available)
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What ``submit`` returns: the task's id, whether the key named an
+    existing task, and with ``wait=True`` its result."""
+
+    id: int
+    duplicate: bool
+    result: TaskResult | None = None
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A task as the server knows it. Times are Unix seconds (None when unknown);
+    fields other than ``id`` and ``status`` are best effort."""
+
+    id: int
+    status: str
+    pool: str
+    key: str | None
+    kind: str
+    attempt: int
+    max_attempts: int
+    message: str | None
+    output_available: bool
+    priority: str
+    tenant: str | None
+    tags: dict[str, str]
+    created: float | None
+    started: float | None
+    finished: float | None
+
+    @classmethod
+    def _from(cls, m: pb.TaskInfo) -> TaskInfo:
+        return cls(m.id, _status(m.status), m.pool, m.key or None, m.kind, m.attempt, m.max_attempts,
+                   m.message or None, m.output_available, _PRIORITIES.get(m.priority, "normal"), m.tenant or None,
+                   dict(m.tags), _seconds(m, "created_unix_ns"), _seconds(m, "started_unix_ns"),
+                   _seconds(m, "finished_unix_ns"))
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of ``list``: pass ``next_after`` as ``after`` for the next
+    page; it is None on the last one."""
+
+    tasks: list[TaskInfo]
+    next_after: int | None
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: int
+    name: str
+    pool: str
+    labels: dict[str, str]
+    slots: int
+    busy: int
+    connected: float
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    name: str
+    cron: str
+    tz: str
+    pool: str
+    kind: str
+    overlap: str
+    next_at: float | None
+    last_task_id: int | None
+
+
+class Client:
+    """An asyncio client of a cronoq-server (see docs/server.md).
+
+    ``target`` is ``host:port`` (``https://host:port`` implies TLS).
+    ``tls=True`` uses the system's root certificates; pass
+    ``grpc.ssl_channel_credentials(...)`` as ``credentials`` for a private
+    CA or mTLS. Calls answered UNAVAILABLE (a standby, a leader change, a
+    store outage) are retried with backoff for up to ``retry_for`` seconds.
+    Create it anywhere; it connects on first use. Use ``async with`` or
+    ``await close()``.
+    """
+
+    def __init__(self, target: str, *, token: str | None = None, tls: bool = False,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 options: Iterable[tuple[str, Any]] | None = None, retry_for: float = 15.0) -> None:
+        self.target = target
+        self._token = token
+        self._tls = tls
+        self._credentials = credentials
+        self._options = list(options or ())
+        if not retry_for >= 0:
+            raise ValueError(f"retry_for must be a number of seconds >= 0, got {retry_for!r}")
+        self.retry_for = float(retry_for)
+        self._metadata = wire.metadata(token)
+        self._channel: grpc.aio.Channel | None = None
+        self._tasks: pb_grpc.TasksStub | None = None
+        self._admin: pb_grpc.AdminStub | None = None
+        if target.startswith("http://") and (tls or credentials is not None):
+            raise ValueError("TLS settings need an https:// target (or a plain host:port)")
+
+    def __repr__(self) -> str:
+        return f"<cronoq.client.Client {self.target}>"
+
+    # -- connection
+
+    def _stubs(self) -> tuple[pb_grpc.TasksStub, pb_grpc.AdminStub]:
+        if self._channel is None:
+            self._channel = wire.channel(self.target, tls=self._tls, credentials=self._credentials,
+                                          options=self._options)
+            self._tasks = pb_grpc.TasksStub(self._channel)
+            self._admin = pb_grpc.AdminStub(self._channel)
+        assert self._tasks is not None and self._admin is not None
+        return self._tasks, self._admin
+
+    async def close(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            await channel.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, make: Callable[[], Awaitable[T]], ref: int | str | None = None) -> T:
+        """Run one unary call, retrying UNAVAILABLE with backoff."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.retry_for
+        delay = 0.05
+        while True:
+            try:
+                return await make()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and loop.time() + delay < give_up:
+                    await asyncio.sleep(delay * (0.5 + random.random() / 2))
+                    delay = min(delay * 2, 2.0)
+                    continue
+                raise wire.error_from(exc, ref) from None
+
+    # -- tasks
+
+    async def submit(self, payload: Any = None, *, wait: bool = False, wait_timeout: float | None = None,
+                     content_type: str | None = None, **options: Any) -> Submission:
+        """Submit one task. ``payload``: bytes (sent as they are), str (UTF-8
+        text) or anything JSON can hold; ``options`` are those of
+        ``cronoq.Task`` (pool, kind, priority, key, deadline_in, after, ...).
+        With ``wait=True`` it returns once the task finished, with its result
+        (``TimeoutError`` after ``wait_timeout``, the task still running)."""
+        spec = wire.task_message(payload, content_type=content_type, **options)
+        request = pb.SubmitRequest(task=spec, wait=wait)
+        if wait_timeout is not None:
+            request.wait_timeout_s = wait_timeout
+        tasks, _ = self._stubs()
+        response: pb.SubmitResponse = await self._call(lambda: tasks.Submit(request, metadata=self._metadata))
+        result = TaskResult._from(response.result) if response.HasField("result") else None
+        return Submission(response.id, response.duplicate, result)
+
+    async def submit_batch(self, tasks: Iterable[TaskSpec | Mapping[str, Any]]) -> builtins.list[Submission]:
+        """Submit tasks atomically: all or none. Each is a ``cronoq.Task`` or a
+        dict of ``submit``'s arguments (``payload`` and the options)."""
+        request = pb.SubmitBatchRequest()
+        for item in tasks:
+            if isinstance(item, TaskSpec):
+                request.tasks.append(wire.from_task(item))
+            elif isinstance(item, Mapping):
+                request.tasks.append(wire.task_message(**item))
+            else:
+                raise TypeError(f"submit_batch takes cronoq.Task objects or dicts, got {type(item).__name__}")
+        stub, _ = self._stubs()
+        response: pb.SubmitBatchResponse = await self._call(
+            lambda: stub.SubmitBatch(request, metadata=self._metadata))
+        return [Submission(r.id, r.duplicate) for r in response.tasks]
+
+    async def get(self, ref: int | str) -> TaskInfo:
+        """The task with this id (int) or key (str); ``UnknownTask`` if the
+        server knows none (or it belongs to a pool the token may not use)."""
+        request = pb.GetRequest(task=wire.ref_message(ref))
+        tasks, _ = self._stubs()
+        return TaskInfo._from(await self._call(lambda: tasks.Get(request, metadata=self._metadata), ref))
+
+    async def wait(self, ref: int | str, timeout: float | None = None) -> TaskResult:
+        """Wait until the task finished (at most ``timeout`` seconds, capped by
+        the server's limits.max_wait_s): its result, or ``TimeoutError``."""
+        request = pb.WaitRequest(task=wire.ref_message(ref))
+        if timeout is not None:
+            request.timeout_s = timeout
+        tasks, _ = self._stubs()
+        return TaskResult._from(await self._call(lambda: tasks.Wait(request, metadata=self._metadata), ref))
+
+    async def cancel(self, ref: int | str) -> bool:
+        """Cancel a task: True if this call cancelled it, False if it had finished."""
+        request = pb.CancelRequest(task=wire.ref_message(ref))
+        tasks, _ = self._stubs()
+        response = await self._call(lambda: tasks.Cancel(request, metadata=self._metadata), ref)
+        return bool(response.cancelled)
+
+    async def list(self, *, pools: Iterable[str] = (), statuses: Iterable[str] = (), after: int = 0,
+                   limit: int = 100) -> TaskPage:
+        """One page of tasks in id order (see ``TaskPage``)."""
+        wanted = list(statuses)
+        for status in wanted:
+            if status not in STATUSES:
+                raise ValueError(f"unknown status {status!r}; statuses are {', '.join(STATUSES)}")
+        request = pb.ListTasksRequest(pools=list(pools), after=after, limit=limit,
+                                      statuses=[cast("pb.TaskStatus", pb.TaskStatus.Value("TASK_STATUS_" + s.upper()))
+                                                for s in wanted])
+        tasks, _ = self._stubs()
+        response: pb.ListTasksResponse = await self._call(lambda: tasks.ListTasks(request, metadata=self._metadata))
+        return TaskPage([TaskInfo._from(t) for t in response.tasks], response.next_after or None)
+
+    async def watch(self, *, pools: Iterable[str] = (), terminal_only: bool = False) -> AsyncIterator[StatusEvent]:
+        """Status events as they happen (``cronoq.StatusEvent``, ``at`` in Unix
+        seconds), until the server stops serving (``SchedulerError``) or the
+        reader falls behind (``ServerError`` with code DATA_LOSS)."""
+        request = pb.WatchRequest(pools=list(pools), terminal_only=terminal_only)
+        tasks, _ = self._stubs()
+        call = tasks.Watch(request, metadata=self._metadata)
+        try:
+            async for m in call:
+                yield StatusEvent(m.id, m.pool, m.key or None, _status(m.status), m.attempt, m.at_unix_ns / NS,
+                                  m.message or None)
+        except grpc.aio.AioRpcError as exc:
+            raise wire.error_from(exc) from None
+        finally:
+            call.cancel()
+
+    # -- admin
+
+    async def workers(self, *, pools: Iterable[str] = ()) -> builtins.list[WorkerInfo]:
+        """Connected workers (metrics role)."""
+        _, admin = self._stubs()
+        request = pb.ListWorkersRequest(pools=list(pools))
+        response = await self._call(lambda: admin.ListWorkers(request, metadata=self._metadata))
+        return [WorkerInfo(w.id, w.name, w.pool, dict(w.labels), w.slots, w.busy, w.connected_unix_ns / NS)
+                for w in response.workers]
+
+    async def recurring(self) -> builtins.list[ScheduleInfo]:
+        """Recurring schedules, by name (metrics role)."""
+        _, admin = self._stubs()
+        response = await self._call(lambda: admin.ListRecurring(pb.ListRecurringRequest(), metadata=self._metadata))
+        overlap = {v: k for k, v in _OVERLAP.items()}
+        return [ScheduleInfo(s.name, s.cron, s.tz or "UTC", s.pool, s.kind, overlap.get(s.overlap, "skip"),
+                             _seconds(s, "next_unix_ns"), s.last_task_id if s.HasField("last_task_id") else None)
+                for s in response.schedules]
+
+    async def add_recurring(self, name: str, cron: str, payload: Any = None, *, tz: str = "UTC",
+                            overlap: str = "skip", content_type: str | None = None, **options: Any) -> float | None:
+        """Register or replace a cron schedule (admin role); returns its next
+        occurrence in Unix seconds. ``options`` are task options (pool, kind,
+        priority, key, deadline_in, tolerance, on_miss, ...)."""
+        if overlap not in _OVERLAP:
+            raise ValueError(f"overlap must be one of {', '.join(_OVERLAP)}, got {overlap!r}")
+        template = wire.task_message(payload, content_type=content_type, **options)
+        request = pb.AddRecurringRequest(name=name, cron=cron, tz=tz, template=template, overlap=_OVERLAP[overlap])
+        _, admin = self._stubs()
+        response = await self._call(lambda: admin.AddRecurring(request, metadata=self._metadata))
+        return _seconds(response, "next_unix_ns")
+
+    async def remove_recurring(self, name: str) -> bool:
+        """Remove a schedule (admin role): False if there was none."""
+        _, admin = self._stubs()
+        request = pb.RemoveRecurringRequest(name=name)
+        response = await self._call(lambda: admin.RemoveRecurring(request, metadata=self._metadata))
+        return bool(response.removed)
+
+    async def snapshot(self) -> dict[str, Any]:
+        """The server's snapshot (metrics role) as a dict: ``pools`` (one dict
+        per pool the token may see, with its ``groups``), ``totals``,
+        ``live_tasks``, ``running``, ``pending``, ``workers_connected``, ``at``
+        (Unix seconds). Field meanings: docs/server.md."""
+        _, admin = self._stubs()
+        r = await self._call(lambda: admin.Snapshot(pb.SnapshotRequest(), metadata=self._metadata))
+        pools = []
+        for p in r.pools:
+            pool: dict[str, Any] = {name: getattr(p, name) for name in _POOL_FIELDS}
+            pool["pending_by_class"] = dict(zip(CLASSES, p.pending_by_class))
+            pool["groups"] = [{"labels": dict(g.labels), "capacity": g.capacity, "busy": g.busy} for g in p.groups]
+            pools.append(pool)
+        return {"pools": pools, "totals": dict(r.totals), "live_tasks": r.live_tasks, "running": r.running,
+                "pending": r.pending, "workers_connected": r.workers_connected, "at": r.at_unix_ns / NS}
+
+
+_POOL_FIELDS = ("name", "capacity", "busy", "held", "desired", "pending", "reservations", "dispatched", "succeeded",
+                "failed", "priority_adherence", "fixed_start_hit_rate", "utilization", "schedule_efficiency",
+                "wait_p50_s", "wait_p90_s", "wait_p99_s", "cost", "workers_connected")
+

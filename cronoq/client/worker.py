@@ -1,0 +1,403 @@
+"""``cronoq.client.Worker``: serve a pool of a cronoq-server from this process.
+
+The worker opens the Workers.Work stream, registers for its pool with a
+number of slots, and runs ``handler(lease)`` for every lease it receives, at
+most ``granted_slots`` at once. It heartbeats running leases every
+``lease_ttl / 3``, cancels a handler when the server aborts its attempt,
+reconnects with exponential backoff when the stream ends (at once when the
+server announces a leadership change), and on ``stop()`` drains: no new
+leases, running handlers get ``grace`` seconds, the rest are cancelled and
+reported as retryable failures.
+
+What a handler returns is the task's output: bytes (sent as they are), str
+(UTF-8 text) or anything JSON can hold. What it raises decides the attempt:
+``cronoq.Retryable`` / ``cronoq.Permanent`` as they say, ``Reject`` gives
+the lease back to another worker, ``CancelTask`` ends the task as cancelled,
+any other exception is a retryable failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import random
+import threading
+from typing import Any, Callable, Iterable, Mapping
+
+import grpc
+
+from .._proto import PROTOCOL_VERSION
+from .._proto import cronoq_pb2 as pb
+from .._proto import cronoq_pb2_grpc as pb_grpc
+from ..core.errors import CronoqError
+from ..errors import CancelTask, Reject
+from ..core.types import NS
+from ..runtime.runner import clean_message, outcome_of
+from . import wire
+
+__all__ = ["Worker", "Lease", "Reject", "CancelTask"]
+
+log = logging.getLogger("cronoq.client")
+
+_PRIORITIES = {pb.PRIORITY_CRITICAL: "critical", pb.PRIORITY_HIGH: "high", pb.PRIORITY_NORMAL: "normal",
+               pb.PRIORITY_LOW: "low", pb.PRIORITY_UNSPECIFIED: "normal"}
+# Status codes that retrying cannot fix: run() raises them.
+_FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND,
+          grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
+
+
+class Lease:
+    """One attempt of a task, leased to this worker.
+
+    ``id`` is the lease (unique per attempt), ``task_id`` and ``attempt``
+    name the attempt; ``payload`` is bytes with its ``content_type``
+    (``json()`` and ``text()`` decode it). ``timeout`` (seconds) and
+    ``deadline`` (Unix seconds) are None when the task has none;
+    ``lease_ttl`` is the heartbeat horizon the worker keeps; ``cancelled``
+    (an ``asyncio.Event``) is set when the server aborts the attempt.
+    """
+
+    __slots__ = ("id", "task_id", "attempt", "pool", "payload", "content_type", "kind", "key", "tags", "labels",
+                 "priority", "tenant", "timeout", "deadline", "lease_ttl", "cancelled")
+
+    def __init__(self, m: pb.Lease, lease_ttl: float) -> None:
+        self.id: int = m.lease
+        self.task_id: int = m.task_id
+        self.attempt: int = m.attempt
+        self.pool: str = m.pool
+        self.payload: bytes = bytes(m.payload)
+        self.content_type: str = m.content_type
+        self.kind: str = m.kind
+        self.key: str | None = m.key or None
+        self.tags: dict[str, str] = dict(m.tags)
+        self.labels: dict[str, str] = dict(m.labels)
+        self.priority: str = _PRIORITIES.get(m.priority, "normal")
+        self.tenant: str | None = m.tenant or None
+        self.timeout: float | None = m.timeout_s if m.HasField("timeout_s") else None
+        self.deadline: float | None = m.deadline_unix_ns / NS if m.HasField("deadline_unix_ns") else None
+        self.lease_ttl = lease_ttl
+        self.cancelled = asyncio.Event()
+
+    def json(self) -> Any:
+        """The payload parsed as JSON."""
+        return json.loads(self.payload)
+
+    def text(self) -> str:
+        """The payload as UTF-8 text."""
+        return self.payload.decode("utf-8")
+
+    def __repr__(self) -> str:
+        return f"Lease(id={self.id}, task_id={self.task_id}, attempt={self.attempt}, pool={self.pool!r})"
+
+
+Handler = Callable[[Lease], Any]
+
+
+class _Session:
+    """One stream's state."""
+
+    def __init__(self) -> None:
+        self.out: asyncio.Queue[pb.WorkerMessage | None] = asyncio.Queue()
+        self.running: dict[int, tuple[asyncio.Task[None], Lease]] = {}
+        self.lease_ttl = 30.0
+        self.not_leader = False
+        self.shut = False
+        self.registered = False
+        self.max_bytes = 4 * 1024 * 1024
+
+
+class Worker:
+    """A remote worker for ``pool`` of the server at ``target`` (see the module docstring).
+
+    ``slots``: how many leases to run at once (the server may grant fewer:
+    ``granted_slots``); ``labels``: this worker's labels (tasks submitted
+    with labels run only on workers that have them); ``name``: shown in the
+    server's worker list; ``grace``: seconds running handlers get after
+    ``stop()``; ``initial_backoff`` / ``max_backoff``: reconnection delays.
+    ``token``, ``tls``, ``credentials`` and ``options`` as for ``Client``.
+    A plain (non-async) handler runs on a thread.
+    """
+
+    def __init__(self, target: str, pool: str, handler: Handler, *, slots: int = 1, token: str | None = None,
+                 tls: bool = False, credentials: grpc.ChannelCredentials | None = None,
+                 labels: Mapping[str, str] | None = None, name: str | None = None, grace: float = 30.0,
+                 options: Iterable[tuple[str, Any]] | None = None, initial_backoff: float = 0.2,
+                 max_backoff: float = 10.0) -> None:
+        if not callable(handler):
+            raise ValueError(f"handler must be callable, got {type(handler).__name__}")
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
+        for field, value in (("grace", grace), ("initial_backoff", initial_backoff), ("max_backoff", max_backoff)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{field} must be a number of seconds >= 0, got {value!r}")
+        if target.startswith("http://") and (tls or credentials is not None):
+            raise ValueError("TLS settings need an https:// target (or a plain host:port); refusing to connect "
+                             "in plaintext")
+        self.target = target
+        self.pool = pool
+        self.handler = handler
+        self.slots = slots
+        self.labels = dict(labels or {})
+        self.name = name or f"python-{threading.get_native_id()}"
+        self.grace = float(grace)
+        self.initial_backoff = float(initial_backoff)
+        self.max_backoff = float(max_backoff)
+        self._token = token
+        self._tls = tls
+        self._credentials = credentials
+        self._options = list(options or ())
+        self._metadata = wire.metadata(token)
+        self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+            getattr(handler, "__call__", None))
+        self.granted_slots = 0
+        self.worker_id: int | None = None
+        self.connected = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_requested = False
+        self._session: _Session | None = None
+
+    def __repr__(self) -> str:
+        return f"<cronoq.client.Worker pool={self.pool!r} {self.target} slots={self.granted_slots}/{self.slots}>"
+
+    # -- control
+
+    def stop(self) -> None:
+        """Stop taking leases, let running handlers finish (``grace``), then
+        return from ``run()``. Safe from any thread."""
+        self._stop_requested = True
+        loop, event = self._loop, self._stop
+        if loop is None or event is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            event.set()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(event.set)
+
+    async def run(self) -> None:
+        """Serve the pool until ``stop()``. Raises for what retrying cannot fix
+        (a rejected token, an unknown pool, a protocol version the server does
+        not speak); reconnects after anything else."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if self._stop_requested:
+            return
+        backoff = self.initial_backoff
+        channel = wire.channel(self.target, tls=self._tls, credentials=self._credentials, options=self._options)
+        try:
+            stub = pb_grpc.WorkersStub(channel)
+            while not self._stop.is_set():
+                session = _Session()
+                self._session = session
+                try:
+                    await self._serve(stub, session)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() in _FATAL:
+                        raise wire.error_from(exc) from None
+                    log.warning("worker stream for pool %s ended: %s %s", self.pool, exc.code().name, exc.details())
+                finally:
+                    self.connected = False
+                    self.granted_slots = 0
+                    self._session = None
+                if self._stop.is_set():
+                    break
+                if session.registered:
+                    backoff = self.initial_backoff
+                delay = 0.0 if session.not_leader else backoff * (0.5 + random.random() / 2)
+                if not session.not_leader:
+                    backoff = min(max(backoff * 2, self.initial_backoff), self.max_backoff)
+                if delay:
+                    try:
+                        await asyncio.wait_for(self._stop.wait(), delay)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            await channel.close()
+
+    # -- one stream
+
+    async def _serve(self, stub: pb_grpc.WorkersStub, session: _Session) -> None:
+        assert self._stop is not None
+        call = stub.Work(metadata=self._metadata)
+        tasks: list[asyncio.Task[Any]] = []
+        try:
+            await call.write(pb.WorkerMessage(register=pb.Register(
+                pool=self.pool, slots=self.slots, worker_name=self.name, protocol_version=PROTOCOL_VERSION,
+                labels=self.labels, accept_batches=True)))
+            first = await call.read()
+            if first is grpc.aio.EOF:
+                await self._raise_status(call)
+                return
+            rest: list[pb.ServerMessage] = []
+            if first.WhichOneof("msg") == "batch" and first.batch.messages:
+                first, *rest = first.batch.messages
+            if first.WhichOneof("msg") != "registered":
+                raise CronoqError(f"the server answered Register with {first.WhichOneof('msg')}")
+            registered = first.registered
+            session.registered = True
+            session.lease_ttl = registered.lease_ttl_s or 30.0
+            self.granted_slots = registered.slots
+            self.worker_id = registered.worker_id
+            session.max_bytes = registered.max_message_bytes or session.max_bytes
+            self.connected = True
+            log.info("worker %d registered for pool %s with %d slots", registered.worker_id, self.pool,
+                     registered.slots)
+            for message in rest:
+                self._receive(message, session)
+            loop = asyncio.get_running_loop()
+            reader = loop.create_task(self._read(call, session))
+            tasks = [reader, loop.create_task(self._write(call, session)),
+                     loop.create_task(self._heartbeat(session))]
+            stopping = loop.create_task(self._stop.wait())
+            tasks.append(stopping)
+            await asyncio.wait((reader, tasks[1], stopping), return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done() and not reader.done():
+                await self._drain(call, session, reader)
+            elif reader.done() and not reader.cancelled() and reader.exception() is not None:
+                raise reader.exception()  # type: ignore[misc]
+            elif tasks[1].done() and not tasks[1].cancelled() and tasks[1].exception() is not None:
+                raise tasks[1].exception()  # type: ignore[misc]
+        finally:
+            for task in tasks:
+                task.cancel()
+            for handler_task, lease in list(session.running.values()):
+                lease.cancelled.set()
+                handler_task.cancel()
+            call.cancel()
+
+    async def _raise_status(self, call: Any) -> None:
+        code = await call.code()
+        if code != grpc.StatusCode.OK:
+            raise grpc.aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(),
+                                       await call.details())
+
+    async def _read(self, call: Any, session: _Session) -> None:
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                await self._raise_status(call)
+                return
+            if message.WhichOneof("msg") == "batch":
+                for inner in message.batch.messages:
+                    if self._receive(inner, session):
+                        return
+            elif self._receive(message, session):
+                return
+
+    def _receive(self, message: pb.ServerMessage, session: _Session) -> bool:
+        """Act on one message from the server; True at Shutdown."""
+        kind = message.WhichOneof("msg")
+        if kind == "lease":
+            lease = Lease(message.lease, session.lease_ttl)
+            task = asyncio.get_running_loop().create_task(self._run_one(lease, session))
+            session.running[lease.id] = (task, lease)
+        elif kind == "abort":
+            running = session.running.pop(message.abort.lease, None)
+            if running is not None:
+                task, lease = running
+                lease.cancelled.set()
+                task.cancel()
+        elif kind == "slots_granted":
+            self.granted_slots = message.slots_granted.slots
+        elif kind == "shutdown":
+            session.shut = True
+            session.not_leader = message.shutdown.not_leader
+            log.info("the server asked this worker to go (%s)", message.shutdown.reason)
+            return True
+        return False
+
+    async def _write(self, call: Any, session: _Session) -> None:
+        """Send what the handlers queue; what queued up meanwhile goes as one batch."""
+        out = session.out
+        limit = session.max_bytes // 2
+        while True:
+            message = await out.get()
+            if message is not None and not out.empty():
+                batch = pb.WorkerBatch()
+                batch.messages.append(message)
+                size = message.ByteSize()
+                while not out.empty() and len(batch.messages) < 512:
+                    nxt = out.get_nowait()
+                    if nxt is None:   # the end: it is always the last item
+                        out.put_nowait(None)
+                        break
+                    size += nxt.ByteSize() + 8
+                    batch.messages.append(nxt)
+                    if size > limit:
+                        break
+                message = pb.WorkerMessage(batch=batch)
+            if message is None:
+                await call.done_writing()
+                return
+            await call.write(message)
+
+    async def _heartbeat(self, session: _Session) -> None:
+        interval = max(session.lease_ttl / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            for lease_id in list(session.running):
+                session.out.put_nowait(pb.WorkerMessage(heartbeat=pb.Heartbeat(lease=lease_id)))
+
+    async def _drain(self, call: Any, session: _Session, reader: asyncio.Task[None]) -> None:
+        """stop(): take no more leases, give running ones ``grace``, then cancel them."""
+        session.out.put_nowait(pb.WorkerMessage(set_slots=pb.SetSlots(slots=0)))
+        running = [task for task, _ in session.running.values()]
+        if running:
+            await asyncio.wait(running, timeout=self.grace)
+        for task, lease in list(session.running.values()):
+            lease.cancelled.set()
+            task.cancel()
+            session.running.pop(lease.id, None)
+            session.out.put_nowait(pb.WorkerMessage(fail=pb.Fail(
+                lease=lease.id, message="the worker stopped before the attempt finished")))
+        session.out.put_nowait(None)   # done writing: the server ends the stream
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), 5.0)
+        except (asyncio.TimeoutError, grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass
+
+    async def _call_handler(self, lease: Lease) -> Any:
+        if self._is_async:
+            return await self.handler(lease)
+        result = await asyncio.to_thread(self.handler, lease)
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+    async def _run_one(self, lease: Lease, session: _Session) -> None:
+        out = session.out
+        message: pb.WorkerMessage | None = None
+        try:
+            value = await self._call_handler(lease)
+            try:
+                data, content_type = wire.encode(value)
+            except TypeError as exc:
+                message = pb.WorkerMessage(fail=pb.Fail(lease=lease.id, permanent=True,
+                                                        message=clean_message(f"the handler's output: {exc}")))
+            else:
+                message = pb.WorkerMessage(complete=pb.Complete(lease=lease.id, output=data,
+                                                                content_type=content_type))
+        except asyncio.CancelledError:
+            raise   # aborted or shut down: the server already gave the attempt up (or stop() reports it)
+        except Reject as exc:
+            message = pb.WorkerMessage(nack=pb.Nack(lease=lease.id, reason=clean_message(exc.reason)))
+        except CancelTask as exc:
+            message = pb.WorkerMessage(cancelled=pb.Cancelled(lease=lease.id, message=clean_message(exc.message)))
+        except Exception as exc:
+            outcome, text, retry_after_ns = outcome_of(exc)
+            fail = pb.Fail(lease=lease.id, permanent=outcome == "permanent", message=text or "")
+            if retry_after_ns is not None:
+                fail.retry_after_s = retry_after_ns / NS
+            message = pb.WorkerMessage(fail=fail)
+        finally:
+            if session.running.get(lease.id, (None,))[0] is asyncio.current_task():
+                del session.running[lease.id]
+        if message is not None and not lease.cancelled.is_set() and not session.shut:
+            out.put_nowait(message)
+

@@ -1,0 +1,81 @@
+"""``cronoq-server`` / ``python -m cronoq.server``: run the server, or check
+a configuration (``--check``), or print the API definition (``--print-proto``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import logging.config
+import os
+import sys
+
+from .config import ConfigError, ServerConfig, default_config, load
+
+EXIT_CONFIG = 2    # invalid configuration or environment
+EXIT_FAILED = 1    # could not start (a port taken, the store unreachable...)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cronoq-server", description="Run the cronoq scheduler as a service (gRPC API, remote workers).")
+    parser.add_argument("--config", metavar="PATH", default=os.environ.get("CRONOQ_CONFIG"),
+                        help="the TOML configuration (default: $CRONOQ_CONFIG; without one: a single pool "
+                             "'default', in-memory state, loopback listeners, no authentication)")
+    parser.add_argument("--check", action="store_true",
+                        help="validate the configuration and exit: 0 and 'configuration is valid', "
+                             "or the errors and 2")
+    parser.add_argument("--print-proto", action="store_true", help="print the gRPC API definition (cronoq.proto)")
+    parser.add_argument("--insecure-no-auth", action="store_true",
+                        help="allow listening on non-loopback addresses without credentials (trusted networks only)")
+    parser.add_argument("--log-level", default=os.environ.get("CRONOQ_LOG_LEVEL", "info"),
+                        choices=("debug", "info", "warning", "error"), help="log verbosity (default info)")
+    return parser
+
+
+def _config(path: str | None) -> ServerConfig:
+    return default_config() if not path else load(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.print_proto:
+        from .._proto import proto_text
+        sys.stdout.write(proto_text())
+        return 0
+    try:
+        config = _config(args.config)
+    except ConfigError as exc:
+        print(f"cronoq-server: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.check:
+        print("configuration is valid")
+        return 0
+    # The process is ours: cronoq's loggers write to standard error.
+    logging.config.dictConfig({
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
+                                "formatter": "plain"}},
+        "loggers": {"cronoq": {"handlers": ["stderr"], "level": args.log_level.upper(), "propagate": False}},
+    })
+    try:
+        from .app import BindError, Server
+    except ImportError as exc:
+        print(f"cronoq-server needs the server extra: pip install 'cronoq[server]' ({exc})", file=sys.stderr)
+        return EXIT_FAILED
+    server = Server(config, insecure_no_auth=args.insecure_no_auth)
+    try:
+        return asyncio.run(server.run())
+    except ConfigError as exc:
+        print(f"cronoq-server: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except BindError as exc:
+        print(f"cronoq-server: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

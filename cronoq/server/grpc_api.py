@@ -1,0 +1,168 @@
+"""The gRPC transport: the cronoq.v1 services on grpcio's asyncio server.
+
+Each method authenticates the caller (bearer token in the ``authorization``
+metadata, or the DNS names of a verified client certificate), hands the
+request to the service layer, and turns a ``ServiceError`` into a status
+with the ``cronoq-error`` trailing metadata naming the cronoq exception.
+Unary calls are bounded by limits.max_wait_s + limits.request_timeout_s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import grpc
+from grpc import aio
+
+from .._proto import cronoq_pb2 as pb
+from .._proto import cronoq_pb2_grpc as pb_grpc
+from .auth import Authenticator, Principal
+from .errors import Code, ServiceError
+from .remote import WorkerHub, WorkerSession
+from .service import Service
+
+__all__ = ["add_services", "ERROR_METADATA"]
+
+ERROR_METADATA = "cronoq-error"
+
+log = logging.getLogger("cronoq.server")
+
+
+def _status(code: Code) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, code.grpc_name)
+
+
+async def _abort(context: aio.ServicerContext, error: ServiceError) -> None:
+    trailing = ((ERROR_METADATA, error.kind),) if error.kind else ()
+    await context.abort(_status(error.code), error.message, trailing_metadata=trailing)
+
+
+class _Base:
+    def __init__(self, service: Service, auth: Authenticator) -> None:
+        self.service = service
+        self.auth = auth
+        limits = service.limits
+        self.deadline = limits.max_wait_s + limits.request_timeout_s
+
+    def caller(self, context: aio.ServicerContext) -> Principal:
+        authorization = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                authorization = value if isinstance(value, str) else None
+                break
+        names: list[str] = []
+        if self.auth.enabled and not authorization:
+            auth_context = context.auth_context() or {}
+            for raw in auth_context.get("x509_subject_alternative_name", ()):
+                names.append(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
+        return self.auth.authenticate(authorization, names)
+
+    async def unary(self, context: aio.ServicerContext,
+                    call: Callable[[Principal, Any], Awaitable[Any]], request: Any) -> Any:
+        try:
+            caller = self.caller(context)
+            return await asyncio.wait_for(call(caller, request), self.deadline)
+        except ServiceError as exc:
+            await _abort(context, exc)
+        except asyncio.TimeoutError:
+            await _abort(context, ServiceError(Code.CANCELLED, f"the call ran longer than {self.deadline:g} s"))
+        except Exception:
+            log.exception("internal error in %s", getattr(call, "__name__", "a call"))
+            await _abort(context, ServiceError(Code.INTERNAL, "internal error (logged by the server)"))
+
+
+class TasksServicer(_Base, pb_grpc.TasksServicer):
+    async def Submit(self, request: pb.SubmitRequest, context: aio.ServicerContext) -> pb.SubmitResponse:
+        return await self.unary(context, self.service.submit, request)
+
+    async def SubmitBatch(self, request: pb.SubmitBatchRequest, context: aio.ServicerContext
+                          ) -> pb.SubmitBatchResponse:
+        return await self.unary(context, self.service.submit_batch, request)
+
+    async def Get(self, request: pb.GetRequest, context: aio.ServicerContext) -> pb.TaskInfo:
+        return await self.unary(context, self.service.get, request)
+
+    async def Wait(self, request: pb.WaitRequest, context: aio.ServicerContext) -> pb.TaskResult:
+        return await self.unary(context, self.service.wait, request)
+
+    async def Cancel(self, request: pb.CancelRequest, context: aio.ServicerContext) -> pb.CancelResponse:
+        return await self.unary(context, self.service.cancel, request)
+
+    async def ListTasks(self, request: pb.ListTasksRequest, context: aio.ServicerContext
+                        ) -> pb.ListTasksResponse:
+        return await self.unary(context, self.service.list_tasks, request)
+
+    async def Watch(self, request: pb.WatchRequest, context: aio.ServicerContext  # type: ignore[override]
+                    ) -> AsyncIterator[pb.StatusEvent]:
+        try:
+            caller = self.caller(context)
+            async for event in self.service.watch(caller, request):
+                yield event
+        except ServiceError as exc:
+            await _abort(context, exc)
+
+
+class AdminServicer(_Base, pb_grpc.AdminServicer):
+    async def ListWorkers(self, request: pb.ListWorkersRequest, context: aio.ServicerContext
+                          ) -> pb.ListWorkersResponse:
+        return await self.unary(context, self.service.list_workers, request)
+
+    async def ListRecurring(self, request: pb.ListRecurringRequest, context: aio.ServicerContext
+                            ) -> pb.ListRecurringResponse:
+        return await self.unary(context, self.service.list_recurring, request)
+
+    async def AddRecurring(self, request: pb.AddRecurringRequest, context: aio.ServicerContext
+                           ) -> pb.AddRecurringResponse:
+        return await self.unary(context, self.service.add_recurring, request)
+
+    async def RemoveRecurring(self, request: pb.RemoveRecurringRequest, context: aio.ServicerContext
+                              ) -> pb.RemoveRecurringResponse:
+        return await self.unary(context, self.service.remove_recurring, request)
+
+    async def Snapshot(self, request: pb.SnapshotRequest, context: aio.ServicerContext) -> pb.SnapshotResponse:
+        return await self.unary(context, self.service.snapshot, request)
+
+
+class WorkersServicer(_Base, pb_grpc.WorkersServicer):
+    def __init__(self, service: Service, auth: Authenticator, hub: WorkerHub) -> None:
+        super().__init__(service, auth)
+        self.hub = hub
+
+    async def Work(self, request_iterator: AsyncIterator[pb.WorkerMessage],  # type: ignore[override]
+                   context: aio.ServicerContext) -> None:
+        iterator = request_iterator.__aiter__()
+
+        async def read() -> pb.WorkerMessage | None:
+            try:
+                return await iterator.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        async def write(message: pb.ServerMessage) -> None:
+            await context.write(message)
+
+        try:
+            try:
+                caller = self.caller(context)
+            except ServiceError as exc:
+                # Refused: still read the Register first (see WorkerSession.run).
+                caller = None
+                refusal = exc
+            if caller is None:
+                try:
+                    await asyncio.wait_for(read(), self.service.limits.register_timeout_s)
+                except (asyncio.TimeoutError, Exception):
+                    pass
+                raise refusal
+            session = WorkerSession(self.hub, caller, self.service.check_serving, self.service.pools)
+            await session.run(read, write)
+        except ServiceError as exc:
+            await _abort(context, exc)
+
+
+def add_services(server: aio.Server, service: Service, auth: Authenticator, hub: WorkerHub) -> None:
+    pb_grpc.add_TasksServicer_to_server(TasksServicer(service, auth), server)
+    pb_grpc.add_AdminServicer_to_server(AdminServicer(service, auth), server)
+    pb_grpc.add_WorkersServicer_to_server(WorkersServicer(service, auth, hub), server)

@@ -1,0 +1,255 @@
+"""The configuration file: every rule of the validation summary (docs/server.md),
+checked through ``cronoq-server --check`` as an operator runs it, the rules
+that only startup can check, the defaults without a file, and the CLI."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from serverkit import ROOT, run_cli, server_env
+
+GOOD_TOKEN = "t" * 32
+
+
+def check(tmp_path: pathlib.Path, text: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "cronoq.toml"
+    path.write_text(text)
+    return run_cli("--config", str(path), "--check")
+
+
+# (rule, configuration, text the error must contain: the key and what is wrong)
+INVALID = [
+    ("unknown top-level key", 'colour = "blue"\n', "colour: unknown key"),
+    ("unknown server key", '[server]\ngrpc_adr = "127.0.0.1:7070"\n', "server.grpc_adr: unknown key"),
+    ("unknown pool key", '[[pools]]\nname = "a"\npriorty = 1\n', "pools[0].priorty: unknown key"),
+    ("unknown limits key", "[limits]\nmax_mesage_bytes = 10\n", "limits.max_mesage_bytes: unknown key"),
+    ("unknown token key", f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "client"\npool = ["x"]\n',
+     "auth.tokens[0].pool: unknown key"),
+    ("unknown store key", '[store]\nkind = "sqlite"\npath = "x.db"\nurl = "postgresql://h/db"\n',
+     "store.url: applies to kind = \"postgres\" only"),
+    ("duplicate pool names", '[[pools]]\nname = "a"\n[[pools]]\nname = "a"\n', "duplicate pool name 'a'"),
+    ("duplicate resource names",
+     '[[resources]]\nname = "r"\nkind = "semaphore"\npermits = 1\n'
+     '[[resources]]\nname = "r"\nkind = "semaphore"\npermits = 2\n', "duplicate resource name 'r'"),
+    ("empty pool name", '[[pools]]\nname = ""\n', "pools[0].name: must not be empty"),
+    ("NUL in a pool name", '[[pools]]\nname = "a\\u0000b"\n', "pools[0].name: must not contain NUL"),
+    ("overlong pool name", f'[[pools]]\nname = "{"p" * 256}"\n', "pools[0].name: is longer than 255 bytes"),
+    ("invalid resource name", '[[resources]]\nname = ""\nkind = "semaphore"\npermits = 1\n',
+     "resources[0].name: must not be empty"),
+    ("pool without a name", "[[pools]]\nmax = 3\n", "pools[0].name: is required"),
+    ("negative duration", "[server]\nshutdown_grace_s = -1\n", "server.shutdown_grace_s: must be at least 0"),
+    ("infinite duration", '[[pools]]\nname = "a"\nlease_ttl_s = inf\n', "pools[0].lease_ttl_s: must be finite"),
+    ("NaN duration", "[limits]\nregister_timeout_s = nan\n", "limits.register_timeout_s: must be finite"),
+    ("duration over a year", "[limits]\nmax_wait_s = 40000000\n", "limits.max_wait_s: must be at least 0 and at most"),
+    ("duration as text", '[server]\nshutdown_grace_s = "10"\n', "server.shutdown_grace_s: must be a number of seconds"),
+    ("fraction above 1", '[[pools]]\nname = "a"\nreservable_fraction = 1.5\n',
+     "pools[0].reservable_fraction: must be at least 0 and at most 1"),
+    ("multiplier below 1", '[[pools]]\nname = "a"\nretry = { multiplier = 0.5 }\n',
+     "pools[0].retry.multiplier: must be at least 1"),
+    ("zero rate", '[[resources]]\nname = "r"\nkind = "token_bucket"\nrate = 0\nburst = 1\n',
+     "resources[0].rate: must be at least"),
+    ("negative tenant weight", '[[pools]]\nname = "a"\ntenant_weights = { acme = -2 }\n',
+     "pools[0].tenant_weights.acme: must be above 0"),
+    ("pool min above max", '[[pools]]\nname = "a"\nmin = 5\nmax = 2\n', "pools[0].min: (5) must not exceed max (2)"),
+    ("integer out of range", "[limits]\nmax_tasks_per_batch = 0\n", "limits.max_tasks_per_batch: must be between 1"),
+    ("token and token_env both", f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\ntoken_env = "X"\nrole = "client"\n',
+     "auth.tokens[0]: needs exactly one of token and token_env"),
+    ("neither token nor token_env", '[[auth.tokens]]\nrole = "client"\n',
+     "auth.tokens[0]: needs exactly one of token and token_env"),
+    ("duplicate literal tokens",
+     f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "client"\n[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "worker"\n',
+     "auth.tokens[1].token: duplicates the token of auth.tokens[0]"),
+    ("unknown pool in an allow-list", f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "client"\npools = ["llm"]\n',
+     "auth.tokens[0].pools: names unknown pool 'llm'"),
+    ("unknown role", f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "root"\n',
+     "auth.tokens[0].role: must be one of client, worker, metrics, admin"),
+    ("certs without client_ca", '[[auth.certs]]\ndns_name = "w.internal"\nrole = "worker"\n',
+     "auth.certs: need server.tls.client_ca"),
+    ("gRPC-Web (not in this version)", '[server.grpc_web]\nallowed_origins = ["https://a.example"]\n',
+     "server.grpc_web: gRPC-Web is not supported"),
+    ("store.url and store.url_env", '[store]\nkind = "postgres"\nurl = "postgresql://h/db"\nurl_env = "DB"\n',
+     "store: give store.url or store.url_env, not both"),
+    ("shards (not in this version)", '[[shards]]\nname = "cpu"\nnumber = 1\npools = ["default"]\n',
+     "shards: sharding is not supported"),
+    ("invalid listen address", '[server]\ngrpc_addr = "example.com:7070"\n',
+     "server.grpc_addr: host must be an IP address or localhost"),
+    ("sqlite without a path", '[store]\nkind = "sqlite"\n', "store.path: is required"),
+    ("invalid cron in a schedule", '[[recurring]]\nname = "n"\ncron = "every day"\n',
+     "recurring[0].cron"),
+    ("schedule in an unknown pool", '[[recurring]]\nname = "n"\ncron = "* * * * *"\npool = "nope"\n',
+     "recurring[0].pool: names unknown pool 'nope'"),
+    ("not TOML", "[server\n", "not valid TOML"),
+]
+
+
+@pytest.mark.parametrize("rule,text,expected", INVALID, ids=[case[0] for case in INVALID])
+def test_check_rejects_each_rule_naming_the_key(tmp_path, rule, text, expected):
+    result = check(tmp_path, text)
+    assert result.returncode == 2, (rule, result.stdout, result.stderr)
+    assert expected in result.stderr, (rule, result.stderr)
+    assert "configuration is valid" not in result.stdout
+
+
+def test_check_reports_every_problem_at_once(tmp_path):
+    result = check(tmp_path, '[server]\nshutdown_grace_s = -1\nbogus = 1\n[[pools]]\nname = ""\n')
+    assert result.returncode == 2
+    for expected in ("server.shutdown_grace_s", "server.bogus: unknown key", "pools[0].name"):
+        assert expected in result.stderr
+
+
+def test_check_accepts_a_full_configuration_and_the_example(tmp_path):
+    result = run_cli("--config", str(ROOT / "deploy" / "cronoq.example.toml"), "--check")
+    assert (result.returncode, result.stdout.strip()) == (0, "configuration is valid"), result.stderr
+    full = f"""
+[server]
+grpc_addr = "[::1]:0"
+http_addr = "localhost:0"
+shutdown_grace_s = 5
+[[auth.tokens]]
+token_env = "SOME_TOKEN"
+role = "worker"
+pools = ["llm"]
+labels = ["gpu=a100"]
+[[auth.tokens]]
+token = "{GOOD_TOKEN}"
+role = "client"
+tenant = "acme"
+[store]
+kind = "postgres"
+url_env = "DATABASE_URL"
+schema = "cronoq"
+[limits]
+max_message_bytes = 1048576
+max_wait_s = 60
+[[pools]]
+name = "default"
+[[pools]]
+name = "llm"
+min = 1
+max = 200
+lease_ttl_s = 120
+max_pending = {{ low = 1000 }}
+overflow = "reject"
+retry = {{ max_attempts = 5, initial_backoff_s = 2, max_backoff_s = 120 }}
+tenant_weights = {{ acme = 2.0, other = 0.5 }}
+[[resources]]
+name = "openai"
+kind = "token_bucket"
+rate = 50
+burst = 100
+[outputs]
+cache_entries = 100
+info_entries = 1000
+[[recurring]]
+name = "nightly"
+cron = "0 0 3 * * *"
+tz = "Europe/Berlin"
+pool = "llm"
+payload = {{ report = "daily" }}
+overlap = "queue"
+resources = {{ openai = 1 }}
+"""
+    result = check(tmp_path, full)
+    assert (result.returncode, result.stdout.strip()) == (0, "configuration is valid"), result.stderr
+
+
+def test_the_config_path_can_come_from_cronoq_config(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("nonsense = 1\n")
+    result = run_cli("--check", env={"CRONOQ_CONFIG": str(bad)})
+    assert result.returncode == 2 and "nonsense: unknown key" in result.stderr
+    result = run_cli("--check", env={"CRONOQ_CONFIG": str(tmp_path / "missing.toml")})
+    assert result.returncode == 2 and "cannot read" in result.stderr and "missing.toml" in result.stderr
+
+
+def test_without_a_file_the_defaults_are_valid():
+    result = run_cli("--check")
+    assert (result.returncode, result.stdout.strip()) == (0, "configuration is valid")
+
+
+def test_print_proto_prints_the_api_definition():
+    from cronoq._proto import proto_text
+
+    result = run_cli("--print-proto")
+    assert result.returncode == 0
+    assert result.stdout == proto_text()
+    assert "package cronoq.v1;" in result.stdout and "service Workers" in result.stdout
+
+
+# ---------------------------------------------------------------- startup-only rules
+
+
+def start_and_fail(tmp_path: pathlib.Path, text: str, *, env: dict[str, str] | None = None,
+                   args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    path = tmp_path / "cronoq.toml"
+    path.write_text(text)
+    return run_cli("--config", str(path), *args, env=env)
+
+
+LOCAL = '[server]\ngrpc_addr = "127.0.0.1:0"\nhttp_addr = "127.0.0.1:0"\n'
+
+
+def test_startup_refuses_an_unset_token_env_which_check_accepts(tmp_path):
+    text = LOCAL + '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_UNSET_TOKEN"\nrole = "client"\n'
+    assert check(tmp_path, text).returncode == 0
+    result = start_and_fail(tmp_path, text)
+    assert result.returncode == 2
+    assert "auth.tokens[0].token_env: the environment variable CRONOQ_TEST_UNSET_TOKEN is not set" in result.stderr
+
+
+def test_startup_refuses_short_tokens_and_warns_below_32(tmp_path, servers):
+    text = LOCAL + '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_TOKEN"\nrole = "client"\n'
+    result = start_and_fail(tmp_path, text, env={"CRONOQ_TEST_TOKEN": "x" * 15})
+    assert result.returncode == 2 and "has 15 characters; at least 16 are needed" in result.stderr
+    assert "x" * 15 not in result.stderr          # tokens never appear in output
+    server = servers(text, env={"CRONOQ_TEST_TOKEN": "y" * 20})
+    assert "only 20 characters; use at least 32" in server.log
+    assert "y" * 20 not in server.log
+
+
+def test_startup_refuses_duplicate_tokens_including_those_from_the_environment(tmp_path):
+    text = LOCAL + (f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "client"\n'
+                    '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_TOKEN"\nrole = "admin"\n')
+    assert check(tmp_path, text).returncode == 0
+    result = start_and_fail(tmp_path, text, env={"CRONOQ_TEST_TOKEN": GOOD_TOKEN})
+    assert result.returncode == 2
+    assert "auth.tokens[1] (from CRONOQ_TEST_TOKEN): the token is the same as that of auth.tokens[0]" in result.stderr
+    assert GOOD_TOKEN not in result.stderr
+
+
+def test_startup_refuses_non_loopback_listeners_without_credentials(tmp_path, servers):
+    text = '[server]\ngrpc_addr = "0.0.0.0:0"\nhttp_addr = "127.0.0.1:0"\n'
+    assert check(tmp_path, text).returncode == 0
+    result = start_and_fail(tmp_path, text)
+    assert result.returncode == 2
+    assert "server.grpc_addr: 0.0.0.0 is not a loopback address and no credentials are configured" in result.stderr
+    # Allowed with the flag (trusted networks only), or with credentials.
+    server = servers(text, args=("--insecure-no-auth",))
+    assert "authentication is off" in server.log
+    with_token = text + f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "admin"\n'
+    servers(with_token)
+
+
+def test_a_port_in_use_is_a_clear_failure(tmp_path):
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = start_and_fail(tmp_path, f'[server]\ngrpc_addr = "127.0.0.1:{port}"\nhttp_addr = "127.0.0.1:0"\n')
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_the_console_script_is_declared():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'cronoq-server = "cronoq.server.__main__:main"' in text
+    result = subprocess.run([sys.executable, "-c", "from cronoq.server.__main__ import main; raise SystemExit(main(['--check']))"],
+                            capture_output=True, text=True, env=server_env(), cwd=ROOT, timeout=60)
+    assert result.returncode == 0 and "configuration is valid" in result.stdout
+    assert os.path.exists(ROOT / "cronoq" / "_proto" / "cronoq.proto")

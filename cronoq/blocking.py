@@ -33,7 +33,7 @@ from .runtime.handle import TaskHandle
 from .runtime.listing import RecurringInfo
 from .runtime import process as _process
 from .runtime.pool import Pool
-from .runtime.scheduler import Scheduler
+from .runtime.scheduler import Scheduler, fresh_copy
 from .store.base import Store
 from .store.codec import Codec
 
@@ -365,7 +365,7 @@ class BlockingScheduler:
         with self._lifecycle:
             if self._forks == _process.forks:
                 return
-            self._sched = self._sched._fresh_copy()
+            self._sched = fresh_copy(self._sched)
             self._loop = None
             self._thread = None
             self._calls = set()

@@ -293,20 +293,17 @@ def test_exit_without_a_store_warns_how_many_tasks_it_drops():
 # ---------------------------------------------------------------- fork
 
 
-def test_fork_child_gets_scheduler_errors_and_the_parent_goes_on(tmp_path):
+def test_fork_child_starts_its_own_scheduler_and_the_parent_goes_on(tmp_path):
+    """The child's copy starts afresh there on its first call: a member of
+    the parent's cluster (the parent leads), which it leaves at shutdown."""
     run = Run(tmp_path, "fork", count=40)
     code, lines, err = run.finish()
     assert code == 0, err
     child = [line for line in lines if line.startswith("child ")]
-    assert child[0].startswith("child submit: SchedulerError: ")
-    assert "is a fork of it" in child[0]
-    assert child[1].startswith("child shutdown: SchedulerError: ")
-    assert child[2] == "child exit 0"
+    assert child == ["child submit: no error", "child shutdown: no error", "child exit 0"], err
     assert "parent after fork: -1" in lines and lines[-1] == "parent done"
     acked = run.acked(lines)
-    executions = run.executions()
-    assert {pid for _, pid, _, _ in executions} == {run.proc.pid}    # nothing ran in the child
-    # The child's exit did not touch the parent's store: every task ran once
+    # Neither the child's start nor its exit disturbed the parent's store: every task ran once
     # and is stored as succeeded, and the parent's shutdown released its lease.
     rows = run.rows()
     assert {task: rows[task][:2] for task in acked} == {task: ("succeeded", 1) for task in acked}

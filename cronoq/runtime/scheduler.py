@@ -118,7 +118,7 @@ class Scheduler:
                  clock: Clock | None = None, max_pending_total: int | None = None, output_cache: int = 1024,
                  seed: int | None = None, config: CoreConfig | None = None) -> None:
         pools = list(pools)
-        # What _fresh_copy() makes a new scheduler from (a fork's child starts one of its own).
+        # What fresh_copy() makes a new scheduler from (a fork's child starts one of its own).
         self._given: tuple[list[Pool], Any, bool, dict[str, Any]] = (pools, resources, emit_transitions, dict(
             shutdown_grace=shutdown_grace, event_capacity=event_capacity, store=store, codec=codec, clock=clock,
             max_pending_total=max_pending_total, output_cache=output_cache, seed=seed, config=config))
@@ -1365,17 +1365,6 @@ class Scheduler:
         others follow: their calls go through the store)."""
         return self._leading and self._state in (_RUNNING, _STOPPING)
 
-    def _fresh_copy(self) -> Scheduler:
-        """A new, unstarted scheduler with this one's configuration, submit
-        hooks and executor middleware (and the same store object). For the
-        child of a fork, whose copy of a started scheduler has none of its
-        threads: ``BlockingScheduler`` starts one of these there."""
-        pools, resources, emit_transitions, options = self._given
-        copy_ = Scheduler(pools, resources, emit_transitions, **options)
-        copy_._submit_hooks = list(self._submit_hooks)
-        copy_._middleware = list(self._middleware)
-        return copy_
-
     async def _start_cluster(self) -> None:
         """Join the store's processes: lead at once if the store has no leader
         (recovering first), else follow and try to lead in the background."""
@@ -1698,3 +1687,15 @@ class Scheduler:
     async def recurring(self) -> list[_listing.RecurringInfo]:
         """The recurring schedules, sorted by name, with their next occurrence."""
         return _listing.recurring(self._check())
+
+
+def fresh_copy(sched: Scheduler) -> Scheduler:
+    """A new, unstarted scheduler with ``sched``'s configuration, submit
+    hooks and executor middleware (and the same store object). For the child
+    of a fork, whose copy of a started scheduler has none of its threads:
+    ``BlockingScheduler`` starts one of these there."""
+    pools, resources, emit_transitions, options = sched._given
+    copy_ = Scheduler(pools, resources, emit_transitions, **options)
+    copy_._submit_hooks = list(sched._submit_hooks)
+    copy_._middleware = list(sched._middleware)
+    return copy_

@@ -71,13 +71,16 @@ class Server:
     # -- building blocks
 
     def _store(self) -> Any:
+        # cluster=False: a server leads alone (a standby waits in start()); its
+        # executors are the remote workers, not other server processes.
         store = self.config.store
         if store.kind == "sqlite":
             from ..store.sqlite import SqliteStore
             assert store.path is not None
             return SqliteStore(store.path, lease_ttl=store.lease_ttl_s, lease_renew=store.lease_renew_s,
                                lock_poll=store.lock_poll_s, retention=store.retention_s, full_sync=store.full_sync,
-                               keep_finished=store.keep_finished_s, commit_timeout=store.commit_timeout_s)
+                               keep_finished=store.keep_finished_s, commit_timeout=store.commit_timeout_s,
+                               cluster=False)
         if store.kind == "postgres":
             import os
 
@@ -85,7 +88,8 @@ class Server:
             url = store.url if store.url is not None else os.environ[store.url_env or "DATABASE_URL"]
             return PostgresStore(url, schema=store.schema, lock_poll=store.lock_poll_s, keepalive=store.keepalive_s,
                                  session_timeout=store.session_timeout_s, retention=store.retention_s,
-                                 keep_finished=store.keep_finished_s, commit_timeout=store.commit_timeout_s)
+                                 keep_finished=store.keep_finished_s, commit_timeout=store.commit_timeout_s,
+                                 cluster=False)
         return None
 
     def _scheduler(self, hub: WorkerHub, store: Any) -> Scheduler:

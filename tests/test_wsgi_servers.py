@@ -281,8 +281,8 @@ def test_waitress_sigterm_in_memory_logs_the_dropped_backlog(tmp_path):
     assert "WARNING:cronoq.scheduler:shutdown: " in out and "unfinished tasks are dropped" in out, out[-3000:]
 
 
-def test_waitress_sigterm_with_a_store_then_restart_runs_everything_once(sqlite_env, tmp_path):
-    env = dict(sqlite_env, APP_SLEEP="0.05")
+def test_waitress_sigterm_with_a_store_then_restart_runs_everything_once(store_env, tmp_path):
+    env = dict(store_env, APP_SLEEP="0.05")
     server = serve(wsgikit.waitress(str(tmp_path), "app_plain:app", threads=8, env=env))
     try:
         sent = keys(300)
@@ -305,9 +305,9 @@ def test_waitress_sigterm_with_a_store_then_restart_runs_everything_once(sqlite_
 # ---------------------------------------------------------------- the Flask reloader
 
 
-def test_flask_reloader_serving_child_leads(sqlite_env, tmp_path):
+def test_flask_reloader_serving_child_leads(store_env, tmp_path):
     port = wsgikit.free_port()
-    env = dict(sqlite_env, APP_PORT=str(port))
+    env = dict(store_env, APP_PORT=str(port))
     server = wsgikit.Server([sys.executable, os.path.join(wsgikit.APPS, "app_flask.py")], env=env, port=port,
                             cwd=str(tmp_path), log_path=env["APP_LOG"])
     try:

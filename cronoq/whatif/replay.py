@@ -28,7 +28,7 @@ from ..core.errors import AdmissionError, QueueFull, UnknownTask
 from ..core.snapshot import PoolSnapshot
 from ..core.types import NS, RETRYABLE, SUCCESS, TERMINAL, TaskSpec
 from .policy import DURATION_MODES, PolicyError, Variant
-from .trace import ABORTED, Trace
+from .trace import ABORTED, Trace, TracedAttempt
 
 __all__ = ["ReplayResult", "ReplayError", "replay", "REFUSED", "DUPLICATE"]
 
@@ -69,72 +69,86 @@ class _Model:
     def __init__(self, trace: Trace, mode: str, seed: int, kind_durations: Mapping[str, float],
                  pool_defaults: Mapping[str, int], default_pool: str) -> None:
         self.mode = mode
+        self.trace = trace
         self.rng = random.Random(f"cronoq.whatif/{seed}")
         self.fallbacks = 0
-        tasks = trace.tasks
-        self.kinds = [t.spec.kind for t in tasks]
-        self.runs: list[tuple[tuple[int | None, str, int | None], ...] | None] = []
-        samples: dict[str, list[list[tuple[int, str, int | None]]]] = {}
-        for t in tasks:
-            if not t.attempts:
-                self.runs.append(None)
-                continue
-            timeout = t.spec.timeout_ns or 0
-            runs: list[tuple[int | None, str, int | None]] = []
-            for n, a in enumerate(t.attempts, 1):
-                retry = None if a.retry_after is None else round(a.retry_after * NS)
-                if a.seconds is None:
-                    runs.append((None, a.outcome if a.outcome != ABORTED else RETRYABLE, retry))
+        self.attempts = [t.attempts for t in trace.tasks]
+        self.kind_durations = kind_durations
+        self.pool_defaults = pool_defaults
+        self.default_pool = default_pool
+        self._samples: dict[str, list[list[tuple[int, str, int | None]]]] | None = None
+        self._fixed: dict[str, int | None] = {}
+
+    @staticmethod
+    def _of(a: TracedAttempt, timeout: int | None) -> tuple[int | None, str, int | None]:
+        retry = None if a.retry_after is None else round(a.retry_after * NS)
+        if a.outcome == ABORTED:
+            if a.seconds is None:
+                return (None, RETRYABLE, None)
+            # Stopped live before it ended (a timeout, a cancellation): it runs
+            # until the replay stops it too, and ends as lost if nothing does.
+            return (max(round(a.seconds * NS), timeout or 0) + _ABORT_MARGIN_NS, RETRYABLE, None)
+        return (None if a.seconds is None else round(a.seconds * NS), a.outcome, retry)
+
+    @property
+    def samples(self) -> dict[str, list[list[tuple[int, str, int | None]]]]:
+        """The timed attempts of each kind, by attempt number (made when first needed)."""
+        if self._samples is None:
+            samples: dict[str, list[list[tuple[int, str, int | None]]]] = {}
+            for t in self.trace.tasks:
+                if not t.attempts:
                     continue
-                seconds = round(a.seconds * NS)
-                run: tuple[int, str, int | None]
-                if a.outcome == ABORTED:
-                    # Stopped live before it ended (a timeout, a cancellation): it
-                    # runs until the replay stops it too, and ends as lost if not.
-                    run = (max(seconds, timeout) + _ABORT_MARGIN_NS, RETRYABLE, None)
-                else:
-                    run = (seconds, a.outcome, retry)
-                runs.append(run)
                 per_attempt = samples.setdefault(t.spec.kind, [])
-                while len(per_attempt) < n:
-                    per_attempt.append([])
-                per_attempt[n - 1].append(run)
-            self.runs.append(tuple(runs))
-        self.samples = samples
-        # Run time for an attempt the trace does not time: the policy file's
-        # figure for the kind, the trace's, the kind's median, the task's hint, the pool's default.
-        self.fixed: dict[str, int] = {}
-        for kind in {t.spec.kind for t in tasks}:
-            if kind in kind_durations:
-                self.fixed[kind] = round(kind_durations[kind] * NS)
-            elif kind in trace.kind_durations:
-                self.fixed[kind] = round(trace.kind_durations[kind] * NS)
-            elif kind in samples:
-                self.fixed[kind] = int(statistics.median_low(r[0] for rows in samples[kind] for r in rows))
-        self.hints = [t.spec.duration_hint_ns for t in tasks]
-        self.pool_default = [pool_defaults.get(t.spec.pool or default_pool, NS) for t in tasks]
+                for n, a in enumerate(t.attempts, 1):
+                    run = self._of(a, t.spec.timeout_ns)
+                    if run[0] is None:
+                        continue
+                    while len(per_attempt) < n:
+                        per_attempt.append([])
+                    per_attempt[n - 1].append(run)   # type: ignore[arg-type]
+            self._samples = {kind: rows for kind, rows in samples.items() if any(rows)}
+        return self._samples
 
     def _fallback(self, index: int) -> int:
+        """Run time for an attempt the trace does not time: the policy file's
+        figure for the kind, the trace's, the kind's median, the task's hint,
+        the pool's default."""
         self.fallbacks += 1
-        fixed = self.fixed.get(self.kinds[index])
+        spec = self.trace.tasks[index].spec
+        kind = spec.kind
+        if kind not in self._fixed:
+            fixed: int | None = None
+            if kind in self.kind_durations:
+                fixed = round(self.kind_durations[kind] * NS)
+            elif kind in self.trace.kind_durations:
+                fixed = round(self.trace.kind_durations[kind] * NS)
+            elif kind in self.samples:
+                fixed = int(statistics.median_low(r[0] for rows in self.samples[kind] for r in rows))
+            self._fixed[kind] = fixed
+        fixed = self._fixed[kind]
         if fixed is not None:
             return fixed
-        hint = self.hints[index]
-        return hint if hint is not None else self.pool_default[index]
+        if spec.duration_hint_ns is not None:
+            return spec.duration_hint_ns
+        return self.pool_defaults.get(spec.pool or self.default_pool, NS)
 
     def _sample(self, index: int, attempt: int) -> tuple[int, str, int | None] | None:
-        per_attempt = self.samples.get(self.kinds[index])
+        per_attempt = self.samples.get(self.trace.tasks[index].spec.kind)
         if not per_attempt:
             return None
-        rows = per_attempt[min(attempt, len(per_attempt)) - 1] or per_attempt[0]
+        rows = per_attempt[min(attempt, len(per_attempt)) - 1] or [r for rows in per_attempt for r in rows]
         return rows[int(self.rng.random() * len(rows))]
 
     def run(self, index: int, attempt: int) -> tuple[int, str, int | None]:
         if self.mode == "trace":
-            runs = self.runs[index]
-            if runs is not None:
+            recorded = self.attempts[index]
+            if recorded:
                 # Past the recorded attempts, the last one repeats.
-                run = runs[attempt - 1] if attempt <= len(runs) else runs[-1]
+                a = recorded[attempt - 1] if attempt <= len(recorded) else recorded[-1]
+                if a.seconds is not None and a.outcome != ABORTED:
+                    return (round(a.seconds * NS), a.outcome,
+                            None if a.retry_after is None else round(a.retry_after * NS))
+                run = self._of(a, self.trace.tasks[index].spec.timeout_ns)
                 if run[0] is None:
                     return (self._fallback(index), run[1], run[2])
                 return run   # type: ignore[return-value]
@@ -163,29 +177,33 @@ def _groups(trace: Trace) -> list[tuple[int, int, int]]:
 
 def replay(trace: Trace, variant: Variant, *, durations: str | None = None, seed: int | None = None,
            kind_durations: Mapping[str, float] | None = None, samples: int = 240,
-           max_steps: int | None = None) -> ReplayResult:
+           start_delay: float = 0.0, max_steps: int | None = None) -> ReplayResult:
     """Replay ``trace`` with ``variant``'s policy. ``durations`` ("trace" or
     "sampled") and ``seed`` default to the variant's; ``kind_durations``
     (seconds per kind) time attempts the trace does not; ``samples`` is how
-    many points of the pools' capacity, busy and pending to keep (0: none)."""
+    many points of the pools' capacity, busy and pending to keep (0: none);
+    ``start_delay`` (seconds) passes between each dispatch and the start of
+    its attempt, holding the slot (what a durable store's commit and the
+    event loop add to a live run)."""
     mode = variant.durations if durations is None else durations
     if mode not in DURATION_MODES:
         raise PolicyError(f"durations must be one of {', '.join(DURATION_MODES)}, got {mode!r}")
     seed = variant.seed if seed is None else seed
+    if isinstance(start_delay, bool) or not isinstance(start_delay, (int, float)) or not 0 <= start_delay < 3600:
+        raise PolicyError(f"start_delay must be a number of seconds in [0, 3600), got {start_delay!r}")
     started = time.perf_counter()
     config, pools, resources = variant.build()
     config.seed = seed
     t0 = trace.t0_ns
     core = Core(config, pools, resources, now=t0)
-    default_pool = core.default_pool.name
     model = _Model(trace, mode, seed, kind_durations or {}, {p.name: p.default_duration_ns for p in pools},
-                   default_pool)
+                   core.default_pool.name)
     tasks = trace.tasks
     n = len(tasks)
     specs: list[TaskSpec] = [t.spec for t in tasks]
     # Dependencies on ids name trace tasks: they get the replay's ids.
     by_trace_id = {t.id: i for i, t in enumerate(tasks)} if any(
-        isinstance(ref, int) for t in tasks for ref, _ in t.spec.edges) else None
+        isinstance(ref, int) for t in tasks if t.spec.edges for ref, _ in t.spec.edges) else None
     first_start = [-1] * n
     end = [-1] * n
     status: list[str | None] = [None] * n
@@ -193,64 +211,63 @@ def replay(trace: Trace, variant: Variant, *, durations: str | None = None, seed
     replay_id = [0] * n
     index_of: dict[int, int] = {}
     groups = _groups(trace)
+    group_at = [at for at, _, _ in groups]
     cancels = sorted((t0 + t.cancel_ns, i) for i, t in enumerate(tasks) if t.cancel_ns is not None)
     span = max(trace.span_ns, 1)
     step = max(span // samples, NS // 10) if samples else 0
     next_sample = t0 if samples else _BIG
     sampled: list[tuple[int, dict[str, tuple[int, int, int, int]]]] = []
     limit = max_steps if max_steps is not None else 50 * n + 1_000_000
+    delay = round(start_delay * NS)
 
     actions = core.actions
     popleft = actions.popleft
     heap: list[tuple[int, int, int]] = []
-    running: dict[int, tuple[int, str, int | None]] = {}
+    running: dict[int, tuple[str, int | None]] = {}   # lease -> (outcome, retry_after)
     push, pop = heapq.heappush, heapq.heappop
     run_of = model.run
+    core_submit, core_complete, next_wakeup = core.submit, core.complete, core.next_wakeup
     DISPATCH, EVENT, ABORT = act.DISPATCH, act.EVENT, act.ABORT
     terminal = TERMINAL
     waiting: dict[Any, deque[int]] = {}   # (pool, class) -> submissions waiting for room
     seq = 0
     now = t0
 
-    def submit(g: int, at: int) -> str | None:
-        """Admit submission ``g``: None, or "wait" when it must wait for room."""
+    def refuse(first: int, count: int, at: int, state: str) -> None:
+        for k in range(first, first + count):
+            status[k] = state
+            end[k] = at
+
+    def submit(g: int, at: int) -> bool:
+        """Admit submission ``g``; False when it must wait for room."""
         _, first, count = groups[g]
         chosen = specs[first:first + count]
         if by_trace_id is not None:
             chosen = [_with_replay_ids(s, by_trace_id, replay_id) for s in chosen]
         try:
-            if count == 1:
-                results = [core.submit(at, chosen[0])]
-            else:
-                results = core.submit_batch(at, chosen)
+            results = [core_submit(at, chosen[0])] if count == 1 else core.submit_batch(at, chosen)
         except QueueFull as exc:
-            index = exc.index or 0
-            if core.overflow_policy(chosen[index].pool) == "wait" and not exc.never:
-                return "wait"
-            for k in range(first, first + count):
-                status[k] = REFUSED
-                end[k] = at
-            return None
+            if core.overflow_policy(chosen[exc.index or 0].pool) == "wait" and not exc.never:
+                return False
+            refuse(first, count, at, REFUSED)
+            return True
         except AdmissionError:
-            for k in range(first, first + count):
-                status[k] = REFUSED
-                end[k] = at
-            return None
-        for k, (task_id, duplicate) in zip(range(first, first + count), results):
+            refuse(first, count, at, REFUSED)
+            return True
+        k = first
+        for task_id, duplicate in results:
             if duplicate:
-                status[k] = DUPLICATE
-                end[k] = at
+                refuse(k, 1, at, DUPLICATE)
             else:
                 index_of[task_id] = k
                 replay_id[k] = task_id
-        return None
+            k += 1
+        return True
 
     def admit_waiting(at: int) -> None:
         for line in list(waiting):
             queue = waiting[line]
-            while queue:
-                if submit(queue[0], at) == "wait":
-                    break
+            while queue and submit(queue[0], at):
                 queue.popleft()
             if not queue:
                 del waiting[line]
@@ -258,22 +275,28 @@ def replay(trace: Trace, variant: Variant, *, durations: str | None = None, seed
     g, n_groups = 0, len(groups)
     c, n_cancels = 0, len(cancels)
     timer_heap = core.timer_heap
+    simple = by_trace_id is None
     steps = 0
     while True:
         steps += 1
         if steps > limit:
             raise ReplayError(f"the replay of variant {variant.name!r} did not settle within {limit} steps")
-        t_arrive = groups[g][0] if g < n_groups else _BIG
+        t_arrive = group_at[g] if g < n_groups else _BIG
         t_done = heap[0][0] if heap else _BIG
+        t_cancel = cancels[c][0] if c < n_cancels else _BIG
+        t = t_done if t_done < t_arrive else t_arrive
+        if t_cancel < t:
+            t = t_cancel
         t_timer = _BIG
-        if timer_heap:
-            wake = core.next_wakeup()
+        if timer_heap and timer_heap[0][0] <= t:
+            wake = next_wakeup()   # (skips timers that no longer matter)
             if wake is not None:
                 t_timer = wake
-        t_cancel = cancels[c][0] if c < n_cancels else _BIG
-        t = min(t_done, t_timer, t_arrive, t_cancel)
-        if t == _BIG:
-            break
+                if wake < t:
+                    t = wake
+        if t == _BIG or (t == t_timer and not heap and g == n_groups and c == n_cancels and not waiting
+                         and not core.tasks):
+            break   # every task ended: what is left is the autoscaler winding down
         if next_sample < t:
             snap = core.snapshot(next_sample)
             sampled.append((next_sample, {p.name: (p.capacity, p.desired, p.busy, p.pending) for p in snap.pools}))
@@ -285,7 +308,7 @@ def replay(trace: Trace, variant: Variant, *, durations: str | None = None, seed
             if run is None:
                 continue   # aborted: it reports nothing
             now = t
-            core.complete(t, lease, run[1], None, None, run[2])
+            core_complete(t, lease, run[0], None, None, run[1])
         elif t_timer == t:
             now = t
             core.advance(t)
@@ -300,49 +323,50 @@ def replay(trace: Trace, variant: Variant, *, durations: str | None = None, seed
                     pass   # ended and forgotten
         else:
             now = t
-            if submit(g, t) == "wait":
-                spec = specs[groups[g][1]]
+            first = groups[g][1]
+            if simple and groups[g][2] == 1:
+                try:
+                    task_id, duplicate = core_submit(t, specs[first])
+                except AdmissionError:
+                    if not submit(g, t):   # (the general path says what to do)
+                        spec = specs[first]
+                        waiting.setdefault((spec.pool, spec.priority), deque()).append(g)
+                else:
+                    if duplicate:
+                        refuse(first, 1, t, DUPLICATE)
+                    else:
+                        index_of[task_id] = first
+                        replay_id[first] = task_id
+            elif not submit(g, t):
+                spec = specs[first]
                 waiting.setdefault((spec.pool, spec.priority), deque()).append(g)
             g += 1
-        while actions:
-            raw = popleft()
-            kind = raw[0]
-            if kind == DISPATCH:
-                index = raw[1].payload
-                attempt = raw[3]
-                if attempt == 1:
-                    first_start[index] = now
-                attempts[index] = attempt
-                run = run_of(index, attempt)
-                seq += 1
-                push(heap, (now + run[0], seq, raw[2]))
-                running[raw[2]] = (index, run[1], run[2])
-            elif kind == EVENT:
-                if raw[4] in terminal:
-                    index = index_of[raw[1]]
-                    status[index] = raw[4]
-                    end[index] = raw[6]
-            elif kind == ABORT:
-                running.pop(raw[1], None)
-        if waiting:
-            admit_waiting(now)
-            while actions:   # what the admissions queued (rare: a full queue under "wait")
+        while True:
+            while actions:
                 raw = popleft()
-                if raw[0] == DISPATCH:
+                kind = raw[0]
+                if kind == DISPATCH:
                     index = raw[1].payload
-                    if raw[3] == 1:
-                        first_start[index] = now
-                    attempts[index] = raw[3]
-                    run = run_of(index, raw[3])
+                    attempt = raw[3]
+                    if attempt == 1:
+                        first_start[index] = now + delay
+                    attempts[index] = attempt
+                    seconds, outcome, retry = run_of(index, attempt)
                     seq += 1
-                    push(heap, (now + run[0], seq, raw[2]))
-                    running[raw[2]] = (index, run[1], run[2])
-                elif raw[0] == EVENT and raw[4] in terminal:
-                    index = index_of[raw[1]]
-                    status[index] = raw[4]
-                    end[index] = raw[6]
-                elif raw[0] == ABORT:
+                    push(heap, (now + delay + seconds, seq, raw[2]))
+                    running[raw[2]] = (outcome, retry)
+                elif kind == EVENT:
+                    if raw[4] in terminal:
+                        index = index_of[raw[1]]
+                        status[index] = raw[4]
+                        end[index] = raw[6]
+                elif kind == ABORT:
                     running.pop(raw[1], None)
+            if not waiting:
+                break
+            admit_waiting(now)   # (rare: a full queue under "wait"; room may have come)
+            if not actions:
+                break
     snap = core.snapshot(now)
     return ReplayResult(variant, mode, seed, first_start, end, status, attempts, snap.pools, snap.totals,
                         now, sampled, model.fallbacks, time.perf_counter() - started)

@@ -30,8 +30,8 @@ from typing import IO, Any, Iterable, Iterator, Mapping
 
 from ..core.errors import InvalidTask
 from ..core.types import (
-    CANCELLED_OUTCOME, CLASSES, MAX_SECONDS, NS, PERMANENT, RETRYABLE, STATUSES, SUCCESS, Dep, RetryPolicy,
-    TaskSpec,
+    CANCELLED_OUTCOME, CLASSES, KEY_LIMIT, MAX_SECONDS, NS, PERMANENT, RETRYABLE, STATUSES, SUCCESS, Dep,
+    RetryPolicy, TaskSpec, check_length, check_name,
 )
 
 __all__ = ["TRACE_VERSION", "DEFAULT_T0", "TraceError", "TracedAttempt", "TracedTask", "Trace", "task_line",
@@ -127,15 +127,16 @@ def _ident(value: object, name: str, where: str) -> int | str:
 
 
 def _attempt(obj: Mapping[str, Any], where: str) -> TracedAttempt:
-    outcome = obj.get("outcome", "success")
-    if outcome not in OUTCOMES:
-        raise TraceError(f"{where}: outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
+    outcome = OUTCOMES.get(obj.get("outcome", "success"))   # type: ignore[arg-type]
+    if outcome is None:
+        raise TraceError(f"{where}: outcome must be one of {', '.join(OUTCOMES)}, got {obj.get('outcome')!r}")
     seconds = obj.get("seconds")
+    if seconds is not None and (type(seconds) is not float or not 0.0 <= seconds <= MAX_SECONDS):
+        seconds = _seconds(seconds, "seconds", where)
     retry_after = obj.get("retry_after")
     start = obj.get("start")
     return TracedAttempt(
-        None if seconds is None else _seconds(seconds, "seconds", where), OUTCOMES[outcome],
-        None if retry_after is None else _seconds(retry_after, "retry_after", where),
+        seconds, outcome, None if retry_after is None else _seconds(retry_after, "retry_after", where),
         None if start is None else _seconds(start, "start", where, allow_negative=True))
 
 
@@ -194,6 +195,11 @@ def _spec(obj: Mapping[str, Any], index: int, t0_ns: int, at_ns: int, where: str
         spec = TaskSpec(index, **options)
     except (InvalidTask, TypeError) as exc:
         raise TraceError(f"{where}: {exc}") from None
+    _times(spec, obj, t0_ns, at_ns, where)
+    return spec
+
+
+def _times(spec: TaskSpec, obj: Mapping[str, Any], t0_ns: int, at_ns: int, where: str) -> None:
     # Instants are set in nanoseconds (as a store's records are): no float rounding.
     for instant, relative, attr in (("deadline", "deadline_in", "deadline_at_ns"),
                                     ("start", "start_in", "start_at_ns")):
@@ -205,7 +211,51 @@ def _spec(obj: Mapping[str, Any], index: int, t0_ns: int, at_ns: int, where: str
         elif obj.get(relative) is not None:
             setattr(spec, attr, t0_ns + at_ns + _ns(_seconds(obj[relative], relative, where)))
             spec.plain = False
-    return spec
+
+
+# Options that shape a task apart from its key and times: tasks that share
+# them share one validated prototype, copied for each (reading a million-task
+# trace would otherwise spend most of its time validating the same options).
+_SHAPE = frozenset(("pool", "kind", "priority", "tenant", "on_miss", "duration_hint", "timeout", "tolerance",
+                    "retry", "resources", "labels"))
+_SHAPES_KEPT = 10_000
+
+
+class _SpecMaker:
+    def __init__(self, t0_ns: int) -> None:
+        self.t0_ns = t0_ns
+        self.prototypes: dict[tuple[Any, ...], TaskSpec] = {}
+
+    def make(self, obj: dict[str, Any], index: int, at_ns: int, where: str) -> TaskSpec:
+        if "deps" in obj or "after" in obj:
+            return _spec(obj, index, self.t0_ns, at_ns, where)
+        g = obj.get
+        shape: tuple[Any, ...] = (g("pool"), g("kind"), g("priority"), g("tenant"), g("on_miss"),
+                                  g("duration_hint"), g("timeout"), g("tolerance"))
+        for name in ("retry", "resources", "labels"):
+            value = g(name)
+            if value is not None:
+                shape += (name, repr(value))
+        # (True == 1: a bool must not find the prototype of a number; it is refused below.)
+        prototype = None if bool in (type(shape[2]), type(shape[5]), type(shape[6]), type(shape[7])) \
+            else self.prototypes.get(shape)
+        if prototype is None:
+            prototype = _spec({k: v for k, v in obj.items() if k in _SHAPE}, 0, self.t0_ns, 0, where)
+            if len(self.prototypes) < _SHAPES_KEPT:
+                self.prototypes[shape] = prototype
+        spec = TaskSpec.__new__(TaskSpec)
+        fields = prototype.__dict__.copy()
+        fields["payload"] = index
+        spec.__dict__ = fields
+        key = obj.get("key")
+        if key is not None:
+            try:
+                fields["key"] = check_length(check_name(key, "key"), "key", KEY_LIMIT)
+            except InvalidTask as exc:
+                raise TraceError(f"{where}: {exc}") from None
+        if "deadline" in obj or "deadline_in" in obj or "start" in obj or "start_in" in obj:
+            _times(spec, obj, self.t0_ns, at_ns, where)
+        return spec
 
 
 class Trace:
@@ -263,7 +313,10 @@ class Trace:
         policy: dict[str, Any] | None = None
         kind_durations: dict[str, float] = {}
         meta: dict[str, Any] = {}
-        raw_tasks: list[tuple[int, dict[str, Any]]] = []
+        tasks: list[TracedTask] = []
+        numbers: list[int] = []
+        seen: set[Any] = set()
+        maker: _SpecMaker | None = None
         attempts: dict[Any, list[tuple[int, TracedAttempt]]] = defaultdict(list)
         ends: dict[Any, tuple[int, str]] = {}
         cancels: dict[Any, int] = {}
@@ -287,7 +340,14 @@ class Trace:
                     continue
                 t0_ns = _ns(DEFAULT_T0)
             if "task" in obj:
-                raw_tasks.append((number, obj))
+                if maker is None:
+                    maker = _SpecMaker(t0_ns if t0_ns is not None else _ns(DEFAULT_T0))
+                task = _task(obj, len(tasks), maker, spot)
+                if task.id in seen:
+                    raise TraceError(f"{spot}: task {task.id!r} appears twice")
+                seen.add(task.id)
+                tasks.append(task)
+                numbers.append(number)
             elif "attempt" in obj:
                 unknown = obj.keys() - _ATTEMPT_FIELDS
                 if unknown:
@@ -320,9 +380,14 @@ class Trace:
                                  f"end, cancel, end_of_trace")
         if t0_ns is None:
             t0_ns = _ns(DEFAULT_T0)
-        tasks = _tasks(raw_tasks, t0_ns, attempts, ends, cancels, where)
-        known = {t.id for t in tasks}
-        orphans = sum(len(v) for k, v in attempts.items() if k not in known)
+        if any(tasks[i].at_ns > tasks[i + 1].at_ns for i in range(len(tasks) - 1)):
+            # Time order (stable: a batch's tasks keep theirs); the index is the task's payload.
+            order = sorted(range(len(tasks)), key=lambda i: (tasks[i].at_ns, numbers[i]))
+            tasks = [tasks[i] for i in order]
+            for index, task in enumerate(tasks):
+                task.spec.payload = index
+        _attach(tasks, attempts, ends, cancels)
+        orphans = sum(len(v) for v in attempts.values())   # (what _attach left: no such task)
         if orphans:
             meta["attempts_of_unknown_tasks"] = orphans
         trace = cls(t0_ns, tasks, policy=policy, kind_durations=kind_durations, meta=meta)
@@ -402,61 +467,65 @@ def _header(obj: Mapping[str, Any], spot: str) -> tuple[int, dict[str, Any] | No
     return _ns(float(t0)), policy, durations, meta
 
 
-def _tasks(raw: list[tuple[int, dict[str, Any]]], t0_ns: int, attempts: dict[Any, list[tuple[int, TracedAttempt]]],
-           ends: dict[Any, tuple[int, str]], cancels: dict[Any, int], where: str) -> list[TracedTask]:
-    # Time order (stable: a batch's tasks keep theirs); the index is the task's payload.
-    order = sorted(raw, key=lambda item: (_at_of(item[1], f"{where}:{item[0]}"), item[0]))
-    out: list[TracedTask] = []
-    seen: set[Any] = set()
-    for index, (number, obj) in enumerate(order):
-        spot = f"{where}:{number}"
+def _task(obj: dict[str, Any], index: int, maker: _SpecMaker, spot: str) -> TracedTask:
+    """A task line as a task (what other lines say of it is attached later)."""
+    if not obj.keys() <= _TASK_FIELDS:
         unknown = obj.keys() - _TASK_FIELDS
-        if unknown:
-            raise TraceError(f"{spot}: unknown field{'s' if len(unknown) > 1 else ''} "
-                             f"{', '.join(sorted(unknown))} in a task line")
-        task_id = _ident(obj["task"], "task", spot)
-        if task_id in seen:
-            raise TraceError(f"{spot}: task {task_id!r} appears twice")
-        seen.add(task_id)
-        at_ns = _ns(_at_of(obj, spot))
-        spec = _spec(obj, index, t0_ns, at_ns, spot)
-        runs: list[TracedAttempt] | None = None
-        if "attempts" in obj:
-            inline = obj["attempts"]
-            if not isinstance(inline, list):
-                raise TraceError(f"{spot}: attempts must be a list")
-            runs = []
-            for item in inline:
-                if not isinstance(item, dict) or item.keys() - _INLINE_ATTEMPT_FIELDS:
-                    raise TraceError(f"{spot}: each attempt is an object with seconds, outcome, retry_after "
-                                     f"and start, got {item!r}")
-                runs.append(_attempt(item, spot))
-        elif "seconds" in obj:
-            runs = [_attempt({"seconds": obj["seconds"], "outcome": obj.get("outcome", "success")}, spot)]
-        elif "outcome" in obj:
-            raise TraceError(f"{spot}: outcome without seconds (write attempts, or seconds and outcome)")
-        listed = attempts.get(task_id)
-        if listed:
-            listed.sort(key=lambda item: item[0])
-            runs = (runs or []) + [a for _, a in listed]
-        status, end_ns = obj.get("status"), None
-        if status is not None:
-            if status not in _STATUS_NAMES:
-                raise TraceError(f"{spot}: status must be one of {', '.join(sorted(_STATUS_NAMES))}, got {status!r}")
-            if obj.get("end") is None:
-                raise TraceError(f"{spot}: a status needs the time it was reached: end")
-            end_ns = _ns(_seconds(obj["end"], "end", spot, allow_negative=True))
-        if task_id in ends:
-            end_ns, status = ends[task_id]
-        refused = obj.get("refused")
-        if refused is not None and not isinstance(refused, str):
-            raise TraceError(f"{spot}: refused must be the error's text, got {refused!r}")
-        cancel_ns = cancels.get(task_id)
-        if cancel_ns is None and status == "cancelled" and end_ns is not None and (
+        raise TraceError(f"{spot}: unknown field{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(sorted(unknown))} in a task line")
+    task_id = obj["task"]
+    if type(task_id) is not int and type(task_id) is not str:
+        _ident(task_id, "task", spot)
+    at_ns = _ns(_at_of(obj, spot))
+    spec = maker.make(obj, index, at_ns, spot)
+    runs: list[TracedAttempt] | None = None
+    if "attempts" in obj:
+        inline = obj["attempts"]
+        if not isinstance(inline, list):
+            raise TraceError(f"{spot}: attempts must be a list")
+        runs = []
+        for item in inline:
+            if not isinstance(item, dict) or not item.keys() <= _INLINE_ATTEMPT_FIELDS:
+                raise TraceError(f"{spot}: each attempt is an object with seconds, outcome, retry_after "
+                                 f"and start, got {item!r}")
+            runs.append(_attempt(item, spot))
+    elif "seconds" in obj:
+        runs = [_attempt({"seconds": obj["seconds"], "outcome": obj.get("outcome", "success")}, spot)]
+    elif "outcome" in obj:
+        raise TraceError(f"{spot}: outcome without seconds (write attempts, or seconds and outcome)")
+    status, end_ns = obj.get("status"), None
+    if status is not None:
+        if status not in _STATUS_NAMES:
+            raise TraceError(f"{spot}: status must be one of {', '.join(sorted(_STATUS_NAMES))}, got {status!r}")
+        if obj.get("end") is None:
+            raise TraceError(f"{spot}: a status needs the time it was reached: end")
+        end_ns = _ns(_seconds(obj["end"], "end", spot, allow_negative=True))
+    refused = obj.get("refused")
+    if refused is not None and not isinstance(refused, str):
+        raise TraceError(f"{spot}: refused must be the error's text, got {refused!r}")
+    return TracedTask(task_id, at_ns, spec, obj.get("batch"), runs, status, end_ns, refused)
+
+
+def _attach(tasks: list[TracedTask], attempts: dict[Any, list[tuple[int, TracedAttempt]]],
+            ends: dict[Any, tuple[int, str]], cancels: dict[Any, int]) -> None:
+    """Give each task its attempt, end and cancel lines (taken out of the dicts)."""
+    for task in tasks:
+        task_id = task.id
+        if attempts:
+            listed = attempts.pop(task_id, None)
+            if listed:
+                listed.sort(key=lambda item: item[0])
+                task.attempts = (task.attempts or []) + [a for _, a in listed]
+        if ends:
+            ended = ends.pop(task_id, None)
+            if ended is not None:
+                task.end_ns, task.status = ended
+        if cancels:
+            task.cancel_ns = cancels.pop(task_id, None)
+        runs = task.attempts
+        if task.cancel_ns is None and task.status == "cancelled" and task.end_ns is not None and (
                 not runs or runs[-1].outcome != CANCELLED_OUTCOME):
-            cancel_ns = end_ns   # not the executor's doing: somebody cancelled it
-        out.append(TracedTask(task_id, at_ns, spec, obj.get("batch"), runs, status, end_ns, refused, cancel_ns))
-    return out
+            task.cancel_ns = task.end_ns   # not the executor's doing: somebody cancelled it
 
 
 def _at_of(obj: Mapping[str, Any], spot: str) -> float:

@@ -109,11 +109,12 @@ class _Model:
             self._samples = {kind: rows for kind, rows in samples.items() if any(rows)}
         return self._samples
 
-    def _fallback(self, index: int) -> int:
+    def _fallback(self, index: int, counted: bool = False) -> int:
         """Run time for an attempt the trace does not time: the policy file's
         figure for the kind, the trace's, the kind's median, the task's hint,
         the pool's default."""
-        self.fallbacks += 1
+        if not counted:
+            self.fallbacks += 1
         spec = self.trace.tasks[index].spec
         kind = spec.kind
         if kind not in self._fixed:
@@ -152,10 +153,13 @@ class _Model:
                 if run[0] is None:
                     return (self._fallback(index), run[1], run[2])
                 return run   # type: ignore[return-value]
+            self.fallbacks += 1   # never ran live: like the kind's recorded runs
         sampled = self._sample(index, attempt)
         if sampled is not None:
             return sampled
-        return (self._fallback(index), SUCCESS, None)
+        if self.mode != "trace":
+            self.fallbacks += 1
+        return (self._fallback(index, counted=True), SUCCESS, None)
 
 
 def _groups(trace: Trace) -> list[tuple[int, int, int]]:

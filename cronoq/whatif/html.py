@@ -103,30 +103,35 @@ def _plot_capacity(report: Report, path: str) -> None:
         for name in row:
             if name not in pools:
                 pools.append(name)
-    fig = _figure(10, 2.8 * max(1, len(pools)) + 0.6)
+    fig = _figure(10, 3.2 * max(1, len(pools)) + 0.6)
     axes = fig.subplots(max(1, len(pools)), 1, sharex=True, squeeze=False)[:, 0]
     for ax, name in zip(axes, pools or ["(no samples)"]):
+        waiting = ax.twinx()
         if live_samples:
-            xs = [t / 1e9 for t, row in live_samples if name in row]
-            ax.step(xs, [row[name][0] for _, row in live_samples if name in row], where="post", color=_LIVE,
-                    linestyle="--", label="live capacity")
-            ax.step(xs, [row[name][1] for _, row in live_samples if name in row], where="post", color=_LIVE,
-                    linestyle=":", label="live desired")
-        for i, fig_ in enumerate(report.variants):
-            series = fig_.timeline.get("pools", {}).get(name)
+            rows = [(t / 1e9, row[name]) for t, row in live_samples if name in row]
+            xs = [x for x, _ in rows]
+            ax.step(xs, [r[0] for _, r in rows], where="post", color=_LIVE, linestyle="--",
+                    label="live (recorded)")
+            ax.step(xs, [r[1] for _, r in rows], where="post", color=_LIVE, linestyle=":", linewidth=1.0)
+            waiting.plot(xs, [r[3] for _, r in rows], color=_LIVE, alpha=0.3, linewidth=0.8)
+        for i, column in enumerate(report.variants):
+            series = column.timeline.get("pools", {}).get(name)
             if not series:
                 continue
             color = _color(i)
-            ax.step(series["t"], series["capacity"], where="post", color=color, label=f"{fig_.name} capacity")
+            ax.step(series["t"], series["capacity"], where="post", color=color, label=column.name)
             ax.step(series["t"], series["desired"], where="post", color=color, linestyle=":", linewidth=1.0)
-            demand = [b + p for b, p in zip(series["busy"], series["pending"])]
-            ax.plot(series["t"], demand, color=color, alpha=0.35, linewidth=0.8)
+            ax.plot(series["t"], series["busy"], color=color, linewidth=0.6, alpha=0.7)
+            waiting.plot(series["t"], series["pending"], color=color, alpha=0.3, linewidth=0.8)
         ax.set_ylabel("workers")
-        ax.set_title(f"pool {name}: capacity (solid), desired (dotted), busy + waiting (pale)",
-                     loc="left", fontsize=10)
+        waiting.set_ylabel("tasks waiting (pale)")
+        ax.set_zorder(waiting.get_zorder() + 1)
+        ax.patch.set_visible(False)
+        ax.set_title(f"pool {name}: capacity (solid), desired (dotted), busy (thin); tasks waiting (pale, "
+                     f"right axis)", loc="left", fontsize=10)
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("seconds since the trace started")
-    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].legend(loc="upper left", fontsize=8)
     fig.savefig(path)
 
 
@@ -151,12 +156,16 @@ def _plot_deadlines(report: Report, path: str) -> None:
     fig = _figure(10, 3.6)
     ax = fig.subplots()
     xs = range(len(columns))
-    ax.bar([x - 0.2 for x in xs], [c.deadline_miss_rate for c, _, _ in columns], 0.4,
-           color=[color for _, color, _ in columns], label="deadline misses (share of tasks with one)")
-    ax.bar([x + 0.2 for x in xs], [1 - c.fixed_start_hit_rate for c, _, _ in columns], 0.4,
-           color=[color for _, color, _ in columns], alpha=0.4, label="fixed starts missed (share)")
+    misses = [c.deadline_miss_rate for c, _, _ in columns]
+    missed_starts = [1 - c.fixed_start_hit_rate for c, _, _ in columns]
+    ax.bar([x - 0.2 for x in xs], misses, 0.4, color=[color for _, color, _ in columns])
+    ax.bar([x + 0.2 for x in xs], missed_starts, 0.4, color=[color for _, color, _ in columns], alpha=0.4)
+    for x, (miss, start) in enumerate(zip(misses, missed_starts)):
+        ax.annotate(f"{miss:.1%}", (x - 0.2, miss), ha="center", va="bottom", fontsize=8)
+        ax.annotate(f"{start:.0%}", (x + 0.2, start), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(xs), [c.name for c, _, _ in columns], rotation=15, ha="right")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, max(0.05, *misses, *missed_starts) * 1.2)
+    ax.set_ylabel("share")
     ax.set_title("deadline misses (solid) and fixed starts missed (pale)")
     ax.grid(True, axis="y", alpha=0.3)
     fig.savefig(path)

@@ -53,9 +53,15 @@ def trace_from_store(store: Any, *, schema: str | None = None, since: float | No
         query = query.where(t.c.submitted_ns >= round(since * NS))
     if until is not None:
         query = query.where(t.c.submitted_ns <= round(until * NS))
+    from sqlalchemy.exc import SQLAlchemyError
+
     try:
         with engine.connect() as conn:
             rows = conn.execute(query).all()
+    except SQLAlchemyError as exc:
+        # (The URL is not repeated: it may hold a password.)
+        raise ValueError(f"cannot read cronoq's tasks from the store: "
+                         f"{getattr(exc, 'orig', None) or type(exc).__name__}") from None
     finally:
         engine.dispose()
     import json

@@ -55,7 +55,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``simulate`` to ``subparsers`` (what ``add_subparsers()`` returned)."""
-    parser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = subparsers.add_parser(
         "simulate", help="replay a recorded workload against other scheduling policies",
         description=DESCRIPTION)
     configure(parser)

@@ -127,7 +127,8 @@ def _ident(value: object, name: str, where: str) -> int | str:
 
 
 def _attempt(obj: Mapping[str, Any], where: str) -> TracedAttempt:
-    outcome = OUTCOMES.get(obj.get("outcome", "success"))   # type: ignore[arg-type]
+    given = obj.get("outcome", "success")
+    outcome = OUTCOMES.get(given) if isinstance(given, str) else None
     if outcome is None:
         raise TraceError(f"{where}: outcome must be one of {', '.join(OUTCOMES)}, got {obj.get('outcome')!r}")
     seconds = obj.get("seconds")
@@ -237,11 +238,15 @@ class _SpecMaker:
             if value is not None:
                 shape += (name, repr(value))
         # (True == 1: a bool must not find the prototype of a number; it is refused below.)
-        prototype = None if bool in (type(shape[2]), type(shape[5]), type(shape[6]), type(shape[7])) \
-            else self.prototypes.get(shape)
+        try:
+            prototype = None if bool in (type(shape[2]), type(shape[5]), type(shape[6]), type(shape[7])) \
+                else self.prototypes.get(shape)
+        except TypeError:   # a list or an object where a name belongs: refused below
+            prototype = None
+            shape = ()
         if prototype is None:
             prototype = _spec({k: v for k, v in obj.items() if k in _SHAPE}, 0, self.t0_ns, 0, where)
-            if len(self.prototypes) < _SHAPES_KEPT:
+            if shape and len(self.prototypes) < _SHAPES_KEPT:
                 self.prototypes[shape] = prototype
         spec = TaskSpec.__new__(TaskSpec)
         fields = prototype.__dict__.copy()
@@ -356,15 +361,17 @@ class Trace:
                 n = obj.get("n", 1)
                 if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                     raise TraceError(f"{spot}: n (the attempt's number) must be an integer >= 1, got {n!r}")
-                attempts[obj["attempt"]].append((n, _attempt(obj, spot)))
+                attempts[_ident(obj["attempt"], "attempt", spot)].append((n, _attempt(obj, spot)))
             elif "end" in obj:
                 status = obj.get("status")
-                if status not in _STATUS_NAMES:
+                if not isinstance(status, str) or status not in _STATUS_NAMES:
                     raise TraceError(f"{spot}: status must be one of {', '.join(sorted(_STATUS_NAMES))}, "
                                      f"got {status!r}")
-                ends[obj["end"]] = (_ns(_seconds(obj.get("at"), "at", spot, allow_negative=True)), status)
+                ends[_ident(obj["end"], "end", spot)] = (
+                    _ns(_seconds(obj.get("at"), "at", spot, allow_negative=True)), status)
             elif "cancel" in obj:
-                cancels[obj["cancel"]] = _ns(_seconds(obj.get("at"), "at", spot, allow_negative=True))
+                cancels[_ident(obj["cancel"], "cancel", spot)] = _ns(
+                    _seconds(obj.get("at"), "at", spot, allow_negative=True))
             elif "sample" in obj:
                 pools = obj.get("pools")
                 if not isinstance(pools, dict) or not all(
@@ -495,7 +502,7 @@ def _task(obj: dict[str, Any], index: int, maker: _SpecMaker, spot: str) -> Trac
         raise TraceError(f"{spot}: outcome without seconds (write attempts, or seconds and outcome)")
     status, end_ns = obj.get("status"), None
     if status is not None:
-        if status not in _STATUS_NAMES:
+        if not isinstance(status, str) or status not in _STATUS_NAMES:
             raise TraceError(f"{spot}: status must be one of {', '.join(sorted(_STATUS_NAMES))}, got {status!r}")
         if obj.get("end") is None:
             raise TraceError(f"{spot}: a status needs the time it was reached: end")

@@ -40,11 +40,12 @@ def variants(trace: Trace, policies: PolicyFile | str | os.PathLike[str] | None 
 
 
 def simulate(trace: Trace | str | os.PathLike[str], policies: PolicyFile | str | os.PathLike[str] | None = None,
-             *, durations: str | None = None, seed: int | None = None, samples: int = 240,
-             only: Sequence[str] | None = None) -> Report:
+             *, durations: str | None = None, seed: int | None = None, start_delay: float | None = None,
+             samples: int = 240, only: Sequence[str] | None = None) -> Report:
     """Replay ``trace`` (a ``Trace`` or a trace file) once per variant of
-    ``policies`` and return the ``Report``. ``durations`` and ``seed``
-    override the policy file's; ``only`` keeps the variants so named."""
+    ``policies`` and return the ``Report``. ``durations``, ``seed`` and
+    ``start_delay`` override the policy file's; ``only`` keeps the variants
+    so named."""
     if not isinstance(trace, Trace):
         trace = Trace.load(trace)
     if policies is not None and not isinstance(policies, PolicyFile):
@@ -57,6 +58,6 @@ def simulate(trace: Trace | str | os.PathLike[str], policies: PolicyFile | str |
                               f"(the variants: {', '.join(v.name for v in chosen)})")
         chosen = [v for v in chosen if v.name in only]
     kind_durations = policies.kind_durations if isinstance(policies, PolicyFile) else {}
-    results = [replay(trace, v, durations=durations, seed=seed, kind_durations=kind_durations, samples=samples)
-               for v in chosen]
+    results = [replay(trace, v, durations=durations, seed=seed, start_delay=start_delay,
+                      kind_durations=kind_durations, samples=samples) for v in chosen]
     return Report(trace, results)

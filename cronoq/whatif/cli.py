@@ -41,6 +41,10 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "from the runs recorded for the same kind (sampled); default: the policy "
                              "file's [replay] durations, else trace")
     parser.add_argument("--seed", type=int, help="seed of the replays (retry jitter, sampled durations)")
+    parser.add_argument("--start-delay", type=float, metavar="SECONDS",
+                        help="time from each dispatch to its attempt's start, holding the slot (a durable "
+                             "store's commit, the event loop: what the engine alone does not take); "
+                             "default: the policy file's [replay] start_delay, else 0")
     parser.add_argument("--variant", action="append", metavar="NAME",
                         help="replay only this variant (repeat for several)")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON to PATH ('-': stdout)")
@@ -78,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         if args.save_trace:
             trace.save(args.save_trace)
         policies = load_policy_file(args.config) if args.config else None
-        report = simulate(trace, policies, durations=args.durations, seed=args.seed, only=args.variant)
+        report = simulate(trace, policies, durations=args.durations, seed=args.seed,
+                          start_delay=args.start_delay, only=args.variant)
     except (TraceError, PolicyError, ReplayError, ValueError, OSError) as exc:
         print(f"cronoq simulate: {exc}", file=sys.stderr)
         return 2

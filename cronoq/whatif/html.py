@@ -224,7 +224,8 @@ def _page(report: Report, images: list[str]) -> str:
     outcomes = "\n".join(rows)
     policies = "\n".join(
         f"<h3>{esc(fig.name)}</h3><pre>{esc(json.dumps(fig.policy or {}, indent=2))}</pre>"
-        f"<p>durations: {esc(str(fig.durations))}, seed {esc(str(fig.seed))}, replayed in "
+        f"<p>durations: {esc(str(fig.durations))}, seed {esc(str(fig.seed))}, start delay "
+        f"{fig.start_delay or 0:g} s, replayed in "
         f"{fig.wall_seconds or 0:.2f} s</p>" for fig in report.variants)
     notes = "".join(f"<li>{esc(n)}</li>" for n in report.notes())
     plots = "\n".join(f'<figure><img src="{esc(file)}" alt="{esc(file)}"></figure>' for file in images)

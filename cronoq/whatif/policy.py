@@ -11,6 +11,7 @@ The policy file (see docs/whatif.md)::
     [replay]                 # defaults for every variant
     durations = "trace"      # or "sampled"
     seed = 1
+    start_delay = 0.0        # seconds from a dispatch to its attempt's start
 
     [durations]              # seconds per kind, for attempts with no recorded run time
     report = 0.6
@@ -302,6 +303,7 @@ class Variant:
     durations: str = "trace"
     seed: int = 0
     changes: dict[str, Any] = field(default_factory=dict)   # what the file changed, as written
+    start_delay: float = 0.0   # seconds between a dispatch and its attempt's start (see replay)
 
     def build(self) -> tuple[CoreConfig, list[PoolConfig], list[ResourceConfig]]:
         return build(self.policy, seed=self.seed, where=f"variant {self.name!r}")
@@ -315,6 +317,7 @@ class PolicyFile:
     variants: list[dict[str, Any]] = field(default_factory=list)   # name, durations, seed, changes
     durations: str = "trace"
     seed: int | None = None      # None: the recorded scheduler's seed
+    start_delay: float = 0.0
     kind_durations: dict[str, float] = field(default_factory=dict)
     where: str = "policy file"
 
@@ -330,14 +333,14 @@ class PolicyFile:
                 recorded_seed = policy.get("seed", 0)
                 seed = recorded_seed if isinstance(recorded_seed, int) else 0
             variant = Variant(entry["name"], policy, entry.get("durations", self.durations), seed,
-                              entry["changes"])
+                              entry["changes"], entry.get("start_delay", self.start_delay))
             variant.build()   # every error now, before any replay runs
             out.append(variant)
         return out
 
 
 _FILE_FIELDS = ("replay", "durations", "base", "variant")
-_REPLAY_FIELDS = ("durations", "seed")
+_REPLAY_FIELDS = ("durations", "seed", "start_delay")
 
 
 def _mode(value: object, where: str) -> str:
@@ -350,6 +353,12 @@ def _seed(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise PolicyError(f"{where} must be an integer, got {value!r}")
     return value
+
+
+def _delay(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 3600:
+        raise PolicyError(f"{where} must be a number of seconds in [0, 3600), got {value!r}")
+    return float(value)
 
 
 def parse_policy_file(text: str, where: str = "policy file") -> PolicyFile:
@@ -366,6 +375,8 @@ def parse_policy_file(text: str, where: str = "policy file") -> PolicyFile:
         out.durations = _mode(replay["durations"], f"{where} [replay] durations")
     if "seed" in replay:
         out.seed = _seed(replay["seed"], f"{where} [replay] seed")
+    if "start_delay" in replay:
+        out.start_delay = _delay(replay["start_delay"], f"{where} [replay] start_delay")
     for kind, seconds in _table(data.get("durations", {}), f"{where} [durations]").items():
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
                 or not 0 <= seconds <= MAX_SECONDS:
@@ -391,6 +402,8 @@ def parse_policy_file(text: str, where: str = "policy file") -> PolicyFile:
             entry["durations"] = _mode(table.pop("durations"), f"{spot} durations")
         if "seed" in table:
             entry["seed"] = _seed(table.pop("seed"), f"{spot} seed")
+        if "start_delay" in table:
+            entry["start_delay"] = _delay(table.pop("start_delay"), f"{spot} start_delay")
         _known(table, _TOP_FIELDS, f"{spot} ({name!r})")
         entry["changes"] = table
         out.variants.append(entry)

@@ -61,6 +61,7 @@ class ReplayResult:
     # (time, {pool: (capacity, desired, busy, pending)}) at regular steps
     modelled_attempts: int = 0     # attempts whose run time came from the fallbacks, not the trace
     wall_seconds: float = 0.0      # how long the replay took
+    start_delay: float = 0.0       # seconds from each dispatch to its attempt's start
 
 
 class _Model:
@@ -181,18 +182,19 @@ def _groups(trace: Trace) -> list[tuple[int, int, int]]:
 
 def replay(trace: Trace, variant: Variant, *, durations: str | None = None, seed: int | None = None,
            kind_durations: Mapping[str, float] | None = None, samples: int = 240,
-           start_delay: float = 0.0, max_steps: int | None = None) -> ReplayResult:
+           start_delay: float | None = None, max_steps: int | None = None) -> ReplayResult:
     """Replay ``trace`` with ``variant``'s policy. ``durations`` ("trace" or
     "sampled") and ``seed`` default to the variant's; ``kind_durations``
     (seconds per kind) time attempts the trace does not; ``samples`` is how
     many points of the pools' capacity, busy and pending to keep (0: none);
-    ``start_delay`` (seconds) passes between each dispatch and the start of
-    its attempt, holding the slot (what a durable store's commit and the
-    event loop add to a live run)."""
+    ``start_delay`` (seconds, default the variant's) passes between each
+    dispatch and the start of its attempt, holding the slot (what a durable
+    store's commit and the event loop add to a live run)."""
     mode = variant.durations if durations is None else durations
     if mode not in DURATION_MODES:
         raise PolicyError(f"durations must be one of {', '.join(DURATION_MODES)}, got {mode!r}")
     seed = variant.seed if seed is None else seed
+    start_delay = variant.start_delay if start_delay is None else start_delay
     if isinstance(start_delay, bool) or not isinstance(start_delay, (int, float)) or not 0 <= start_delay < 3600:
         raise PolicyError(f"start_delay must be a number of seconds in [0, 3600), got {start_delay!r}")
     started = time.perf_counter()
@@ -373,7 +375,7 @@ def replay(trace: Trace, variant: Variant, *, durations: str | None = None, seed
                 break
     snap = core.snapshot(now)
     return ReplayResult(variant, mode, seed, first_start, end, status, attempts, snap.pools, snap.totals,
-                        now, sampled, model.fallbacks, time.perf_counter() - started)
+                        now, sampled, model.fallbacks, time.perf_counter() - started, float(start_delay))
 
 
 def _with_replay_ids(spec: TaskSpec, by_trace_id: dict[Any, int], replay_id: list[int]) -> TaskSpec:

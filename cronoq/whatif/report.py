@@ -87,6 +87,7 @@ class Figures:
     cost: float | None
     durations: str | None = None
     seed: int | None = None
+    start_delay: float | None = None
     modelled_attempts: int = 0
     wall_seconds: float | None = None
     policy: dict[str, Any] | None = None
@@ -218,6 +219,7 @@ def figures_of(trace: Trace, result: ReplayResult, *, bins: int = 60, static: _S
     out.cost = sum(p.cost for p in result.pools)
     out.durations = result.durations
     out.seed = result.seed
+    out.start_delay = result.start_delay
     out.modelled_attempts = result.modelled_attempts
     out.wall_seconds = result.wall_seconds
     out.policy = result.variant.changes

@@ -129,6 +129,55 @@ async def test_attempts_are_timed_with_their_outcomes_and_aborts(tmp_path):
                         queued.id: "cancelled"}
 
 
+@pytest.mark.asyncio
+async def test_with_every_transition_a_recorder_made_on_a_running_scheduler_times_attempts(tmp_path):
+    """No middleware once started: the attempts are timed from the RUNNING
+    transition to the one that ends them, with the outcome it implies."""
+    clock = cronoq.VirtualClock()
+
+    async def work(ctx, payload):
+        await clock.sleep(payload["sleep"])
+        if payload.get("fail") == "retry" and ctx.attempt == 1:
+            raise cronoq.Retryable("try again")
+        if payload.get("fail") == "permanent":
+            raise cronoq.Permanent("no")
+        return "ok"
+
+    path = tmp_path / "t.jsonl"
+    sched = cronoq.Scheduler(
+        [fixed("app", work, capacity=4, retry=cronoq.RetryPolicy(max_attempts=2, initial_backoff=1.0,
+                                                                  jitter=False))],
+        clock=clock, emit_transitions=True)
+    async with sched:
+        recorder = TraceRecorder(sched, path, sample_interval=0)
+        assert recorder.times_attempts
+        ok = await sched.submit({"sleep": 0.5})
+        flaky = await sched.submit({"sleep": 0.25, "fail": "retry"})
+        broken = await sched.submit({"sleep": 1.0, "fail": "permanent"})
+        slow = await sched.submit({"sleep": 10.0}, timeout=2.0, retry=cronoq.RetryPolicy.none())
+        running = await sched.submit({"sleep": 30.0})
+        await clock.advance(5.0)
+        await sched.cancel(running.id)
+        await clock.advance(1.0)
+        for handle in (ok, flaky):
+            await handle
+        recorder.close()
+    trace = Trace.load(path)
+    assert trace.meta["timed_attempts"] is True
+    by_id = {t.id: t for t in trace.tasks}
+    runs = {handle.id: [(a.start, a.seconds, a.outcome) for a in by_id[handle.id].attempts or []]
+            for handle in (ok, flaky, broken, slow, running)}
+    assert runs[ok.id] == [(0.0, 0.5, "success")]
+    assert runs[flaky.id] == [(0.0, 0.25, "retryable"), (1.25, 0.25, "success")]
+    assert runs[broken.id] == [(0.0, 1.0, "permanent")]
+    assert runs[slow.id] == [(0.0, 2.0, "aborted")]         # the timeout, not the executor, ended it
+    assert runs[running.id] == [(0.25, 4.75, "aborted")]    # (a slot freed at 0.25) cancelled while it ran
+    result = replay(trace, variants(trace)[0])
+    statuses = dict(zip((t.id for t in trace.tasks), result.status))
+    assert statuses == {ok.id: "succeeded", flaky.id: "succeeded", broken.id: "failed",
+                        slow.id: "dead_lettered", running.id: "cancelled"}
+
+
 def test_threads_are_timed_and_a_late_recorder_records_without_times(tmp_path):
     def work(ctx, payload):
         if payload == "fail":

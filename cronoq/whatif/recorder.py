@@ -9,8 +9,14 @@ public hooks only:
   ids of the tasks admitted, or the error that refused them;
 - an executor middleware times every attempt and notes how it ended (only
   when the recorder is made before the scheduler starts: middleware cannot
-  be added later; a pool with a ``runner`` is not timed);
-- an event sink (``Scheduler.subscribe``) hears how each task ended.
+  be added later);
+- an event sink (``Scheduler.subscribe``) hears how each task ended. When
+  the scheduler emits every transition (``emit_transitions=True``, as
+  cronoq-server does), it also times the attempts the middleware cannot:
+  those of pools with a ``runner`` (remote workers), or all of them when
+  the recorder is made on a running scheduler. Such an attempt runs from
+  its dispatch to the transition that ends it, and its outcome comes from
+  that transition.
 
 The hooks only append small tuples to a queue; a writer thread turns them
 into JSON lines every ``flush_interval`` seconds, and also samples the
@@ -30,7 +36,9 @@ from collections import deque
 from typing import IO, Any, Callable, Sequence
 
 from ..core.errors import AdmissionError, SchedulerError
-from ..core.types import NS, TERMINAL, TaskSpec
+from ..core.types import (
+    CANCELLED, DEAD_LETTERED, FAILED, NS, RETRYING, RUNNING, SUCCEEDED, TERMINAL, TaskSpec,
+)
 from ..runtime.context import TaskContext
 from ..runtime.runner import outcome_of
 from ..runtime.scheduler import Scheduler
@@ -42,6 +50,8 @@ __all__ = ["TraceRecorder"]
 log = logging.getLogger("cronoq.whatif")
 
 _ARRIVE, _ADMIT, _ATTEMPT, _END = 1, 2, 3, 4
+_EVENT_OUTCOMES = {RETRYING: "retryable", SUCCEEDED: "success", FAILED: "permanent",
+                   DEAD_LETTERED: "retryable", CANCELLED: ABORTED}
 _ARRIVALS_KEPT = 100_000   # arrivals never admitted (a failed encode, a hook that raised) are forgotten
 
 
@@ -51,8 +61,9 @@ class TraceRecorder:
 
     Made before ``start()``, it also times every attempt (what a replay
     needs to run the workload as it ran); made on a running scheduler, it
-    records submissions and endings only. Accepts a ``Scheduler`` or a
-    ``BlockingScheduler``. ``sample_interval`` is how often (seconds) the
+    times them only if the scheduler emits every transition, else it records
+    submissions and endings only (``times_attempts`` says which). Accepts a
+    ``Scheduler`` or a ``BlockingScheduler``. ``sample_interval`` is how often (seconds) the
     pools' capacity, busy and cost are written (0: never).
     """
 
@@ -95,9 +106,14 @@ class TraceRecorder:
         self._removers: list[Callable[[], None]] = []
         try:
             sched.add_executor_middleware(self._wrap)
-            self.times_attempts = True
+            wrapped = True
         except SchedulerError:
-            self.times_attempts = False   # already started: submissions and endings only
+            wrapped = False   # already started: only the events can time attempts
+        untimed = [p.name for p in sched.pools if not (wrapped and p.runner is None)]
+        self._event_timed = frozenset(untimed) if sched.config.emit_transitions else frozenset()
+        self._started: dict[int, tuple[int, int]] = {}   # task id -> (attempt, dispatch ns): event-timed
+        # Whether every pool's attempts are timed (by the middleware or the events).
+        self.times_attempts = not untimed or bool(self._event_timed)
         self._removers.append(sched.add_submit_hook(self._arrived))
         self._removers.append(sched.add_admission_listener(self._admitted))
         self._subscribed = False
@@ -135,8 +151,34 @@ class TraceRecorder:
 
     def deliver(self, event: Any) -> None:
         """From the scheduler: a status event (its ``EventSink`` side)."""
-        if self._recording and event.status in TERMINAL:
+        if not self._recording:
+            return
+        if self._event_timed and event.pool in self._event_timed:
+            self._time_from_event(event)
+        if event.status in TERMINAL:
             self._put((_END, event.id, round(event.at * NS), str(event.status)))
+
+    def _time_from_event(self, event: Any) -> None:
+        """An attempt of a pool the middleware does not time: from its
+        dispatch (RUNNING) to the transition that ends it."""
+        status = event.status
+        at = round(event.at * 1e6) * 1000   # (a float of Unix seconds holds microseconds, no finer)
+        if status == RUNNING:
+            self._started[event.id] = (event.attempt, at)   # (a given-back lease: started again)
+            return
+        started = self._started.pop(event.id, None)
+        if started is None:
+            return
+        attempt, start = started
+        outcome = _EVENT_OUTCOMES.get(status)
+        if status == RETRYING and event.attempt != attempt:
+            outcome = None   # given back before it ran: not an attempt
+        if outcome is None:
+            return
+        message = event.message or ""
+        if status != SUCCEEDED and ("attempt timed out" in message or "lease expired" in message):
+            outcome = ABORTED   # the scheduler gave it up: it reported nothing
+        self._put((_ATTEMPT, event.id, attempt, start, at, outcome, None))
 
     def end(self) -> None:
         """From the scheduler: it stopped. The trace is closed."""

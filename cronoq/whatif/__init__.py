@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from .policy import PolicyError, PolicyFile, Variant, load_policy_file, parse_policy_file
+from .policy import PolicyError, PolicyFile, Variant, load_policy_file, parse_policy_file, with_live_capacity
 from .recorder import TraceRecorder
 from .replay import ReplayError, ReplayResult, replay
 from .report import Figures, Report
@@ -31,12 +31,15 @@ __all__ = ["Trace", "TracedTask", "TracedAttempt", "TraceError", "TraceRecorder"
 
 def variants(trace: Trace, policies: PolicyFile | str | os.PathLike[str] | None = None) -> list[Variant]:
     """The variants of ``policies`` (a ``PolicyFile`` or the path of one; None:
-    the recorded policy alone), laid over the trace's recorded policy."""
+    the recorded policy alone), laid over the trace's recorded policy (a pool
+    that does not autoscale starts at the capacity it had live: see
+    ``policy.with_live_capacity``)."""
     if policies is None:
         policies = PolicyFile()
     elif not isinstance(policies, PolicyFile):
         policies = load_policy_file(policies)
-    return policies.variants_for(trace.policy)
+    recorded, _ = with_live_capacity(trace.policy, trace.samples)
+    return policies.variants_for(recorded)
 
 
 def simulate(trace: Trace | str | os.PathLike[str], policies: PolicyFile | str | os.PathLike[str] | None = None,

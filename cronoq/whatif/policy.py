@@ -34,7 +34,7 @@ import math
 import os
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..core.types import (
     CLASSES, MAX_SECONDS, NS, AutoscaleConfig, CoreConfig, PoolConfig, PriorityConfig, ResourceConfig,
@@ -42,6 +42,7 @@ from ..core.types import (
 )
 
 __all__ = ["PolicyError", "Variant", "PolicyFile", "load_policy_file", "parse_policy_file", "policy_of",
+           "with_live_capacity",
            "pool_to_dict", "resource_to_dict", "core_to_dict", "build", "merge", "DURATION_MODES"]
 
 DURATION_MODES = ("trace", "sampled")
@@ -128,6 +129,40 @@ def policy_of(pools: list[PoolConfig], resources: list[ResourceConfig], config: 
     out["pools"] = {p.name: pool_to_dict(p) for p in pools}
     out["resources"] = {r.name: resource_to_dict(r) for r in resources}
     return out
+
+
+def with_live_capacity(policy: Mapping[str, Any] | None, samples: Sequence[tuple[int, Mapping[str, Any]]]
+                       ) -> tuple[dict[str, Any] | None, dict[str, int]]:
+    """``policy`` with each pool that does not autoscale started at the
+    capacity it had live (the median of the recorder's samples while it had
+    tasks running or pending), when that
+    differs from its ``initial``: such a pool's capacity came from outside
+    the engine (remote workers registering with cronoq-server, calls to
+    ``set_capacity``), which a replay does not repeat. Also returns the
+    capacities so set, by pool."""
+    if policy is None or not samples:
+        return (None if policy is None else dict(policy)), {}
+    out = copy.deepcopy(dict(policy))
+    changed: dict[str, int] = {}
+    pools = out.get("pools")
+    if not isinstance(pools, dict):
+        return out, changed
+    for name, pool in pools.items():
+        if not isinstance(pool, dict) or pool.get("autoscale", False) is not False:
+            continue
+        rows = [row[name] for _, row in samples if name in row]
+        busy = [r for r in rows if r[2] or r[3]]   # while it had work: before and after, it may be empty
+        seen = sorted(r[0] for r in (busy or rows))
+        if not seen:
+            continue
+        live = int(seen[(len(seen) - 1) // 2])
+        low, high = pool.get("min", 0), pool.get("max", live)
+        if isinstance(low, int) and isinstance(high, int):
+            live = max(low, min(high, live))
+        if live != pool.get("initial"):
+            pool["initial"] = live
+            changed[name] = live
+    return out, changed
 
 
 # ---------------------------------------------------------------- data -> objects

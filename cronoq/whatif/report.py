@@ -353,6 +353,13 @@ class Report:
                 out.append(f"{fig.name}: {fig.modelled_attempts} attempts had no recorded run time; they ran "
                            f"for the kind's figure ([durations] in the policy file, the trace's estimate, "
                            f"or the kind's median), else the task's duration_hint or the pool's default_duration")
+        from .policy import with_live_capacity
+
+        _, live = with_live_capacity(self.trace.policy, self.trace.samples)
+        for pool, capacity in live.items():
+            out.append(f"pool {pool!r} does not autoscale and its capacity came from outside the engine live "
+                       f"(workers, set_capacity): the replays start it at {capacity}, its median recorded "
+                       f"capacity while it had work (set pools.{pool}.initial in the policy file to choose)")
         if self.trace.meta.get("durations_estimated"):
             out.append("the trace was built from a store, which keeps no run times: the per-kind run times "
                        "are estimates (the median time from submission to end of tasks that succeeded at once)")

@@ -19,10 +19,12 @@ b. recording overhead: tasks per second through a live Scheduler (no store,
    alternating runs; the ratio of the medians.
 c. fidelity in real time: the demo (python -m cronoq demo, its SQLite store,
    --fidelity-seconds of submissions) recorded --fidelity-runs times with the
-   same seed; each trace replayed with its recorded policy. Reported: per
-   class, the replay's p50/p90/p99 waits beside the live ones, and the same
-   figures of the live runs beside each other (how much two live runs of the
-   same workload differ), plus the deadline misses.
+   same seed; each trace replayed with its recorded policy, with no start
+   delay and with --start-delay (what the live runtime adds to each start,
+   docs/whatif.md "Calibrating"). Reported: per class, the replays' p50/p90/
+   p99 waits beside the live ones, and the same figures of the live runs
+   beside each other (how much two live runs of the same workload differ),
+   plus the deadline misses.
 """
 
 from __future__ import annotations
@@ -175,9 +177,9 @@ def _waits(fig, cls: str) -> tuple[float, float, float]:
     return (w.p50, w.p90, w.p99) if w else (math.nan, math.nan, math.nan)
 
 
-def bench_fidelity(seconds: float, runs: int, seed: int) -> None:
+def bench_fidelity(seconds: float, runs: int, seed: int, start_delay: float) -> None:
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    lives, replays = [], []
+    lives, replays, delayed = [], [], []
     with tempfile.TemporaryDirectory() as d:
         for i in range(runs):
             path = os.path.join(d, f"t{i}.jsonl")
@@ -185,19 +187,23 @@ def bench_fidelity(seconds: float, runs: int, seed: int) -> None:
                             str(seed), "--no-live", "--record", path], check=True, env=env,
                            stdout=subprocess.DEVNULL)
             trace = Trace.load(path)
-            report = Report(trace, [replay(trace, variants(trace)[0])])
+            variant = variants(trace)[0]
+            report = Report(trace, [replay(trace, variant), replay(trace, variant, start_delay=start_delay)])
             lives.append(report.live)
             replays.append(report.variants[0])
+            delayed.append(report.variants[1])
     print(f"c. the demo, {seconds:g} s of submissions, seed {seed}, {runs} live runs (real time, SQLite store)")
-    print("   class   | live p50 / p90 / p99 s          | replay p50 / p90 / p99 s        | |replay - live| "
-          "p50 / p90 / p99 (share of live)")
-    for cls in ("high", "normal", "low"):
-        for live, rep in zip(lives, replays):
-            lw, rw = _waits(live, cls), _waits(rep, cls)
-            err = [abs(r - l) for r, l in zip(rw, lw)]
-            print(f"   {cls:7} | {lw[0]:6.3f} {lw[1]:6.3f} {lw[2]:6.3f}            | "
-                  f"{rw[0]:6.3f} {rw[1]:6.3f} {rw[2]:6.3f}            | "
-                  + "  ".join(f"{e:.3f} ({e / l:.0%})" if l else f"{e:.3f}" for e, l in zip(err, lw)))
+    for name, column in (("no start delay", replays), (f"start_delay {start_delay:g} s", delayed)):
+        print(f"   replays with {name}:")
+        print("   class   | live p50 / p90 / p99 s | replay p50 / p90 / p99 s | |replay - live| "
+              "p50 / p90 / p99 (share of live)")
+        for cls in ("high", "normal", "low"):
+            for live, rep in zip(lives, column):
+                lw, rw = _waits(live, cls), _waits(rep, cls)
+                err = [abs(r - l) for r, l in zip(rw, lw)]
+                print(f"   {cls:7} | {lw[0]:6.3f} {lw[1]:6.3f} {lw[2]:6.3f}   | "
+                      f"{rw[0]:6.3f} {rw[1]:6.3f} {rw[2]:6.3f}     | "
+                      + "  ".join(f"{e:.3f} ({e / l:.0%})" if l else f"{e:.3f}" for e, l in zip(err, lw)))
     for cls in ("high", "normal", "low"):
         spread = []
         for i in range(len(lives)):
@@ -207,9 +213,10 @@ def bench_fidelity(seconds: float, runs: int, seed: int) -> None:
         if spread:
             print(f"   live vs live, {cls}: largest relative difference of p50/p90/p99 between two runs: "
                   f"{max(spread):.0%}")
-    for live, rep in zip(lives, replays):
+    for live, rep, late in zip(lives, replays, delayed):
         print(f"   deadline misses: live {live.deadline_misses}/{live.deadline_tasks}, "
-              f"replay {rep.deadline_misses}/{rep.deadline_tasks}; tasks {sum(live.endings.values())}")
+              f"replay {rep.deadline_misses}/{rep.deadline_tasks} (with the delay {late.deadline_misses}); "
+              f"tasks {sum(live.endings.values())}")
 
 
 def main() -> None:
@@ -221,6 +228,7 @@ def main() -> None:
     parser.add_argument("--fidelity-seconds", type=float, default=10.0)
     parser.add_argument("--fidelity-runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--start-delay", type=float, default=0.015)
     args = parser.parse_args()
     print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cpus")
     if args.only in (None, "speed"):
@@ -228,7 +236,7 @@ def main() -> None:
     if args.only in (None, "overhead"):
         bench_overhead(args.overhead_tasks, max(3, args.runs))
     if args.only in (None, "fidelity"):
-        bench_fidelity(args.fidelity_seconds, args.fidelity_runs, args.seed)
+        bench_fidelity(args.fidelity_seconds, args.fidelity_runs, args.seed, args.start_delay)
 
 
 if __name__ == "__main__":

@@ -267,6 +267,11 @@ class TraceRecorder:
             kind = record[0]
             if kind == _ATTEMPT:
                 _, task_id, n, start, stop, outcome, retry_after = record
+                if retry_after is None and type(task_id) is int:
+                    # The common line, formatted directly (a float's repr is its JSON).
+                    lines.append(f'{{"attempt":{task_id},"n":{n},"start":{(start - t0) / NS!r},'
+                                 f'"seconds":{(stop - start) / NS!r},"outcome":"{outcome!s}"}}')
+                    continue
                 line: dict[str, Any] = {"attempt": task_id, "n": n, "start": (start - t0) / NS,
                                         "seconds": (stop - start) / NS, "outcome": str(outcome)}
                 if retry_after is not None:
@@ -274,8 +279,11 @@ class TraceRecorder:
                 lines.append(dumps(line, separators=(",", ":")))
             elif kind == _END:
                 _, task_id, at, status = record
-                lines.append(dumps({"end": task_id, "at": (at - t0) / NS, "status": status},
-                                   separators=(",", ":")))
+                if type(task_id) is int:
+                    lines.append(f'{{"end":{task_id},"at":{(at - t0) / NS!r},"status":"{status!s}"}}')
+                else:
+                    lines.append(dumps({"end": task_id, "at": (at - t0) / NS, "status": status},
+                                       separators=(",", ":")))
             elif kind == _ARRIVE:
                 arrivals = self._arrivals
                 arrivals[id(record[2])] = (record[1], record[2])

@@ -303,7 +303,7 @@ class Report:
     # -------------------------------------------------------------- the terminal tables
 
     def tables(self) -> list[Any]:
-        """rich tables: waits by class, then the rest."""
+        """rich tables: waits by class, outcomes, capacity and cost."""
         from rich.table import Table
 
         waits = Table(title="waits by class, seconds (submission or fixed start -> first start)")
@@ -318,23 +318,27 @@ class Report:
                               f"{w.max:.3f}")
             waits.add_section()
         summary = Table(title="outcomes")
-        for column in ("variant", "deadline misses", "fixed-start hits", "adherence", "utilization",
-                       "worker-s", "cost $", "retries", "failed+dead", "shed", "refused", "unfinished",
-                       "makespan s"):
+        for column in ("variant", "deadline misses", "fixed-start hits", "retries", "failed+dead", "shed",
+                       "refused", "unfinished", "makespan s"):
             summary.add_column(column, justify="left" if column == "variant" else "right")
+        usage = Table(title="capacity and cost")
+        for column in ("variant", "priority adherence", "utilization", "worker-s", "cost $"):
+            usage.add_column(column, justify="left" if column == "variant" else "right")
         for fig in self.columns:
             e = fig.endings
             summary.add_row(
                 fig.name,
                 f"{fig.deadline_misses}/{fig.deadline_tasks}" if fig.deadline_tasks else "-",
                 f"{fig.fixed_start_hit_rate:.0%} of {fig.fixed_starts}" if fig.fixed_starts else "-",
+                str(fig.retries), str(e["failed"] + e["dead_lettered"]), str(e["shed"]), str(e[REFUSED]),
+                str(e["unfinished"]), f"{fig.makespan:.1f}")
+            usage.add_row(
+                fig.name,
                 "-" if fig.priority_adherence is None else f"{fig.priority_adherence:.3f}",
                 "-" if fig.utilization is None else f"{fig.utilization:.0%}",
                 "-" if fig.worker_seconds is None else f"{fig.worker_seconds:.0f}",
-                "-" if fig.cost is None else f"{fig.cost:.4f}",
-                str(fig.retries), str(e["failed"] + e["dead_lettered"]), str(e["shed"]), str(e[REFUSED]),
-                str(e["unfinished"]), f"{fig.makespan:.1f}")
-        return [waits, summary]
+                "-" if fig.cost is None else f"{fig.cost:.4f}")
+        return [waits, summary, usage]
 
     def print(self, console: Any = None) -> None:
         from rich.console import Console

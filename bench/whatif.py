@@ -15,8 +15,9 @@ a. speed: a synthetic trace of --tasks tasks shaped like the demo's mixed
    the trace), median of --runs runs.
 b. recording overhead: tasks per second through a live Scheduler (no store,
    an async executor that returns at once, --overhead-tasks tasks submitted
-   by 8 concurrent submitters) with and without a TraceRecorder, in
-   alternating runs; the ratio of the medians.
+   by 8 concurrent submitters) with and without a TraceRecorder (its writer
+   thread included, and its close), in alternating runs; the ratio of the
+   medians, and the process's CPU time per task.
 c. fidelity in real time: the demo (python -m cronoq demo, its SQLite store,
    --fidelity-seconds of submissions) recorded --fidelity-runs times with the
    same seed; each trace replayed with its recorded policy, with no start
@@ -134,7 +135,7 @@ def bench_speed(tasks: int, runs: int) -> None:
               f"worker-s {fig.worker_seconds:,.0f}, high p99 wait {fig.waits['high'].p99:.3f} s")
 
 
-async def _throughput(tasks: int, record: bool) -> float:
+async def _throughput(tasks: int, record: bool) -> tuple[float, float]:
     async def work(ctx, payload):
         return None
 
@@ -150,26 +151,33 @@ async def _throughput(tasks: int, record: bool) -> float:
             for _ in range(per):
                 await sched.enqueue(None, kind="k", priority="normal")
 
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(submitter() for _ in range(8)))
         while (await sched.snapshot()).live_tasks:
             await asyncio.sleep(0.001)
-        elapsed = time.perf_counter() - started
-    if recorder is not None:
-        recorder.close()
-    return per * 8 / elapsed
+        if recorder is not None:
+            recorder.close()   # (what it has left to write counts)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - started_cpu
+    return per * 8 / elapsed, cpu / (per * 8) * 1e6
 
 
 def bench_overhead(tasks: int, runs: int) -> None:
-    plain, recorded = [], []
+    plain, recorded, plain_cpu, recorded_cpu = [], [], [], []
     for _ in range(runs):
-        plain.append(asyncio.run(_throughput(tasks, False)))
-        recorded.append(asyncio.run(_throughput(tasks, True)))
+        rate, cpu = asyncio.run(_throughput(tasks, False))
+        plain.append(rate)
+        plain_cpu.append(cpu)
+        rate, cpu = asyncio.run(_throughput(tasks, True))
+        recorded.append(rate)
+        recorded_cpu.append(cpu)
     a, b = statistics.median(plain), statistics.median(recorded)
-    print(f"b. tasks/s without a recorder: median {a:,.0f} (runs: {', '.join(f'{x:,.0f}' for x in plain)})")
-    print(f"   tasks/s with a recorder:    median {b:,.0f} (runs: {', '.join(f'{x:,.0f}' for x in recorded)})")
+    ca, cb = statistics.median(plain_cpu), statistics.median(recorded_cpu)
+    print(f"b. tasks/s without a recorder: median {a:,.0f} (runs: {', '.join(f'{x:,.0f}' for x in plain)}); "
+          f"CPU per task median {ca:.1f} us")
+    print(f"   tasks/s with a recorder:    median {b:,.0f} (runs: {', '.join(f'{x:,.0f}' for x in recorded)}); "
+          f"CPU per task median {cb:.1f} us")
     print(f"   ratio {b / a:.2f}: the recorder costs {(1 - b / a) * 100:.0f} % of the throughput "
-          f"({(1 / b - 1 / a) * 1e6:.1f} us per task)")
+          f"({(1 / b - 1 / a) * 1e6:.1f} us per task of wall time, {cb - ca:.1f} us of CPU)")
 
 
 def _waits(fig, cls: str) -> tuple[float, float, float]:

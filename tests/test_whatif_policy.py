@@ -105,3 +105,25 @@ def test_a_policy_without_pools_says_where_to_give_them():
         parse_policy_file("").variants_for(None)
     (variant,) = parse_policy_file("[base]\npools.default.max = 3").variants_for(None)
     assert variant.build()[1][0].max == 3
+
+
+def test_a_pool_that_does_not_autoscale_starts_at_its_live_capacity_while_it_had_work():
+    from cronoq.whatif.policy import with_live_capacity
+
+    idle = (0, 0, 0, 0)
+    samples = [(0, {"app": (2, 2, 0, 0), "llm": (0, 0, 0, 0)}),            # before the workers came
+               (1, {"app": (4, 4, 4, 9), "llm": (3, 3, 3, 0)}),
+               (2, {"app": (16, 16, 2, 0), "llm": (3, 3, 1, 2)}),
+               (3, {"app": (16, 16, 0, 1), "llm": (9, 9, 0, 1)}),            # above its max of 4
+               (4, {"app": (16, 16, 0, 0), "llm": idle})]                    # after they left
+    policy, changed = with_live_capacity(RECORDED, samples)
+    assert changed == {"llm": 3}                       # the median of 3, 3 and 9, while it had work
+    assert policy["pools"]["llm"]["initial"] == 3
+    assert policy["pools"]["app"] == RECORDED["pools"]["app"]          # autoscaled: the engine decides
+    assert RECORDED["pools"]["llm"]["initial"] == 1                     # (the recorded policy is untouched)
+    steady = [(t, {"llm": (1, 1, 1, 0)}) for t in range(3)]            # as recorded: nothing to change
+    assert with_live_capacity(RECORDED, steady)[1] == {}
+    crowded = [(t, {"llm": (9, 9, 9, 0)}) for t in range(3)]           # more than its max of 4
+    assert with_live_capacity(RECORDED, crowded)[1] == {"llm": 4}
+    assert with_live_capacity(RECORDED, []) == (RECORDED, {})
+    assert with_live_capacity(None, samples) == (None, {})

@@ -33,6 +33,7 @@ class Raw:
     def __init__(self, port: int, timeout: float = 30.0) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.buffer = b""
+        self.last_headers: dict[str, str] = {}
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -44,8 +45,9 @@ class Raw:
         self.buffer += chunk
         return True
 
-    def response(self) -> tuple[int, dict[str, str], bytes]:
-        """The next response: (status, headers with lower-case names, body)."""
+    def response(self, head_only: bool = False) -> tuple[int, dict[str, str], bytes]:
+        """The next response: (status, headers with lower-case names, body);
+        ``head_only``: the answer to a HEAD request (no body follows)."""
         while b"\r\n\r\n" not in self.buffer:
             if not self._fill():
                 raise ConnectionError(f"the connection closed before a response (got {self.buffer!r})")
@@ -56,7 +58,8 @@ class Raw:
         for line in lines[1:]:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
-        if status == 100:
+        self.last_headers = headers
+        if status == 100 or head_only:
             return status, headers, b""
         length = int(headers.get("content-length", "0"))
         while len(self.buffer) < length:

@@ -75,7 +75,8 @@ def document() -> dict[str, Any]:
         elif route.method == "HEAD":
             ok = {"description": "OK (no body)"}
         else:
-            ok = {"description": "OK", "content": _content(route.media, {"type": "string"})}
+            body = {"type": "object"} if route.media == "application/json" else {"type": "string"}
+            ok = {"description": "OK", "content": _content(route.media, body)}
         responses["200"] = ok
         for status in sorted(route.statuses):
             answer: dict[str, Any] = {"description": f"{REASONS[status]} ({reason_code(status)})"}

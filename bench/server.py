@@ -21,7 +21,19 @@ that for the 10 ms tasks), so every probe meets one. The added latency is
 the difference to the baseline. Targets: >= 5,000 tasks/s with 4 workers;
 high-priority start p99 < 5 ms through the server.
 
+Then the HTTP/JSON gateway of the same kind of server (``--http``, on by
+default): ``--http-clients`` (8) client processes, each an ``httpx.Client``
+on one HTTP/1.1 keep-alive connection, submit no-op tasks into a pool that
+no worker serves (so the figure is the gateway and admission), one per
+request (``--http-single`` in all) and in batches of ``--http-batch`` (1,000;
+``--http-batches`` batches in all): tasks/s from the start signal to the
+last answer. Then the latency of ``POST /v1/tasks`` with ``wait: true`` for
+a no-op task run by one worker process, one request at a time
+(``--http-probes``), p50 and p99. Targets: >= 3,000 single submits/s and
+>= 30,000 tasks/s in batches of 1,000.
+
     python bench/server.py [--tasks 20000] [--batch 500] [--probes 200] [--workers 1,4] [--backlog 5000]
+                           [--http-single 20000] [--http-batches 200] [--http-probes 500] [--no-grpc]
 
 Workers and the server are child processes of this one, stopped by pid at
 the end. The machine is shared and noisy: compare the rows of one run.
@@ -40,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -216,6 +229,126 @@ async def through_server(tasks: int, batch: int, probes: int, workers: int, slot
                     child.wait()
 
 
+# ---------------------------------------------------------------- the HTTP gateway
+
+
+def http_client_main(port: int, mode: str, count: int, batch: int) -> None:
+    """One benchmark client: warm up, wait for "go" on stdin, send ``count``
+    requests on one keep-alive connection, print when it finished."""
+    import httpx
+
+    headers = {"content-type": "application/json"}
+    if mode == "single":
+        body = json.dumps({"pool": "sink", "payload": {"n": 1}}).encode()
+        path = "/v1/tasks"
+    else:
+        body = json.dumps({"tasks": [{"pool": "sink", "payload": {"n": i}} for i in range(batch)]}).encode()
+        path = "/v1/tasks:batch"
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+        assert client.post(path, content=body, headers=headers).status_code == 200
+        print("ready", flush=True)
+        sys.stdin.readline()
+        for _ in range(count):
+            response = client.post(path, content=body, headers=headers)
+            if response.status_code != 200:
+                raise SystemExit(f"HTTP {response.status_code}: {response.text}")
+        print(time.monotonic(), flush=True)
+
+
+def _start_server(config_text: str, directory: str) -> tuple[subprocess.Popen[str], int, int]:
+    config = Path(directory) / "bench.toml"
+    config.write_text(config_text)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    server = subprocess.Popen([sys.executable, "-m", "cronoq.server", "--config", str(config)],
+                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    assert server.stderr is not None
+    while True:
+        line = server.stderr.readline()
+        if not line:
+            raise RuntimeError("the server exited")
+        match = re.search(r"listening: grpc [^ ]+:(\d+), http http://[^ ]+:(\d+)", line)
+        if match:
+            threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()   # drain the log
+            return server, int(match.group(1)), int(match.group(2))
+
+
+def _stop(children: list[subprocess.Popen[str]]) -> None:
+    for child in reversed(children):
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in reversed(children):
+        try:
+            child.wait(20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _clients_rate(port: int, clients: int, mode: str, requests: int, batch: int) -> float:
+    """Tasks per second submitted by ``clients`` httpx processes, ``requests`` requests in all."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    each = max(1, requests // clients)
+    procs = [subprocess.Popen([sys.executable, __file__, "--http-client", str(port), mode, str(each), str(batch)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(clients)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        begin = time.monotonic()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        ends = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError("a benchmark client failed")
+            ends.append(float(line))
+        tasks = each * clients * (batch if mode == "batch" else 1)
+        return tasks / (max(ends) - begin)
+    finally:
+        _stop(procs)
+
+
+def through_http(clients: int, single: int, batches: int, batch: int, probes: int) -> dict[str, float]:
+    import httpx
+
+    config = ('[server]\ngrpc_addr = "127.0.0.1:0"\nhttp_addr = "127.0.0.1:0"\nshutdown_grace_s = 1\n'
+              f'[limits]\nmax_tasks_per_batch = {max(batch, 1000)}\nmax_pending_total = 100000000\n'
+              '[[pools]]\nname = "default"\n[[pools]]\nname = "sink"\n')
+    with tempfile.TemporaryDirectory() as directory:
+        server, grpc_port, http_port = _start_server(config, directory)
+        children = [server]
+        try:
+            single_rate = _clients_rate(http_port, clients, "single", single, 1)
+            batch_rate = _clients_rate(http_port, clients, "batch", batches, batch)
+            env = dict(os.environ, PYTHONPATH=str(ROOT))
+            children.append(subprocess.Popen([sys.executable, __file__, "--worker", f"127.0.0.1:{grpc_port}",
+                                              "--slots", "8"], env=env, stdout=subprocess.DEVNULL))
+            body = json.dumps({"payload": None, "wait": True, "wait_timeout_s": 30}).encode()
+            headers = {"content-type": "application/json"}
+            latencies = []
+            with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as client:
+                deadline = time.monotonic() + 30
+                while not client.get("/v1/workers").json()["workers"]:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the worker did not connect")
+                    time.sleep(0.05)
+                for i in range(probes + 20):
+                    t0 = time.perf_counter()
+                    response = client.post("/v1/tasks", content=body, headers=headers)
+                    took = time.perf_counter() - t0
+                    assert response.status_code == 200 and response.json()["result"]["status"] == "succeeded"
+                    if i >= 20:   # the first ones warm up
+                        latencies.append(took)
+                    time.sleep(0.002)
+            return {"single": single_rate, "batch": batch_rate, **_percentiles(latencies, "wait")}
+        finally:
+            _stop(children)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
@@ -226,30 +359,54 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=5_000,
                         help="pending no-op tasks kept standing while probing (topped up before each probe); "
                              "the 10 ms backlog is a third of it")
+    parser.add_argument("--http-clients", type=int, default=8, help="httpx client processes (HTTP part)")
+    parser.add_argument("--http-single", type=int, default=20_000, help="single submits over HTTP, in all")
+    parser.add_argument("--http-batches", type=int, default=200, help="batches over HTTP, in all")
+    parser.add_argument("--http-batch", type=int, default=1000, help="tasks per HTTP batch")
+    parser.add_argument("--http-probes", type=int, default=500, help="submits with wait=true, one at a time")
+    parser.add_argument("--no-http", dest="http", action="store_false", help="skip the HTTP part")
+    parser.add_argument("--no-grpc", dest="grpc", action="store_false",
+                        help="skip the in-process and gRPC part")
     parser.add_argument("--worker", metavar="TARGET", help=argparse.SUPPRESS)
+    parser.add_argument("--http-client", nargs=4, metavar=("PORT", "MODE", "COUNT", "BATCH"), help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     if args.worker:
         worker_main(args.worker, args.slots)
         return
+    if args.http_client:
+        port, mode, count, batch = args.http_client
+        http_client_main(int(port), mode, int(count), int(batch))
+        return
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
     slow = max(args.batch, args.backlog // 3)
-    rows = [("in-process, 32 slots", asyncio.run(in_process(args.tasks, args.batch, args.probes, args.backlog,
-                                                             slow)))]
-    for count in (int(w) for w in args.workers.split(",")):
-        rows.append((f"server, {count} worker{'s' if count > 1 else ''} x {args.slots}",
-                     asyncio.run(through_server(args.tasks, args.batch, args.probes, count, args.slots,
-                                                args.backlog, slow))))
+    rows = []
+    if args.grpc:
+        rows.append(("in-process, 32 slots", asyncio.run(in_process(args.tasks, args.batch, args.probes,
+                                                                     args.backlog, slow))))
+        for count in (int(w) for w in args.workers.split(",")):
+            rows.append((f"server, {count} worker{'s' if count > 1 else ''} x {args.slots}",
+                         asyncio.run(through_server(args.tasks, args.batch, args.probes, count, args.slots,
+                                                    args.backlog, slow))))
+    http = (through_http(args.http_clients, args.http_single, args.http_batches, args.http_batch,
+                         args.http_probes) if args.http else None)
     if args.json:
-        print(json.dumps(dict(rows), indent=2))
+        print(json.dumps({**dict(rows), **({"http": http} if http else {})}, indent=2))
         return
-    print(f"{args.tasks} no-op tasks in batches of {args.batch}; {args.probes} high-priority probes")
     print(f"load average before: {load}")
-    print(f"{'':<26} {'':>9} {'idle pool':>19} {'no-op backlog':>19} {'10 ms backlog':>19}")
-    print(f"{'setup':<26} {'tasks/s':>9} {'p50':>9} {'p99':>9} {'p50':>9} {'p99':>9} {'p50':>9} {'p99':>9}")
-    for name, row in rows:
-        print(f"{name:<26} {row['rate']:>9.0f} " + " ".join(
-            f"{row[f'{kind}_{q}']:>7.2f}ms" for kind in ("idle", "backlog", "slow") for q in ("p50", "p99")))
+    if rows:
+        print(f"{args.tasks} no-op tasks in batches of {args.batch}; {args.probes} high-priority probes")
+        print(f"{'':<26} {'':>9} {'idle pool':>19} {'no-op backlog':>19} {'10 ms backlog':>19}")
+        print(f"{'setup':<26} {'tasks/s':>9} {'p50':>9} {'p99':>9} {'p50':>9} {'p99':>9} {'p50':>9} {'p99':>9}")
+        for name, row in rows:
+            print(f"{name:<26} {row['rate']:>9.0f} " + " ".join(
+                f"{row[f'{kind}_{q}']:>7.2f}ms" for kind in ("idle", "backlog", "slow") for q in ("p50", "p99")))
+    if http:
+        print(f"HTTP gateway, {args.http_clients} httpx clients (HTTP/1.1 keep-alive):")
+        print(f"  single submits:         {http['single']:>9.0f} tasks/s   (target 3,000)")
+        print(f"  batches of {args.http_batch:<5}        {http['batch']:>9.0f} tasks/s   (target 30,000)")
+        print(f"  submit with wait=true:  p50 {http['wait_p50']:.2f} ms, p99 {http['wait_p99']:.2f} ms "
+              f"({args.http_probes} no-op tasks, one at a time)")
 
 
 if __name__ == "__main__":

@@ -105,55 +105,72 @@ _COND_IN = {"on_success": pb.EDGE_COND_ON_SUCCESS, "on_failure": pb.EDGE_COND_ON
 _OVERLAP_OUT = {pb.OVERLAP_UNSPECIFIED: "skip", pb.OVERLAP_SKIP: "skip", pb.OVERLAP_ALLOW: "allow",
                 pb.OVERLAP_QUEUE: "queue", pb.OVERLAP_QUEUE_ON_SUCCESS: "queue_on_success"}
 _STATUS_OUT = {status_enum(name): name for name in STATUSES}
-_PLAIN = ("pool", "kind", "key", "tenant", "deadline_in_s", "deadline_unix_ns", "start_in_s", "start_unix_ns",
-          "tolerance_s", "timeout_s", "duration_hint_s", "resources", "tags", "labels")
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_ASCII_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def dumps(value: Any) -> bytes:
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        return _ENCODER.encode(value).encode("utf-8")
     except UnicodeEncodeError:   # a lone surrogate (from a worker's JSON output): escape it
-        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("ascii")
+        return _ASCII_ENCODER.encode(value).encode("ascii")
 
 
-def _payload_json(value: Any) -> bytes:
+def _payload(fields: dict[str, Any], value: Any) -> None:
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        fields["payload"] = _ENCODER.encode(value).encode("utf-8")
     except (UnicodeEncodeError, ValueError, RecursionError) as exc:
         raise invalid("payload", f"cannot be sent as JSON ({exc})") from None
+    fields.setdefault("content_type", JSON)
+
+
+def _payload_b64(fields: dict[str, Any], value: bytes) -> None:
+    fields["payload"] = value
+
+
+def _payload_text(fields: dict[str, Any], value: str) -> None:
+    fields["payload"] = value.encode("utf-8")
+    fields.setdefault("content_type", TEXT)
 
 
 def _ref(kind: str, value: Any) -> pb.TaskRef:
     return pb.TaskRef(id=value) if kind == "id" else pb.TaskRef(key=value)
 
 
+def _after(fields: dict[str, Any], value: list[tuple[str, Any]]) -> None:
+    fields["after"] = [_ref(kind, ref) for kind, ref in value]
+
+
+def _deps(fields: dict[str, Any], value: list[dict[str, Any]]) -> None:
+    fields["deps"] = [pb.Dep(ref=pb.TaskRef(id=d["id"]) if "id" in d else pb.TaskRef(key=d["key"]),
+                             cond=_COND_IN[d.get("cond", "on_success")]) for d in value]
+
+
+def _ignore(fields: dict[str, Any], value: Any) -> None:
+    pass
+
+
+_CONVERT: dict[str, Callable[[dict[str, Any], Any], None]] = {
+    "payload": _payload, "payload_b64": _payload_b64, "payload_text": _payload_text,
+    "priority": lambda fields, value: fields.__setitem__("priority", _PRIORITY_IN[value]),
+    "on_miss": lambda fields, value: fields.__setitem__("on_miss", _MISS_IN[value]),
+    "retry": lambda fields, value: fields.__setitem__("retry", pb.RetryPolicy(**value)),
+    "after": _after, "deps": _deps, "wait": _ignore, "wait_timeout_s": _ignore,
+}
+
+
 def task_spec(task: dict[str, Any]) -> pb.TaskSpec:
-    """The wire task of a validated task object."""
+    """The wire task of a validated task object (the other fields keep their names)."""
     fields: dict[str, Any] = {}
-    if "payload" in task:
-        fields["payload"] = _payload_json(task["payload"])
-        fields["content_type"] = JSON
-    elif "payload_b64" in task:
-        fields["payload"] = task["payload_b64"]
-    elif "payload_text" in task:
-        fields["payload"] = task["payload_text"].encode("utf-8")
-        fields["content_type"] = TEXT
-    for name in _PLAIN:
-        if name in task:
-            fields[name] = task[name]
-    if "content_type" in task:
-        fields["content_type"] = task["content_type"]
-    if "priority" in task:
-        fields["priority"] = _PRIORITY_IN[task["priority"]]
-    if "on_miss" in task:
-        fields["on_miss"] = _MISS_IN[task["on_miss"]]
-    if "retry" in task:
-        fields["retry"] = pb.RetryPolicy(**task["retry"])
-    if "after" in task:
-        fields["after"] = [_ref(kind, value) for kind, value in task["after"]]
-    if "deps" in task:
-        fields["deps"] = [pb.Dep(ref=pb.TaskRef(id=d["id"]) if "id" in d else pb.TaskRef(key=d["key"]),
-                                 cond=_COND_IN[d.get("cond", "on_success")]) for d in task["deps"]]
+    convert = _CONVERT
+    for name, value in task.items():
+        how = convert.get(name)
+        if how is None:
+            fields[name] = value
+        else:
+            how(fields, value)
     return pb.TaskSpec(**fields)
 
 

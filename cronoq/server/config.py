@@ -61,6 +61,8 @@ class ServerSection:
     grpc_port: int = 7070
     http_host: str = "127.0.0.1"
     http_port: int = 7071
+    metrics_host: str | None = None     # the optional listener of /metrics without credentials
+    metrics_port: int = 0
     shutdown_grace_s: float = 10.0
     standby_close_s: float = 1.0
     insecure_no_auth: bool = False
@@ -73,6 +75,10 @@ class ServerSection:
     @property
     def http_addr(self) -> str:
         return _join(self.http_host, self.http_port)
+
+    @property
+    def metrics_addr(self) -> str | None:
+        return None if self.metrics_host is None else _join(self.metrics_host, self.metrics_port)
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,7 @@ class StoreConfig:
 @dataclass(frozen=True)
 class LimitsConfig:
     max_message_bytes: int = 16 * 1024 * 1024
+    max_http_body_bytes: int = 16 * 1024 * 1024
     request_timeout_s: float = 30.0
     max_wait_s: float = 300.0
     max_tasks_per_batch: int = 1000
@@ -414,8 +421,6 @@ _NOT_HERE = {
 }
 _NOT_HERE_SERVER = {
     "grpc_web": "gRPC-Web is not supported by this version of cronoq-server (see docs/server.md)",
-    "metrics_addr": "the metrics listener comes with the HTTP API; this version serves only "
-                    "/healthz and /readyz (see docs/server.md)",
     "peer_tls": "sharding is not supported by this version of cronoq-server (see docs/server.md)",
     "shard": "sharding is not supported by this version of cronoq-server (see docs/server.md)",
     "insecure_peer_http": "sharding is not supported by this version of cronoq-server (see docs/server.md)",
@@ -437,6 +442,12 @@ def _server(t: _Table | None) -> ServerSection:
         prefix = key.split("_")[0]
         values[f"{prefix}_host"] = host
         values[f"{prefix}_port"] = port
+    metrics = t.string("metrics_addr")
+    if metrics is not None:
+        try:
+            values["metrics_host"], values["metrics_port"] = split_addr(metrics)
+        except ValueError as exc:
+            t.error("metrics_addr", str(exc))
     values["shutdown_grace_s"] = t.seconds("shutdown_grace_s", 10.0)
     values["standby_close_s"] = t.seconds("standby_close_s", 1.0, low=0.1, high=60.0)
     values["insecure_no_auth"] = t.boolean("insecure_no_auth", False)
@@ -454,6 +465,10 @@ def _server(t: _Table | None) -> ServerSection:
     if values.get("grpc_port") and values["grpc_port"] == values.get("http_port") \
             and values["grpc_host"] == values["http_host"]:
         t.error("http_addr", "must differ from grpc_addr")
+    if values.get("metrics_port"):
+        for other in ("grpc", "http"):
+            if (values["metrics_host"], values["metrics_port"]) == (values[f"{other}_host"], values[f"{other}_port"]):
+                t.error("metrics_addr", f"must differ from {other}_addr")
     t.done(_NOT_HERE_SERVER)
     return ServerSection(**values)
 
@@ -547,6 +562,7 @@ def _store(t: _Table | None) -> StoreConfig:
 _LIMIT_INTS = {
     # key: (default, low, high)
     "max_message_bytes": (16 * 1024 * 1024, 64 * 1024, 256 * 1024 * 1024),
+    "max_http_body_bytes": (16 * 1024 * 1024, 4096, 256 * 1024 * 1024),
     "max_tasks_per_batch": (1000, 1, 100_000),
     "max_list": (1000, 1, 100_000),
     "max_deps": (256, 0, 10_000),
@@ -914,8 +930,9 @@ def check_environment(config: ServerConfig, *, insecure_no_auth: bool = False,
     allowed = insecure_no_auth or config.server.insecure_no_auth
     if not config.auth_enabled and not allowed:
         for key, host in (("server.grpc_addr", config.server.grpc_host),
-                          ("server.http_addr", config.server.http_host)):
-            if not is_loopback(host):
+                          ("server.http_addr", config.server.http_host),
+                          ("server.metrics_addr", config.server.metrics_host)):
+            if host is not None and not is_loopback(host):
                 errors.append(f"{key}: {host} is not a loopback address and no credentials are configured "
                               f"([[auth.tokens]] or [[auth.certs]]); configure them, or pass "
                               f"--insecure-no-auth on a trusted network")

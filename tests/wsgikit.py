@@ -179,7 +179,7 @@ def drive(server: Server, keys: list[str], *, clients: int = 8, retried: float =
                     with lock:
                         load.hangs += 1
                     continue
-                except OSError as exc:   # the process serving it died: try again
+                except (OSError, http.client.HTTPException) as exc:   # the process serving it died: again
                     with lock:
                         load.failures.append(f"{key}: {exc!r}")
                     time.sleep(0.05 * (attempt + 1))

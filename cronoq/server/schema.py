@@ -568,6 +568,10 @@ CANCEL_OUT = Obj("CancelResponse", {
     "cancelled": Flag("False when the task had already finished."),
 }, "Whether the task was cancelled.", required=("cancelled",))
 
+REMOVED_OUT = Obj("RemoveRecurringResponse", {
+    "removed": Flag("False when no schedule of that name existed."),
+}, "Whether the schedule was removed.", required=("removed",))
+
 WORKER = Obj("Worker", {
     "id": Id("Assigned by the server, per connection."),
     "name": Text("What the worker registered as."),

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, cast
 
 from .._proto import cronoq_pb2 as pb
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..runtime.scheduler import Scheduler
     from .remote import WorkerHub
 
-__all__ = ["Service", "InfoCache", "TaskMeta", "status_enum", "status_name"]
+__all__ = ["Service", "InfoCache", "TaskMeta", "LiveFeed", "status_enum", "status_name"]
 
 log = logging.getLogger("cronoq.server")
 
@@ -115,6 +115,45 @@ class InfoCache:
             meta.started_ns = at_ns
         elif status in TERMINAL:
             meta.finished_ns = at_ns
+
+
+# ---------------------------------------------------------------- push streams
+
+
+class LiveFeed:
+    """The status events of one push stream (the gateway's Server-Sent
+    Events): delivered on the scheduler's loop without ever blocking it,
+    buffered up to ``capacity`` (the oldest dropped and counted in
+    ``lagged``), taken in batches by the stream's writer."""
+
+    def __init__(self, capacity: int, pools: frozenset[str] | None) -> None:
+        self.capacity = capacity
+        self.pools = pools
+        self.events: deque[Any] = deque()
+        self.lagged = 0
+        self.ended = False
+        self.wake = asyncio.Event()
+
+    def deliver(self, event: Any) -> None:
+        if self.pools is not None and event.pool not in self.pools:
+            return
+        self.events.append(event)
+        if len(self.events) > self.capacity:
+            self.events.popleft()
+            self.lagged += 1
+        self.wake.set()
+
+    def end(self) -> None:
+        self.ended = True
+        self.wake.set()
+
+    def take(self) -> tuple[list[Any], int]:
+        """Every buffered event, and how many were dropped since the last take."""
+        events, lagged = list(self.events), self.lagged
+        self.events.clear()
+        self.lagged = 0
+        self.wake.clear()
+        return events, lagged
 
 
 # ---------------------------------------------------------------- the service
@@ -570,7 +609,12 @@ class Service:
             raise from_exception(exc) from None
         return pb.CancelResponse(cancelled=cancelled)
 
-    async def list_tasks(self, caller: Principal, request: pb.ListTasksRequest) -> pb.ListTasksResponse:
+    async def list_tasks(self, caller: Principal, request: pb.ListTasksRequest, *, priority: str | None = None,
+                         tenant: str | None = None) -> pb.ListTasksResponse:
+        """ListTasks; the HTTP gateway also filters by ``priority`` (a class
+        name) and ``tenant``, which it reads from the leader's info cache."""
+        if priority is not None or tenant is not None:
+            return await self._list_filtered(caller, request, priority, tenant)
         caller.require("client")
         sched = self.serving()
         pools = self._pool_filter(caller, request.pools)
@@ -598,6 +642,40 @@ class Service:
         if more:
             response.next_after = infos[limit - 1].id
         return response
+
+    async def _list_filtered(self, caller: Principal, request: pb.ListTasksRequest, priority: str | None,
+                             tenant: str | None) -> pb.ListTasksResponse:
+        """A page of the tasks whose class and tenant match, scanning at most
+        ``limits.max_list`` tasks per call: a page can hold fewer tasks than
+        asked while ``next_after`` still leads on."""
+        wanted_class = None if priority is None else CLASSES.index(priority)
+        limit = min(request.limit or 100, self.limits.max_list)
+        budget = self.limits.max_list
+        after = int(request.after)
+        response = pb.ListTasksResponse()
+        while True:
+            scan = pb.ListTasksRequest(pools=request.pools, statuses=request.statuses, after=after,
+                                       limit=min(budget, max(limit * 4, 100)))
+            page = await self.list_tasks(caller, scan)
+            budget -= len(page.tasks)
+            for info in page.tasks:
+                after = info.id
+                if wanted_class is not None and _PRIORITY_IN[info.priority] != wanted_class:
+                    continue
+                if tenant is not None and info.tenant != tenant:
+                    continue
+                response.tasks.append(info)
+                if len(response.tasks) == limit:
+                    break
+            if len(response.tasks) == limit:
+                if page.next_after or after != page.tasks[-1].id:
+                    response.next_after = after
+                return response
+            if not page.next_after:
+                return response
+            if budget <= 0:
+                response.next_after = after
+                return response
 
     async def watch(self, caller: Principal, request: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
         caller.require("client")
@@ -634,6 +712,31 @@ class Service:
             self.watchers -= 1
             stream.close()
         raise ServiceError(Code.UNAVAILABLE, "the server stopped serving; reconnect (to the new leader)")
+
+    def open_feed(self, caller: Principal, pools: Iterable[str]) -> tuple[Scheduler, LiveFeed]:
+        """A push stream's feed of status events (the role and the limit of
+        Watch, whose streams it counts among). ``close_feed`` releases it."""
+        caller.require("client")
+        sched = self.serving()
+        chosen = self._pool_filter(caller, pools)
+        if self.watchers >= self.limits.max_watchers:
+            raise ServiceError(Code.RESOURCE_EXHAUSTED,
+                               f"the server serves at most {self.limits.max_watchers} Watch streams (limits)")
+        feed = LiveFeed(self.limits.watch_buffer, None if chosen is None else frozenset(chosen))
+        try:
+            sched.subscribe(feed)
+        except Exception as exc:
+            raise from_exception(exc) from None
+        self.watchers += 1
+        return sched, feed
+
+    def close_feed(self, sched: Scheduler, feed: LiveFeed) -> None:
+        self.watchers -= 1
+        sched.unsubscribe(feed)
+
+    def serves(self, sched: Scheduler) -> bool:
+        """Whether ``sched`` is still the scheduler this server serves with."""
+        return self.state == "leader" and self.scheduler is sched and sched.running
 
     # -- Admin
 

@@ -17,6 +17,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+import cronoq
 from cronoq.client import Worker
 from cronoq.server import gateway
 from cronoq.server.openapi import document
@@ -68,6 +69,8 @@ async def live(server):
 
 
 async def echo(lease):
+    if lease.json() == {"dead": True}:
+        raise cronoq.Retryable("a dead letter for the resubmit route")
     return {"echo": lease.json()}
 
 
@@ -96,6 +99,9 @@ async def test_every_live_answer_validates_against_the_document(server, live):
         async with client(server, CLIENT) as http:
             done = (await http.post("/v1/tasks", json={"payload": {"n": 1}, "key": "oa/done", "wait": True})).json()
             waiting = (await http.post("/v1/tasks", json={"pool": "idle", "key": "oa-waiting"})).json()
+            dead = (await http.post("/v1/tasks", json={"payload": {"dead": True}, "retry": {"max_attempts": 1},
+                                                        "wait": True})).json()
+            assert dead["result"]["status"] == "dead_lettered"
         params = {"id": done["id"], "key": "oa%2Fdone"}
         examples = {("GET", "/v1/tasks"): {"pool": "default,idle", "limit": "1"},
                     ("GET", "/v1/tasks/{id}/result"): {"timeout_s": "5"},
@@ -110,6 +116,8 @@ async def test_every_live_answer_validates_against_the_document(server, live):
                 role = operation["x-cronoq-role"]
                 values = params if method != "delete" else {"id": waiting["id"], "key": "oa-waiting",
                                                              "name": "oa-no-such-schedule"}
+                if path.endswith(":resubmit"):
+                    values = {"id": dead["id"]}
                 url = re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
                 async with client(server, TOKENS[role]) as http:
                     if "text/event-stream" in operation["responses"]["200"].get("content", {}):

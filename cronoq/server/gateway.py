@@ -405,6 +405,8 @@ class Gateway:
                 return "/v1/tasks/by-key/{key}/result", {"key": parts[1]}
             raise HttpError(404, "no route; a key is one path segment: percent-encode / in keys as %2F "
                                  "(/v1/tasks/by-key/report%2F42)")
+        if len(parts) == 1 and parts[0].endswith(":resubmit") and len(parts[0]) > len(":resubmit"):
+            return "/v1/tasks/{id}:resubmit", {"id": parts[0][:-len(":resubmit")]}
         if len(parts) == 1 and parts[0]:
             return "/v1/tasks/{id}", {"id": parts[0]}
         if len(parts) == 2 and parts[0] and parts[1] == "result":
@@ -550,6 +552,11 @@ class Gateway:
     async def snapshot(self, call: Call) -> Response:
         assert call.caller is not None
         return self.json(snapshot_json(await self.service.snapshot(call.caller, pb.SnapshotRequest())))
+
+    async def resubmit(self, call: Call) -> Response:
+        assert call.caller is not None
+        response = await self.service.resubmit(call.caller, call.params["id"])
+        return self.json({"id": str(response.id), "duplicate": response.duplicate})
 
     async def remove_recurring(self, call: Call) -> Response:
         assert call.caller is not None
@@ -764,6 +771,11 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", _BY_KEY + "/result", "task_result_by_key", "Wait for a task's result, by key", Gateway.result,
           role="client", response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True,
           query=(("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),)),
+    Route("POST", _BY_ID + ":resubmit", "resubmit_task", "Submit a dead-lettered task again", Gateway.resubmit,
+          role="admin", response=SUBMIT_OUT, statuses=(400, 401, 403, 404, 409, 429, 503),
+          description="A new task with the dead letter's payload and options, without its key, dependencies or "
+                      "fixed start, tagged resubmitted_from. 409 when the task is not dead-lettered, or when the "
+                      "leader no longer holds its payload (it keeps those of the last 1000 dead letters it saw)."),
     Route("GET", "/v1/workers", "list_workers", "Connected workers", Gateway.workers, role="metrics",
           response=WORKERS_OUT, query=(("pool", _POOLS),), statuses=_TASK_ERRORS),
     Route("GET", "/v1/recurring", "list_recurring", "Recurring schedules", Gateway.recurring, role="metrics",

@@ -18,6 +18,7 @@ with a tenant submits for it; naming another tenant is PERMISSION_DENIED.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import math
 import time
@@ -68,14 +69,20 @@ def _now_ns() -> int:
 
 # ---------------------------------------------------------------- the info cache
 
+# Dead-lettered tasks whose payload and options the leader keeps, to submit them again.
+DEAD_LETTERS_KEPT = 1000
+
 
 class TaskMeta:
     """What the serving leader remembers of a task beyond the engine's record."""
 
     __slots__ = ("pool", "key", "kind", "priority", "tenant", "tags", "max_attempts", "created_ns",
-                 "started_ns", "finished_ns")
+                 "started_ns", "finished_ns", "spec")
 
     def __init__(self, spec: TaskSpec, pool: str, max_attempts: int, created_ns: int) -> None:
+        # The submitted task (the engine holds the same object while the task
+        # lives): kept after it ends only if it was dead-lettered, to submit it again.
+        self.spec: TaskSpec | None = spec
         self.pool = pool
         self.key = spec.key
         self.kind = spec.kind
@@ -92,9 +99,11 @@ class InfoCache:
     """A bounded record of recent tasks (oldest forgotten first), kept up to
     date by the scheduler's status events."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, dead_letters: int = DEAD_LETTERS_KEPT) -> None:
         self.limit = limit
         self.entries: OrderedDict[int, TaskMeta] = OrderedDict()
+        self.dead_letters = dead_letters
+        self.dead: deque[int] = deque()     # dead-lettered tasks whose spec is kept, oldest first
 
     def put(self, task_id: int, meta: TaskMeta) -> None:
         if not self.limit:
@@ -115,6 +124,14 @@ class InfoCache:
             meta.started_ns = at_ns
         elif status in TERMINAL:
             meta.finished_ns = at_ns
+            if status != "dead_lettered":
+                meta.spec = None
+            elif meta.spec is not None:
+                self.dead.append(task_id)
+                while len(self.dead) > self.dead_letters:
+                    oldest = self.entries.get(self.dead.popleft())
+                    if oldest is not None:
+                        oldest.spec = None
 
 
 # ---------------------------------------------------------------- push streams
@@ -676,6 +693,37 @@ class Service:
             if budget <= 0:
                 response.next_after = after
                 return response
+
+    async def resubmit(self, caller: Principal, ref: int) -> pb.SubmitResponse:
+        """Submit a dead-lettered task again (admin): a new task with its
+        payload and options, without its key, dependencies or fixed start,
+        tagged ``resubmitted_from``. The leader keeps what that needs for the
+        last ``DEAD_LETTERS_KEPT`` dead letters it saw."""
+        caller.require("admin")
+        sched = self.serving()
+        info = await self._lookup(caller, sched, ref)
+        if info.status != "dead_lettered":
+            raise ServiceError(Code.FAILED_PRECONDITION, f"task {ref} is {info.status}: only dead-lettered tasks can "
+                                                         f"be submitted again")
+        meta = self.info.get(info.id)
+        if meta is None or meta.spec is None:
+            raise ServiceError(Code.FAILED_PRECONDITION,
+                               f"task {ref}: this server no longer holds its payload (the leader keeps those of the "
+                               f"last {self.info.dead_letters} dead letters it saw); submit it again yourself")
+        spec = copy.copy(meta.spec)
+        for name in ("key", "edges", "start_in_ns", "start_at_ns", "deadline_at_ns"):
+            spec.__dict__.pop(name, None)
+        spec.tags = {**(meta.spec.tags or {}), "resubmitted_from": str(info.id)}
+        spec.plain = False
+        now = _now_ns()
+        try:
+            handles = await sched.submit_batch([spec])
+        except Exception as exc:
+            raise self._single(exc) from None
+        self._remember(sched, spec, handles[0].id, handles[0].duplicate, now)
+        log.info("task %d submitted again as task %d by %s", info.id, handles[0].id, caller.name,
+                 extra={"action": "resubmit", "task_id": info.id, "new_task_id": handles[0].id})
+        return pb.SubmitResponse(id=handles[0].id, duplicate=False)
 
     async def watch(self, caller: Principal, request: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
         caller.require("client")

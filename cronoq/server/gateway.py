@@ -28,7 +28,7 @@ from .._version import __version__
 from ..core.snapshot import TOTAL_FIELDS
 from .auth import Authenticator, Principal
 from .codec import JSON, TEXT
-from .errors import ServiceError
+from .errors import Code, ServiceError
 from .http import Request, Response, loopback_host, reason_code
 from .schema import (
     BATCH, BATCH_OUT, CANCEL_OUT, INFO, PRIORITIES, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT, SUBMIT_OUT,
@@ -570,13 +570,14 @@ class Gateway:
         ``state`` event when this server stops serving (the stream then ends)."""
         caller = call.caller
         assert caller is not None
-        sched, feed = self.service.open_feed(caller, call.query.get("pool", ()))
+        roles = {"client", "metrics"} if caller.role == "admin" else {caller.role}
+        if not roles & {"client", "metrics"}:
+            raise ServiceError(Code.PERMISSION_DENIED, f"the event stream needs the client role (status events) or "
+                                                       f"the metrics role (snapshots); the credential has the "
+                                                       f"{caller.role} role")
         every = call.query.get("snapshot_s", 1.0)
-        try:
-            caller.require("metrics")
-            snapshots = every > 0
-        except ServiceError:
-            snapshots = False
+        snapshots = "metrics" in roles and every > 0
+        sched, feed = self.service.open_feed(caller, call.query.get("pool", ()), events="client" in roles)
         return Response(200, b"", "text/event-stream; charset=utf-8", headers=(("x-accel-buffering", "no"),),
                         stream=self._push(caller, sched, feed, max(every, _MIN_SNAPSHOT_S) if snapshots else 0.0))
 
@@ -585,6 +586,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         try:
             hello = {"state": service.state, "role": caller.role, "snapshot_s": every,
+                     "status_events": caller.role in ("client", "admin"),
                      "pools": caller.visible(service.pools), "version": __version__}
             yield _sse("hello", hello) + b"retry: 1000\n\n"
             next_snapshot = loop.time()
@@ -788,8 +790,9 @@ ROUTES: tuple[Route, ...] = (
           media="text/event-stream", query=(("pool", _POOLS), ("snapshot_s", Seconds(
               "How often a snapshot event comes (metrics role): default 1, at least 0.2; 0 for none."))),
           statuses=(400, 401, 403, 404, 429, 503),
-          description="A text/event-stream: hello (state, role, visible pools), status (a JSON array of status "
-                      "events, every transition, batched), snapshot (as /v1/snapshot, for the metrics role), "
+          description="Needs the client role (status events) or the metrics role (snapshots); admin gets both. "
+                      "A text/event-stream: hello (state, role, visible pools), status (a JSON array of status "
+                      "events, every transition, batched), snapshot (as /v1/snapshot), "
                       "lagged (events were dropped: reconcile with the task routes), state (this server stopped "
                       "serving; the stream ends). Live only: after a reconnection, re-read what you show."),
     Route("GET", "/v1/snapshot", "snapshot", "The scheduler's state", Gateway.snapshot, role="metrics",

@@ -761,26 +761,28 @@ class Service:
             stream.close()
         raise ServiceError(Code.UNAVAILABLE, "the server stopped serving; reconnect (to the new leader)")
 
-    def open_feed(self, caller: Principal, pools: Iterable[str]) -> tuple[Scheduler, LiveFeed]:
-        """A push stream's feed of status events (the role and the limit of
-        Watch, whose streams it counts among). ``close_feed`` releases it."""
-        caller.require("client")
+    def open_feed(self, caller: Principal, pools: Iterable[str], *, events: bool = True
+                  ) -> tuple[Scheduler, LiveFeed]:
+        """A push stream's feed of status events (the limit of Watch, whose
+        streams it counts among; without ``events``, a feed that stays empty).
+        ``close_feed`` releases it."""
         sched = self.serving()
         chosen = self._pool_filter(caller, pools)
         if self.watchers >= self.limits.max_watchers:
             raise ServiceError(Code.RESOURCE_EXHAUSTED,
                                f"the server serves at most {self.limits.max_watchers} Watch streams (limits)")
         feed = LiveFeed(self.limits.watch_buffer, None if chosen is None else frozenset(chosen))
-        try:
-            sched.subscribe(feed)
-        except Exception as exc:
-            raise from_exception(exc) from None
+        if events:
+            try:
+                sched.subscribe(feed)
+            except Exception as exc:
+                raise from_exception(exc) from None
         self.watchers += 1
         return sched, feed
 
     def close_feed(self, sched: Scheduler, feed: LiveFeed) -> None:
         self.watchers -= 1
-        sched.unsubscribe(feed)
+        sched.unsubscribe(feed)   # (nothing happens if it was never subscribed)
 
     def serves(self, sched: Scheduler) -> bool:
         """Whether ``sched`` is still the scheduler this server serves with."""

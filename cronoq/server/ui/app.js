@@ -362,14 +362,18 @@ function fillPoolCard(card, pool) {
 
 // ------------------------------------------------------------------ tasks
 
-function taskQuery(after) {
+function pageSize() {
+  return Number(app.tasks.filters.limit || 50);
+}
+
+function taskQuery(after, limit) {
   const f = app.tasks.filters;
   const params = new URLSearchParams();
   if (f.pool) params.set("pool", f.pool);
   if (f.status) params.set("status", f.status);
   if (f.priority) params.set("priority", f.priority);
   if (f.tenant) params.set("tenant", f.tenant);
-  params.set("limit", f.limit || "50");
+  params.set("limit", String(limit || pageSize()));
   if (after && after !== "0") params.set("after", after);
   return params.toString();
 }
@@ -401,6 +405,36 @@ async function loadTasks() {
   }
 }
 
+// New tasks on the last page: read only those after the last row shown, and append them.
+async function appendTasks() {
+  app.tasks.refetch = null;
+  if (app.tasks.filters.key || app.tasks.next) return loadTasks();
+  const room = pageSize() - app.taskRows.size;
+  if (room <= 0) return loadTasks();   // the page is full: re-read it, which sets "Next page"
+  const ids = [...app.taskRows.keys()];
+  const last = ids.length ? ids[ids.length - 1] : app.tasks.after;
+  try {
+    const page = await api("/v1/tasks?" + taskQuery(last, room));
+    if (app.tasks.next || app.page !== "tasks") return;
+    const body = $("#task-table tbody");
+    const fresh = page.tasks.filter((task) => !app.taskRows.has(task.id)).map(taskRow);
+    body.append(...fresh);
+    if (page.next_after) {
+      app.tasks.next = ids.concat(fresh.map((row) => row.dataset.id)).pop() || null;
+      $("#next-page").disabled = !app.tasks.next;
+    }
+    showCount();
+  } catch (err) {
+    $("#tasks-error").textContent = describe(err);
+  }
+}
+
+function showCount() {
+  const n = app.taskRows.size;
+  $("#page-info").textContent = `${n} task${n === 1 ? "" : "s"}` +
+    (app.tasks.cursors.length ? `, page ${app.tasks.cursors.length + 1}` : "");
+}
+
 function matches(task) {
   const f = app.tasks.filters;
   return (!f.pool || task.pool === f.pool) && (!f.status || task.status === f.status) &&
@@ -410,11 +444,20 @@ function matches(task) {
 
 function renderTasks(tasks) {
   const body = $("#task-table tbody");
-  app.taskRows.clear();
-  body.replaceChildren(...tasks.map(taskRow));
+  const before = app.taskRows;
+  app.taskRows = new Map();
+  // Rows already shown are kept (and updated): a re-read does not rebuild the table.
+  const rows = tasks.map((task) => {
+    const row = before.get(task.id);
+    if (!row) return taskRow(task);
+    if (row.dataset.status !== task.status && !TERMINAL.has(row.dataset.status)) setStatus(row, task.status, task.attempt);
+    app.taskRows.set(task.id, row);
+    return row;
+  });
+  const same = rows.length === body.children.length && rows.every((row, i) => body.children[i] === row);
+  if (!same) body.replaceChildren(...rows);
   $("#next-page").disabled = !app.tasks.next;
-  $("#page-info").textContent = `${tasks.length} task${tasks.length === 1 ? "" : "s"}` +
-    (app.tasks.cursors.length ? `, page ${app.tasks.cursors.length + 1}` : "");
+  showCount();
 }
 
 function taskRow(task) {
@@ -428,26 +471,30 @@ function taskRow(task) {
   return row;
 }
 
+function setStatus(row, status, attempt) {
+  const cell = row.children[4];
+  cell.textContent = status;
+  cell.className = "status status-" + status;
+  row.children[5].textContent = attempt;
+  row.dataset.status = status;
+}
+
 function onStatus(events) {
   let unknown = false;
   for (const e of events) {
     remember(e);
     const row = app.taskRows.get(e.id);
     if (row) {
-      const status = row.children[4];
-      status.textContent = e.status;
-      status.className = "status status-" + e.status;
-      row.children[5].textContent = e.attempt;
-      row.dataset.status = e.status;
-      row.dataset.seenAt = String(performance.timeOrigin + performance.now());
-    } else {
+      setStatus(row, e.status, e.attempt);
+    } else if ((!app.tasks.filters.pool || e.pool === app.tasks.filters.pool) &&
+               (!app.tasks.filters.status || e.status === app.tasks.filters.status)) {
       unknown = true;
     }
     if (app.drawerId === e.id) drawerEvent(e);
   }
   if (app.page === "tasks") {
-    // New tasks (or tasks entering the filter) show up on the last page: re-read it, at most every 250 ms.
-    if (unknown && !app.tasks.next && !app.tasks.refetch) app.tasks.refetch = setTimeout(loadTasks, 250);
+    // New tasks (or tasks entering the filter) show up on the last page, read at most every 150 ms.
+    if (unknown && !app.tasks.next && !app.tasks.refetch) app.tasks.refetch = setTimeout(appendTasks, 150);
   } else if (app.page === "events") {
     queueEvents(events);
   } else if (app.page === "dead" && events.some((e) => e.status === "dead_lettered")) {

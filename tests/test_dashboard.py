@@ -228,6 +228,8 @@ def test_a_client_token_is_refused_the_admin_resubmit_and_an_admin_token_is_not(
         tasks = http.get("/v1/tasks").json()["tasks"]
         assert len(tasks) == 2 and tasks[1]["tags"] == {"resubmitted_from": dead["id"]}
         page.wait_for_selector(f'#dead-table tr[data-id="{tasks[1]["id"]}"]', timeout=WAIT_MS)   # it failed too
+        # The live re-read keeps what was done.
+        assert row.locator("td").last.inner_text() == f"submitted again as task {tasks[1]['id']}"
         shots(page, "dead-letters")
         page.context.close()
 
@@ -267,11 +269,14 @@ def test_the_page_shows_standby_and_disconnected_and_follows_the_new_leader(brow
     on_standby = open_page(browser, standby, None)
     sign_in(on_standby, ADMIN, state="standby")
     assert "not the leader" in on_standby.locator("#conn").inner_text()
+    assert "goes live by itself" in on_standby.locator("#banner").inner_text()
     shots(on_standby, "standby")
     assert leader.stop() == 0
     on_leader.wait_for_selector('#conn[data-state="disconnected"]', timeout=WAIT_MS)
+    assert "connection to the server is lost" in on_leader.locator("#banner").inner_text()
     standby.wait_for("serving as the leader", timeout=30)
     on_standby.wait_for_selector('#conn[data-state="live"]', timeout=WAIT_MS)
+    assert on_standby.locator("#banner").is_hidden()
     on_standby.click("#nav a[data-page=tasks]")
     with api(standby, CLIENT) as http:
         sub = http.post("/v1/tasks", json={"key": "after-failover"}).json()

@@ -24,7 +24,7 @@ const app = {
   tasks: {filters: {}, after: "0", cursors: [], next: null, refetch: null},
   events: {paused: false, pending: [], frame: 0, count: 0, since: performance.now()},
   drawerId: null,
-  metricsEpoch: 0,
+  pushes: 0,                  // status events applied to rows so far
 };
 
 // ------------------------------------------------------------------ the API
@@ -59,10 +59,21 @@ function describe(err) {
 
 // ------------------------------------------------------------------ the connection
 
+const BANNERS = {
+  standby: "This server is not the leader: it is a standby of a shared store, or it is stopping. The page " +
+           "goes live by itself once this server leads; until then what it shows may be out of date.",
+  disconnected: "The connection to the server is lost; the page reconnects by itself. What it shows may be " +
+                "out of date.",
+};
+
 function setState(state, detail) {
   const badge = $("#conn");
   badge.dataset.state = state;
   badge.textContent = detail ? `${state}: ${detail}` : state;
+  const banner = $("#banner");
+  banner.hidden = !(state in BANNERS);
+  banner.dataset.state = state;
+  banner.textContent = BANNERS[state] || "";
 }
 
 function connect() {
@@ -146,6 +157,7 @@ function dispatch(event, data) {
     $("#who").textContent = "role " + data.role;
     document.body.dataset.role = data.role;
     fillPoolChoices();
+    for (const row of app.taskRows.values()) row.dataset.push = "0";   // missed events: the re-read decides
     $("#overview-note").textContent = data.snapshot_s ? "" :
       "The charts need a token with the metrics (or admin) role.";
     refreshPage();   // reconcile: events before this connection were not seen
@@ -154,6 +166,7 @@ function dispatch(event, data) {
   } else if (event === "snapshot") {
     onSnapshot(data);
   } else if (event === "lagged") {
+    for (const row of app.taskRows.values()) row.dataset.push = "0";
     refreshPage();
   } else if (event === "state") {
     setState("standby", `the server is ${data.state}; retrying`);
@@ -381,6 +394,7 @@ function taskQuery(after, limit) {
 async function loadTasks() {
   clearTimeout(app.tasks.refetch);
   app.tasks.refetch = null;
+  const since = app.pushes;   // rows patched by events after this are newer than the answer
   const f = app.tasks.filters;
   $("#tasks-error").textContent = "";
   try {
@@ -399,7 +413,7 @@ async function loadTasks() {
       next = page.next_after || null;
     }
     app.tasks.next = next;
-    renderTasks(tasks);
+    renderTasks(tasks, since);
   } catch (err) {
     $("#tasks-error").textContent = describe(err);
   }
@@ -413,11 +427,12 @@ async function appendTasks() {
   if (room <= 0) return loadTasks();   // the page is full: re-read it, which sets "Next page"
   const ids = [...app.taskRows.keys()];
   const last = ids.length ? ids[ids.length - 1] : app.tasks.after;
+  const since = app.pushes;
   try {
     const page = await api("/v1/tasks?" + taskQuery(last, room));
     if (app.tasks.next || app.page !== "tasks") return;
     const body = $("#task-table tbody");
-    const fresh = page.tasks.filter((task) => !app.taskRows.has(task.id)).map(taskRow);
+    const fresh = page.tasks.filter((task) => !app.taskRows.has(task.id)).map((task) => taskRow(task, since));
     body.append(...fresh);
     if (page.next_after) {
       app.tasks.next = ids.concat(fresh.map((row) => row.dataset.id)).pop() || null;
@@ -442,15 +457,18 @@ function matches(task) {
          (!f.key || task.key === f.key);
 }
 
-function renderTasks(tasks) {
+function renderTasks(tasks, since) {
   const body = $("#task-table tbody");
   const before = app.taskRows;
   app.taskRows = new Map();
-  // Rows already shown are kept (and updated): a re-read does not rebuild the table.
+  // Rows already shown are kept: a re-read does not rebuild the table, and it
+  // never overwrites a status that an event set after the read began.
   const rows = tasks.map((task) => {
     const row = before.get(task.id);
-    if (!row) return taskRow(task);
-    if (row.dataset.status !== task.status && !TERMINAL.has(row.dataset.status)) setStatus(row, task.status, task.attempt);
+    if (!row) return taskRow(task, since);
+    if (row.dataset.status !== task.status && !(Number(row.dataset.push || 0) > since)) {
+      setStatus(row, task.status, task.attempt);
+    }
     app.taskRows.set(task.id, row);
     return row;
   });
@@ -460,13 +478,20 @@ function renderTasks(tasks) {
   showCount();
 }
 
-function taskRow(task) {
+// A row from an answer read since event number ``since``: an event that came meanwhile is newer.
+function taskRow(task, since) {
   const row = document.createElement("tr");
   row.dataset.id = task.id;
   row.append(cell(task.id), cell(task.pool), cell(task.key), cell(task.kind),
              cell(task.status, "status status-" + task.status), cell(task.attempt), cell(task.priority || "normal"),
              cell(task.tenant), cell(dateTime(task.created_unix_ns)));
   row.dataset.status = task.status;
+  const seen = app.seen.get(task.id);
+  const last = seen && seen[seen.length - 1];
+  if (since !== undefined && last && last.seq > since) {
+    setStatus(row, last.status, last.attempt);
+    row.dataset.push = String(last.seq);
+  }
   app.taskRows.set(task.id, row);
   return row;
 }
@@ -486,6 +511,7 @@ function onStatus(events) {
     const row = app.taskRows.get(e.id);
     if (row) {
       setStatus(row, e.status, e.attempt);
+      row.dataset.push = String(e.seq);
     } else if ((!app.tasks.filters.pool || e.pool === app.tasks.filters.pool) &&
                (!app.tasks.filters.status || e.status === app.tasks.filters.status)) {
       unknown = true;
@@ -508,6 +534,7 @@ function remember(e) {
     if (app.seen.size >= SEEN_TASKS) app.seen.delete(app.seen.keys().next().value);
     app.seen.set(e.id, list = []);
   }
+  e.seq = ++app.pushes;
   list.push(e);
   if (list.length > 50) list.shift();
 }
@@ -676,7 +703,7 @@ async function removeSchedule(name) {
   }
 }
 
-app.dead = {after: "0", next: null};
+app.dead = {after: "0", next: null, again: new Map()};   // again: dead letter -> its new task
 
 async function loadDead(first) {
   if (first) app.dead.after = "0";
@@ -696,7 +723,8 @@ async function loadDead(first) {
       again.title = "admin role";
       again.addEventListener("click", () => resubmit(t.id, row));
       const actions = cell("");
-      actions.append(again);
+      if (app.dead.again.has(t.id)) actions.textContent = "submitted again as task " + app.dead.again.get(t.id);
+      else actions.append(again);
       row.append(cell(t.id), cell(t.pool), cell(t.key), cell(t.kind), cell(t.attempt), cell(t.message, "message"),
                  cell(dateTime(t.finished_unix_ns)), actions);
       return row;
@@ -710,6 +738,7 @@ async function resubmit(id, row) {
   $("#dead-error").textContent = "";
   try {
     const answer = await api(`/v1/tasks/${id}:resubmit`, {method: "POST"});
+    app.dead.again.set(id, answer.id);
     row.lastChild.textContent = "submitted again as task " + answer.id;
   } catch (err) {
     $("#dead-error").textContent = describe(err);

@@ -139,8 +139,9 @@ def test_a_submitted_task_appears_and_finishes_without_a_reload(browser, servers
         assert page.evaluate("sessionStorage.getItem('cronoq.token')") == ADMIN
         assert ADMIN not in page.url and page.context.cookies() == []
         page.evaluate("window.notReloaded = true")
-        sub = http.post("/v1/tasks", json={"payload": {"sleep": 1.0}, "key": "dash/visible",
-                                           "tags": {"team": "web"}}).json()
+        sub = http.post("/v1/tasks", json={"payload": {"sleep": 1.0, "fail_until": 2}, "key": "dash/visible",
+                                           "tags": {"team": "web"},
+                                           "retry": {"max_attempts": 3, "initial_backoff_s": 0.01}}).json()
         row = page.locator(f'#task-table tr[data-id="{sub["id"]}"]')
         row.wait_for(timeout=WAIT_MS)
         page.wait_for_selector(f'#task-table tr[data-id="{sub["id"]}"][data-status="succeeded"]', timeout=WAIT_MS)
@@ -149,7 +150,21 @@ def test_a_submitted_task_appears_and_finishes_without_a_reload(browser, servers
         row.click()
         page.wait_for_selector("#drawer-result:has-text('slept')", timeout=WAIT_MS)
         assert page.locator('#drawer-fields dd[data-field="tags"]').inner_text() == "team=web"
-        assert "succeeded" in page.locator("#drawer-attempts").inner_text()   # the transitions it saw live
+        attempts = page.locator("#drawer-attempts li")
+        assert [attempts.nth(i).get_attribute("data-status") for i in range(attempts.count())] == \
+            ["retrying", "succeeded"]
+        assert "failed as asked" in attempts.nth(0).inner_text()
+        # A dependent task's drawer draws its dependency, with the dependency's status.
+        after = http.post("/v1/tasks", json={"after": ["dash/visible"], "key": "dash/after"}).json()
+        page.locator(f'#task-table tr[data-id="{after["id"]}"]').click()
+        page.wait_for_selector('#drawer-deps g.dep.status-succeeded[data-ref="dash/visible"]', timeout=WAIT_MS)
+        assert "dash/visible: succeeded" in page.locator("#drawer-deps").inner_text()
+        page.wait_for_selector(f'#task-table tr[data-id="{after["id"]}"][data-status="succeeded"]', timeout=WAIT_MS)
+        page.wait_for_selector('#drawer-fields dd[data-field="status"]:text-is("succeeded")', timeout=WAIT_MS)
+        shots(page, "task-deps")
+        page.click('#drawer-deps g[data-ref="dash/visible"]')   # opens the dependency's drawer
+        page.wait_for_selector(f'#drawer-title:text-is("Task {sub["id"]}")', timeout=WAIT_MS)
+        page.wait_for_selector("#drawer-result:has-text('slept')", timeout=WAIT_MS)
         shots(page, "task-drawer")
         # The page keeps the session on reload, from sessionStorage.
         page.reload()

@@ -255,6 +255,42 @@ async def test_a_filtered_page_scans_at_most_max_list_tasks():
             assert [t["id"] for t in second["tasks"]] == [ids[7]] and "next_after" not in second
 
 
+# ---------------------------------------------------------------- a task's attempts and dependencies
+
+
+@pytest.mark.asyncio
+async def test_a_task_reports_its_attempts_and_dependencies(server):
+    async with http(server, CLIENT) as api:
+        flaky = (await api.post("/v1/tasks", json={"payload": {"fail": True}, "key": "flaky",
+                                                   "retry": {"max_attempts": 2, "initial_backoff_s": 0.01},
+                                                   "wait": True})).json()
+        info = (await api.get(f"/v1/tasks/{flaky['id']}")).json()
+        assert [(a["attempt"], a["status"], a["message"]) for a in info["attempts"]] == [
+            (1, "retrying", "failed as asked"), (2, "dead_lettered", "gave up after 2 attempts: failed as asked")]
+        for a in info["attempts"]:
+            assert int(a["started_unix_ns"]) <= int(a["ended_unix_ns"])
+        assert "deps" not in info
+        later = (await api.post("/v1/tasks", json={"after": ["flaky"], "deps": [{"id": flaky["id"],
+                                                                                 "cond": "on_failure"}],
+                                                   "pool": "idle"})).json()
+        info = (await api.get(f"/v1/tasks/{later['id']}")).json()
+        assert info["deps"] == [{"key": "flaky", "cond": "on_success"}, {"id": flaky["id"], "cond": "on_failure"}]
+        assert "attempts" not in info   # never ran
+
+
+def test_an_attempt_ends_with_the_next_status_and_only_the_latest_are_kept():
+    cache = InfoCache(10)
+    cache.put(1, TaskMeta(TaskSpec(None), "default", 100, 0))
+    cache.saw(1, "ready", 1)
+    cache.saw(1, "running", 2, attempt=1)
+    cache.saw(1, "running", 3, attempt=1)             # handed to another worker: the first ends without a status
+    cache.saw(1, "retrying", 4, attempt=1, message="boom")
+    assert cache.get(1).attempts == [[1, None, "", 2, 3], [1, "retrying", "boom", 3, 4]]
+    for n in range(2, 50):
+        cache.saw(1, "running", 10 * n, attempt=n)
+    assert len(cache.get(1).attempts) == 32 and cache.get(1).attempts[-1][0] == 49
+
+
 # ---------------------------------------------------------------- resubmitting dead letters
 
 

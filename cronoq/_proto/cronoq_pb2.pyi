@@ -236,7 +236,7 @@ class GetRequest(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "max_attempts", "message", "output_available", "created_unix_ns", "started_unix_ns", "finished_unix_ns", "priority", "tenant", "tags")
+    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "max_attempts", "message", "output_available", "created_unix_ns", "started_unix_ns", "finished_unix_ns", "priority", "tenant", "tags", "deps", "attempts")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +259,8 @@ class TaskInfo(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
+    DEPS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: TaskStatus
     pool: str
@@ -274,7 +276,23 @@ class TaskInfo(_message.Message):
     priority: Priority
     tenant: str
     tags: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., message: _Optional[str] = ..., output_available: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    deps: _containers.RepeatedCompositeFieldContainer[Dep]
+    attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., message: _Optional[str] = ..., output_available: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ...) -> None: ...
+
+class Attempt(_message.Message):
+    __slots__ = ("attempt", "status", "message", "started_unix_ns", "ended_unix_ns")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    status: TaskStatus
+    message: str
+    started_unix_ns: int
+    ended_unix_ns: int
+    def __init__(self, attempt: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., message: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ...) -> None: ...
 
 class WaitRequest(_message.Message):
     __slots__ = ("task", "timeout_s")

@@ -103,6 +103,7 @@ _PRIORITY_OUT = {value: name for name, value in _PRIORITY_IN.items()}
 _MISS_IN = {"run_late": pb.MISS_POLICY_RUN_LATE, "skip": pb.MISS_POLICY_SKIP, "fail": pb.MISS_POLICY_FAIL}
 _COND_IN = {"on_success": pb.EDGE_COND_ON_SUCCESS, "on_failure": pb.EDGE_COND_ON_FAILURE,
             "on_complete": pb.EDGE_COND_ON_COMPLETE}
+_COND_OUT = {value: name for name, value in _COND_IN.items()}
 _OVERLAP_OUT = {pb.OVERLAP_UNSPECIFIED: "skip", pb.OVERLAP_SKIP: "skip", pb.OVERLAP_ALLOW: "allow",
                 pb.OVERLAP_QUEUE: "queue", pb.OVERLAP_QUEUE_ON_SUCCESS: "queue_on_success"}
 _STATUS_OUT = {status_enum(name): name for name in STATUSES}
@@ -227,6 +228,23 @@ def info_json(info: pb.TaskInfo) -> dict[str, Any]:
         out["started_unix_ns"] = str(info.started_unix_ns)
     if info.HasField("finished_unix_ns"):
         out["finished_unix_ns"] = str(info.finished_unix_ns)
+    if info.deps:
+        out["deps"] = [{("id" if d.ref.WhichOneof("ref") == "id" else "key"):
+                        (str(d.ref.id) if d.ref.WhichOneof("ref") == "id" else d.ref.key),
+                        "cond": _COND_OUT[d.cond]} for d in info.deps]
+    if info.attempts:
+        attempts = []
+        for a in info.attempts:
+            item: dict[str, Any] = {"attempt": a.attempt}
+            if a.status:
+                item["status"] = _STATUS_OUT[a.status]
+            if a.message:
+                item["message"] = a.message
+            item["started_unix_ns"] = str(a.started_unix_ns)
+            if a.HasField("ended_unix_ns"):
+                item["ended_unix_ns"] = str(a.ended_unix_ns)
+            attempts.append(item)
+        out["attempts"] = attempts
     return out
 
 

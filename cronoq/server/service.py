@@ -47,6 +47,8 @@ _PRIORITY_IN = {pb.PRIORITY_UNSPECIFIED: 2, pb.PRIORITY_CRITICAL: 0, pb.PRIORITY
 _PRIORITY_OUT = (pb.PRIORITY_CRITICAL, pb.PRIORITY_HIGH, pb.PRIORITY_NORMAL, pb.PRIORITY_LOW)
 _EDGE = {pb.EDGE_COND_UNSPECIFIED: "success", pb.EDGE_COND_ON_SUCCESS: "success",
          pb.EDGE_COND_ON_FAILURE: "failure", pb.EDGE_COND_ON_COMPLETE: "complete"}
+_EDGE_OUT = {"success": pb.EDGE_COND_ON_SUCCESS, "failure": pb.EDGE_COND_ON_FAILURE,
+             "complete": pb.EDGE_COND_ON_COMPLETE}
 _MISS = {pb.MISS_POLICY_UNSPECIFIED: None, pb.MISS_POLICY_RUN_LATE: "run_late", pb.MISS_POLICY_SKIP: "skip",
          pb.MISS_POLICY_FAIL: "fail"}
 _OVERLAP_IN = {pb.OVERLAP_UNSPECIFIED: "skip", pb.OVERLAP_SKIP: "skip", pb.OVERLAP_ALLOW: "allow",
@@ -71,13 +73,15 @@ def _now_ns() -> int:
 
 # Dead-lettered tasks whose payload and options the leader keeps, to submit them again.
 DEAD_LETTERS_KEPT = 1000
+# Attempts of one task that Get reports (the latest ones).
+ATTEMPTS_KEPT = 32
 
 
 class TaskMeta:
     """What the serving leader remembers of a task beyond the engine's record."""
 
     __slots__ = ("pool", "key", "kind", "priority", "tenant", "tags", "max_attempts", "created_ns",
-                 "started_ns", "finished_ns", "spec")
+                 "started_ns", "finished_ns", "spec", "edges", "attempts")
 
     def __init__(self, spec: TaskSpec, pool: str, max_attempts: int, created_ns: int) -> None:
         # The submitted task (the engine holds the same object while the task
@@ -93,6 +97,9 @@ class TaskMeta:
         self.created_ns = created_ns
         self.started_ns: int | None = None
         self.finished_ns: int | None = None
+        self.edges = spec.edges
+        # [attempt, how it ended (None while it runs), message, started_ns, ended_ns], oldest first
+        self.attempts: list[list[Any]] | None = None
 
 
 class InfoCache:
@@ -116,12 +123,24 @@ class InfoCache:
     def get(self, task_id: int) -> TaskMeta | None:
         return self.entries.get(task_id)
 
-    def saw(self, task_id: int, status: str, at_ns: int) -> None:
+    def saw(self, task_id: int, status: str, at_ns: int, attempt: int = 0, message: str | None = None) -> None:
         meta = self.entries.get(task_id)
         if meta is None:
             return
+        attempts = meta.attempts
+        if attempts and attempts[-1][4] is None:   # the attempt running ends with whatever comes next
+            last = attempts[-1]
+            last[4] = at_ns
+            if status != "running":
+                last[1] = status
+                last[2] = message or ""
         if status == "running":
             meta.started_ns = at_ns
+            if attempts is None:
+                attempts = meta.attempts = []
+            attempts.append([attempt, None, "", at_ns, None])
+            if len(attempts) > ATTEMPTS_KEPT:
+                del attempts[0]
         elif status in TERMINAL:
             meta.finished_ns = at_ns
             if status != "dead_lettered":
@@ -223,7 +242,7 @@ class Service:
         try:
             async with sched.events() as events:
                 async for event in events:
-                    self.info.saw(event.id, event.status, int(event.at * NS))
+                    self.info.saw(event.id, event.status, int(event.at * NS), event.attempt, event.message)
         except asyncio.CancelledError:
             pass
 
@@ -570,6 +589,15 @@ class Service:
                 out.tenant = meta.tenant
             if meta.tags:
                 out.tags.update(meta.tags)
+            for ref, cond in meta.edges:
+                target = pb.TaskRef(id=ref) if isinstance(ref, int) else pb.TaskRef(key=ref)
+                out.deps.add(ref=target, cond=_EDGE_OUT[cond])
+            for number, ended, message, started_ns, ended_ns in meta.attempts or ():
+                item = out.attempts.add(attempt=number, message=message, started_unix_ns=started_ns)
+                if ended is not None:
+                    item.status = status_enum(ended)
+                if ended_ns is not None:
+                    item.ended_unix_ns = ended_ns
         elif record is not None:
             out.priority = _PRIORITY_OUT[record.priority]
             out.created_unix_ns = record.submitted_ns

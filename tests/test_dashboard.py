@@ -259,6 +259,11 @@ def test_events_workers_and_recurring_pages(browser, servers, workers, shots):
         page.wait_for_selector(f'#event-table tr[data-id="{sub["id"]}"]:has-text("succeeded")', timeout=WAIT_MS)
         assert page.locator(f'#event-table tr[data-id="{sub["id"]}"]:has-text("running")').count() == 1
         shots(page, "events")
+        # A burst (600 tasks: about 1,800 events) is drawn in batches and the page keeps the last 500 rows.
+        http.post("/v1/tasks:batch", json={"tasks": [{"pool": "reports", "key": f"burst-{i}"} for i in range(600)]})
+        page.wait_for_selector('#event-table tr:has-text("burst-599"):has-text("succeeded")', timeout=WAIT_MS)
+        assert page.locator("#event-table tbody tr").count() == 500
+        assert page.locator("#event-table tbody tr").first.locator("td").nth(4).inner_text() == "succeeded"
         page.click("#nav a[data-page=workers]")
         worker_row = page.locator("#worker-table tbody tr")
         worker_row.first.wait_for(timeout=WAIT_MS)

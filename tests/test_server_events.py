@@ -189,6 +189,17 @@ def test_a_stopping_server_ends_its_streams_with_a_state_event(servers):
     assert server.wait(30) == 0
 
 
+def test_an_http_1_0_client_gets_the_stream_until_the_connection_closes(servers):
+    server = servers(LISTEN + AUTH + '[[pools]]\nname = "default"\n')
+    with Raw(server.http_port) as raw:
+        raw.send(b"GET /v1/events?snapshot_s=0.2 HTTP/1.0\r\nauthorization: Bearer " + ADMIN.encode() + b"\r\n\r\n")
+        while raw.buffer.count(b"event: snapshot") < 2:
+            assert raw._fill()
+        head, _, body = raw.buffer.partition(b"\r\n\r\n")
+        assert b"connection: close" in head and b"transfer-encoding" not in head
+        assert body.startswith(b"event: hello\n")   # no chunk sizes: the close ends the body
+
+
 def test_a_standby_refuses_streams_with_503(servers, tmp_path):
     config = LISTEN + f'[store]\nkind = "sqlite"\npath = "{tmp_path / "s.db"}"\nlease_ttl_s = 2\n' \
                       'lease_renew_s = 0.3\nlock_poll_s = 0.1\n[[pools]]\nname = "default"\n'

@@ -42,8 +42,8 @@ def sqlite_config(path: Path) -> str:
 [store]
 kind = "sqlite"
 path = "{path}"
-lease_ttl_s = 2
-lease_renew_s = 0.3
+lease_ttl_s = 10
+lease_renew_s = 1
 lock_poll_s = 0.1
 full_sync = false
 [[pools]]

@@ -201,8 +201,8 @@ def test_an_http_1_0_client_gets_the_stream_until_the_connection_closes(servers)
 
 
 def test_a_standby_refuses_streams_with_503(servers, tmp_path):
-    config = LISTEN + f'[store]\nkind = "sqlite"\npath = "{tmp_path / "s.db"}"\nlease_ttl_s = 2\n' \
-                      'lease_renew_s = 0.3\nlock_poll_s = 0.1\n[[pools]]\nname = "default"\n'
+    config = LISTEN + f'[store]\nkind = "sqlite"\npath = "{tmp_path / "s.db"}"\nlease_ttl_s = 10\n' \
+                      'lease_renew_s = 1\nlock_poll_s = 0.1\n[[pools]]\nname = "default"\n'
     servers(config, name="a")
     standby = servers(config, name="b", wait_for="standing by")
     r = httpx.get(f"http://127.0.0.1:{standby.http_port}/v1/events", headers={"host": "localhost"})

@@ -735,12 +735,13 @@ class _Scrape:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from ..telemetry.prometheus import _help, families
-        info = GaugeMetricFamily("cronoq_build_info", _help("cronoq_build_info"), labels=("version",))
+        from ..telemetry.prometheus import families, help_text
+        info = GaugeMetricFamily("cronoq_build_info", help_text("cronoq_build_info"), labels=("version",))
         info.add_metric((__version__,), 1)
         yield info
-        yield GaugeMetricFamily("cronoq_scheduler_up", _help("cronoq_scheduler_up"), value=1)
-        yield GaugeMetricFamily("cronoq_snapshot_duration_seconds", _help("cronoq_snapshot_duration_seconds"),
+        yield GaugeMetricFamily("cronoq_scheduler_up", help_text("cronoq_scheduler_up"), value=1)
+        yield GaugeMetricFamily("cronoq_snapshot_duration_seconds",
+                                help_text("cronoq_snapshot_duration_seconds"),
                                 value=self.took)
         yield from families(self.snap)
 

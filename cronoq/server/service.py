@@ -749,7 +749,8 @@ class Service:
         except Exception as exc:
             raise self._single(exc) from None
         self._remember(sched, spec, handles[0].id, handles[0].duplicate, now)
-        log.info("task %d submitted again as task %d by %s", info.id, handles[0].id, caller.name,
+        # An admin's action, rare: worth a line at info (unlike a task's own events).
+        log.info("admin %s submitted dead letter %d again as task %d", caller.name, info.id, handles[0].id,
                  extra={"action": "resubmit", "task_id": info.id, "new_task_id": handles[0].id})
         return pb.SubmitResponse(id=handles[0].id, duplicate=False)
 

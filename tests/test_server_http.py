@@ -490,6 +490,7 @@ async def test_other_fields_of_the_task_object_reach_the_scheduler(server, worke
         for body, expected in (({"resources": {"tpu": 1}}, "UnknownResource"),
                                ({"resources": {"gpu": 2}}, "ResourceExceedsCapacity"),
                                ({"payload": 1, "payload_text": "x"}, None),
+                               ({"payload_b64": "", "payload_text": "x"}, None),
                                ({"retry": {"max_attempts": 0}}, None),
                                ({"on_miss": "later"}, None),
                                ({"payload_b64": "not base64!"}, None),

@@ -24,7 +24,6 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from .._proto import cronoq_pb2 as pb
-from .._version import __version__
 from ..core.snapshot import TOTAL_FIELDS
 from .auth import Authenticator, Principal
 from .codec import JSON, TEXT
@@ -733,17 +732,8 @@ class _Scrape:
         self.took = took
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        from ..telemetry.prometheus import families, help_text
-        info = GaugeMetricFamily("cronoq_build_info", help_text("cronoq_build_info"), labels=("version",))
-        info.add_metric((__version__,), 1)
-        yield info
-        yield GaugeMetricFamily("cronoq_scheduler_up", help_text("cronoq_scheduler_up"), value=1)
-        yield GaugeMetricFamily("cronoq_snapshot_duration_seconds",
-                                help_text("cronoq_snapshot_duration_seconds"),
-                                value=self.took)
-        yield from families(self.snap)
+        from ..telemetry.prometheus import scrape_families
+        return scrape_families(self.snap, self.took)
 
 
 # ---------------------------------------------------------------- the routes

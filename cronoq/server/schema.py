@@ -438,6 +438,8 @@ PAYLOADS = ("payload", "payload_b64", "payload_text")
 
 
 def _one_payload(parsed: dict[str, Any], where: str) -> None:
+    if ("payload" in parsed) + ("payload_b64" in parsed) + ("payload_text" in parsed) < 2:   # (per task: cheap)
+        return
     given = [name for name in PAYLOADS if name in parsed]
     if len(given) > 1:
         raise invalid(where, f"give at most one of {', '.join(PAYLOADS)}, not {' and '.join(given)}")

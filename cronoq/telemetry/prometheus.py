@@ -105,25 +105,25 @@ def families(snap: Snapshot) -> list[Metric]:
     """The metric families of one snapshot (without the scrape's own gauges)."""
     totals = snap.totals
     out: list[Metric] = []
-    tasks = CounterMetricFamily("cronoq_tasks", help_text("cronoq_tasks"), labels=("status",))
+    tasks = CounterMetricFamily("cronoq_tasks", _help("cronoq_tasks"), labels=("status",))
     for status in TASK_STATUSES:
         tasks.add_metric((status,), totals.get(status, 0))
     out.append(tasks)
     for name, key, doc in _COUNTERS:
         out.append(CounterMetricFamily(name, doc, value=totals.get(key, 0)))
-    out.append(GaugeMetricFamily("cronoq_live_tasks", help_text("cronoq_live_tasks"), value=snap.live_tasks))
-    out.append(GaugeMetricFamily("cronoq_running_tasks", help_text("cronoq_running_tasks"), value=snap.running))
-    out.append(GaugeMetricFamily("cronoq_pending_tasks", help_text("cronoq_pending_tasks"), value=snap.pending))
+    out.append(GaugeMetricFamily("cronoq_live_tasks", _help("cronoq_live_tasks"), value=snap.live_tasks))
+    out.append(GaugeMetricFamily("cronoq_running_tasks", _help("cronoq_running_tasks"), value=snap.running))
+    out.append(GaugeMetricFamily("cronoq_pending_tasks", _help("cronoq_pending_tasks"), value=snap.pending))
 
     pool = ("pool",)
 
     def gauge(name: str, labels: tuple[str, ...] = pool) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, help_text(name), labels=labels)
+        family = GaugeMetricFamily(name, _help(name), labels=labels)
         out.append(family)
         return family
 
     def counter(name: str) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, help_text(name), labels=pool)
+        family = CounterMetricFamily(name, _help(name), labels=pool)
         out.append(family)
         return family
 
@@ -177,8 +177,23 @@ def families(snap: Snapshot) -> list[Metric]:
 _HELP = {name: doc for name, _, doc in _FAMILIES}
 
 
-def help_text(name: str) -> str:
+def _help(name: str) -> str:
     return _HELP[name]
+
+
+def scrape_families(snap: Snapshot | None, took: float) -> Iterator[Metric]:
+    """Every family of one scrape: build info, up, and, with a snapshot (None:
+    the scheduler did not answer), the time it took and the cronoq series.
+    cronoq-server's /metrics serves the same."""
+    info = GaugeMetricFamily("cronoq_build_info", _help("cronoq_build_info"), labels=("version",))
+    info.add_metric((__version__,), 1)
+    yield info
+    yield GaugeMetricFamily("cronoq_scheduler_up", _help("cronoq_scheduler_up"), value=0 if snap is None else 1)
+    if snap is None:
+        return
+    yield GaugeMetricFamily("cronoq_snapshot_duration_seconds", _help("cronoq_snapshot_duration_seconds"),
+                            value=took)
+    yield from families(snap)
 
 
 class PrometheusCollector:
@@ -207,17 +222,7 @@ class PrometheusCollector:
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         snap = take_snapshot(self._sched, self.timeout)
-        took = time.perf_counter() - started
-        info = GaugeMetricFamily("cronoq_build_info", help_text("cronoq_build_info"), labels=("version",))
-        info.add_metric((__version__,), 1)
-        yield info
-        yield GaugeMetricFamily("cronoq_scheduler_up", help_text("cronoq_scheduler_up"),
-                                value=0 if snap is None else 1)
-        if snap is None:
-            return
-        yield GaugeMetricFamily("cronoq_snapshot_duration_seconds", help_text("cronoq_snapshot_duration_seconds"),
-                                value=took)
-        yield from families(snap)
+        return scrape_families(snap, time.perf_counter() - started)
 
 
 def metrics_registry(scheduler: Scheduler | BlockingScheduler, *, timeout: float = 5.0) -> CollectorRegistry:

@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from .._proto import cronoq_pb2 as pb
+from .._version import __version__
 from ..core.snapshot import TOTAL_FIELDS
 from .auth import Authenticator, Principal
 from .codec import JSON, TEXT

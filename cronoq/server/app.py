@@ -267,6 +267,7 @@ class Server:
             self.exit_code = 1
             self.stopping.set()
             return
+        self._record(sched)
         try:
             await service.add_configured(sched, self.config.recurring)
         except Exception as exc:
@@ -314,6 +315,23 @@ class Server:
         waiting = [conn.done for conn in hub.workers.values()]
         if waiting:
             await asyncio.wait(waiting, timeout=self.config.server.standby_close_s + 2.0)
+
+    def _record(self, sched: Scheduler) -> None:
+        """[trace]: record this term's workload (the recorder stops with the
+        scheduler). A trace that cannot be written is logged, not fatal."""
+        section = self.config.trace
+        if section is None:
+            return
+        path = section.path.replace("{epoch}", str(sched.epoch or 0))
+        try:
+            from ..whatif import TraceRecorder
+
+            TraceRecorder(sched, path, flush_interval=section.flush_interval_s,
+                          sample_interval=section.sample_interval_s, max_buffer=section.max_buffer)
+        except (OSError, ImportError) as exc:
+            log.error("cannot record the trace to %s: %s", path, exc, extra={"action": "trace_error"})
+            return
+        log.info("recording the workload to %s", path, extra={"action": "trace", "path": path})
 
     @staticmethod
     async def _close_store(store: Any) -> None:

@@ -26,7 +26,7 @@ from ..core.recurring import OVERLAP_POLICIES, CronSchedule
 from ..core.types import CLASSES, KEY_LIMIT, NAME_LIMIT, VALUE_LIMIT
 
 __all__ = ["ConfigError", "ServerConfig", "ServerSection", "TlsConfig", "Credential", "StoreConfig",
-           "LimitsConfig", "PoolSection", "ResourceSection", "OutputsConfig", "RecurringSection",
+           "LimitsConfig", "PoolSection", "ResourceSection", "OutputsConfig", "RecurringSection", "TraceSection",
            "RetrySection", "load", "parse", "default_config", "check_environment", "ROLES", "YEAR"]
 
 YEAR = 365 * 86_400.0          # the longest configurable duration
@@ -189,6 +189,16 @@ class OutputsConfig:
 
 
 @dataclass(frozen=True)
+class TraceSection:
+    """[trace]: record the workload for cronoq.whatif (docs/whatif.md)."""
+
+    path: str
+    flush_interval_s: float = 0.5
+    sample_interval_s: float = 1.0
+    max_buffer: int = 1_000_000
+
+
+@dataclass(frozen=True)
 class RecurringSection:
     """A [[recurring]] schedule; ``task`` holds the template's task fields,
     named as in the gRPC TaskSpec (payload given as JSON, text or base64)."""
@@ -214,6 +224,7 @@ class ServerConfig:
     outputs: OutputsConfig = field(default_factory=OutputsConfig)
     recurring: tuple[RecurringSection, ...] = ()
     source: str | None = None        # the file read, if any
+    trace: TraceSection | None = None
 
     @property
     def auth_enabled(self) -> bool:
@@ -689,6 +700,19 @@ def _outputs(t: _Table | None) -> OutputsConfig:
     return OutputsConfig(cache, info)
 
 
+def _trace(t: _Table | None) -> TraceSection | None:
+    if t is None:
+        return None
+    path = t.string("path", limit=4096)
+    if path is None and not t.has("path"):
+        t.error("path", "is required: the file the trace is written to")
+    flush = t.seconds("flush_interval_s", 0.5, above=True, high=3600.0)
+    sample = t.seconds("sample_interval_s", 1.0, high=3600.0)
+    buffer = t.integer("max_buffer", 1_000_000, 1, 100_000_000)
+    t.done()
+    return None if path is None else TraceSection(path, flush, sample, buffer)
+
+
 # The task fields a recurring template may set, with how each is read.
 _TEMPLATE_STRINGS = ("pool", "kind", "tenant")
 _TEMPLATE_SECONDS = ("deadline_in_s", "tolerance_s", "timeout_s", "duration_hint_s")
@@ -835,6 +859,7 @@ def parse(text: str, *, source: str | None = None) -> ServerConfig:
     store = _store(root.table("store"))
     limits = _limits(root.table("limits"))
     outputs = _outputs(root.table("outputs"))
+    trace = _trace(root.table("trace"))
     recurring: list[RecurringSection] = []
     seen = set()
     for t in root.tables("recurring"):
@@ -850,7 +875,7 @@ def parse(text: str, *, source: str | None = None) -> ServerConfig:
     if errors:
         raise ConfigError(errors)
     return ServerConfig(server, tuple(tokens), tuple(certs), store, limits, tuple(pools), tuple(resources),
-                        outputs, tuple(recurring), source)
+                        outputs, tuple(recurring), source, trace)
 
 
 def load(path: str | os.PathLike[str]) -> ServerConfig:

@@ -140,6 +140,55 @@ async def test_checkpoints_survive_a_sigkill_between_attempts(backend):
         ("index", 2, {"stage": "index", "attempt": 2})]
 
 
+async def test_a_process_killed_inside_the_last_stage_resumes_there(backend):
+    """SIGKILL while attempt 1 runs stage 3: the interrupted attempt counts as
+    used, and the next process runs only stage 3."""
+    if backend.kind == "sqlite":
+        make = f"cronoq.SqliteStore({backend.path!r}, lease_ttl=1.0, lease_renew=0.2, lock_poll=0.05)"
+    else:
+        make = f"cronoq.PostgresStore({backend.server.url!r}, schema={backend.schema!r}, lock_poll=0.05)"
+    script = textwrap.dedent(f"""
+        import asyncio, cronoq
+        async def run(ctx, payload):
+            for stage in {STAGES!r}:
+                if stage in ctx.checkpoints:
+                    continue
+                if stage == "index":
+                    print(ctx.id, flush=True)   # inside the last stage: kill me now
+                    await asyncio.sleep(60)
+                await ctx.checkpoint(stage, stage)
+        async def main():
+            sched = cronoq.Scheduler([cronoq.Pool("default", run, min=1, max=1, initial=1, autoscale=False)],
+                                     store={make})
+            await sched.start()
+            await sched.enqueue(None, key="doc-7", stages={STAGES!r})
+            await asyncio.sleep(60)
+        asyncio.run(main())
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=child_env(), text=True)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60)
+        assert line.strip(), child.stderr.read()
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdout.close()
+        child.stderr.close()
+    task_id = int(line)
+    work = Pipeline()
+    sched = cronoq.Scheduler([staged(work)], store=backend.store())
+    await asyncio.wait_for(sched.start(), 20)
+    try:
+        assert await asyncio.wait_for(await sched.handle(task_id), 20) == STAGES
+    finally:
+        await sched.shutdown()
+    assert work.ran == [(2, "index")] and work.resumed == ["embed"]
+
+
 async def test_checkpoints_survive_a_failover(backend):
     work_a = Pipeline(fail_in="index")
     a = cronoq.Scheduler([staged(work_a, backoff=3600)], store=backend.store())

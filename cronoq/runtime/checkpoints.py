@@ -69,6 +69,7 @@ class CheckpointBook:
         self.records: dict[int, _Record] = {}
         self.saved = 0          # checkpoints saved since start
         self._swept_at = 0      # records after the last sweep
+        self._swept_ns = 0      # the scheduler's time of the last sweep
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -161,8 +162,15 @@ class CheckpointBook:
         self._swept_at = len(self.records)
         return count
 
-    def sweep(self) -> int:
-        """Forget the records of tasks the engine no longer knows; returns how many."""
+    def sweep(self, at_most_every: float = 0.0) -> int:
+        """Forget the records of tasks the engine no longer knows; returns how
+        many. With ``at_most_every`` (seconds of the scheduler's clock), only
+        if the last sweep is that old (snapshots come often; a sweep reads
+        every record)."""
+        now = self._now_ns()
+        if not self.records or (at_most_every and now - self._swept_ns < at_most_every * NS):
+            return 0
+        self._swept_ns = now
         gone = [task_id for task_id in self.records if not self._known(task_id)]
         for task_id in gone:
             del self.records[task_id]

@@ -1217,7 +1217,7 @@ class Scheduler:
         snap = core.snapshot(self.clock.now_ns())
         if pump:
             self._pump()
-            self._checkpoints.sweep()   # (on the loop: the book is the loop's)
+            self._checkpoints.sweep(at_most_every=1.0)   # (on the loop: the book is the loop's)
         snap.checkpoints = self._checkpoints.stats()
         runners = self._runners
         for pool in snap.pools:

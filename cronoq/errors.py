@@ -15,7 +15,8 @@ from .store.base import Fenced, StoreRejected, StoreUnavailable
 
 __all__ = [
     "CronoqError", "SchedulerError", "StoreUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
-    "Permanent", "EventsLagged", "CheckpointError", "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle",
+    "Permanent", "EventsLagged", "CheckpointError", "UnknownTask", "AdmissionError", "ReservationConflict",
+    "Cycle",
     "UnknownDependency", "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull",
     "InvalidTask", "Reject", "CancelTask", "ServerError", "AccessDenied",
 ]

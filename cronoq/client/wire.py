@@ -15,7 +15,8 @@ from ..errors import AccessDenied, ServerError
 from .._proto import cronoq_pb2 as pb
 from ..core.types import CLASSES, NS, Dep, Priority, RetryPolicy, TaskSpec
 
-__all__ = ["encode", "decode", "task_message", "error_from", "ServerError", "AccessDenied", "channel", "OCTETS", "JSON",
+__all__ = ["encode", "decode", "task_message", "error_from", "ServerError", "AccessDenied", "channel",
+           "OCTETS", "JSON",
            "TEXT"]
 
 OCTETS = "application/octet-stream"

@@ -159,7 +159,8 @@ class Lease:
         loop = self._loop
         if loop is None:
             raise SchedulerError("this lease has no worker stream to send checkpoints on")
-        return asyncio.run_coroutine_threadsafe(self.checkpoint(stage, data, content_type), loop).result(timeout)
+        save = self.checkpoint(stage, data, content_type)
+        return asyncio.run_coroutine_threadsafe(save, loop).result(timeout)
 
     def json(self) -> Any:
         """The payload parsed as JSON."""

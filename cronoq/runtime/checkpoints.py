@@ -93,12 +93,8 @@ class CheckpointBook:
 
     def _check(self, attempt: Attempt, stage: object, value: Any) -> tuple[str, bytes, Any]:
         """The stage name, the encoded data and its decoded copy, or ``CheckpointError``."""
-        try:
-            check_length(check_name(stage, "stage", error=CheckpointError), "stage", NAME_LIMIT,
-                         error=CheckpointError)
-        except CheckpointError:
-            raise
-        assert isinstance(stage, str)
+        stage = check_length(check_name(stage, "stage", error=CheckpointError), "stage", NAME_LIMIT,
+                             error=CheckpointError)
         stages = attempt.stages
         record = self.records.get(attempt.id)
         if stages is not None and stage not in stages:
@@ -147,7 +143,7 @@ class CheckpointBook:
 
     def restore(self, rows: Iterable[tuple[int, str, bytes, int, int]]) -> int:
         """Checkpoints read back from the store at recovery; returns how many
-        could be decoded (the others are logged by the caller's codec errors)."""
+        could be decoded (one that cannot is skipped: its stage runs again)."""
         count = 0
         for task_id, stage, data, attempt, at_ns in rows:
             try:

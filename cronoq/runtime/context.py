@@ -140,7 +140,8 @@ class TaskContext:
                                  "a plain function calls ctx.checkpoint_from_thread(stage, data)")
         return book.save(self._attempt, stage, data)
 
-    def checkpoint_from_thread(self, stage: str, data: Any = None, timeout: float | None = None) -> Checkpoint:
+    def checkpoint_from_thread(self, stage: str, data: Any = None,
+                               timeout: float | None = None) -> Checkpoint:
         """``checkpoint`` for plain functions (executor threads): blocks until
         the checkpoint is saved (committed, with a store)."""
         book = self._book

@@ -31,8 +31,8 @@ from ..core.engine import Core
 from ..core.errors import InvalidTask, QueueFull, SchedulerError, TaskFailed
 from ..core.snapshot import Checkpoint, Snapshot, TaskInfo
 from ..core.types import (
-    CANCELLED, DEAD_LETTERED, READY, RUNNING, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig, Status,
-    TaskSpec, check_name,
+    CANCELLED, DEAD_LETTERED, READY, RUNNING, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
+    Status, TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
 from ..store.base import STORE_MEMBERS, Fenced, Store, StoredSchedule, StoredTask

@@ -257,8 +257,8 @@ class RemotePool:
         answer = pb.CheckpointSaved(lease=request.lease, stage=request.stage, seq=request.seq)
         book = self.link.checkpoints
         if attempt is None or book is None:
-            answer.error = ("the worker does not hold this lease (aborted, reported or unknown)" if book is not None
-                            else "this pool keeps no checkpoints")
+            answer.error = ("the worker does not hold this lease (aborted, reported or unknown)"
+                            if book is not None else "this pool keeps no checkpoints")
             conn.send(pb.ServerMessage(checkpoint_saved=answer))
             return
         try:

@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 from ..core.types import ID_EPOCH_BITS   # task ids carry the leader's epoch above these bits
 from ..core.errors import SchedulerError
 
-__all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask", "StoredCheckpoint",
+__all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
+           "StoredCheckpoint",
            "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "ID_EPOCH_BITS",
            "LostCallback", "STORE_MEMBERS", "seconds"]
 

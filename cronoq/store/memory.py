@@ -17,8 +17,8 @@ from typing import Any, Callable
 from .. import realtime
 from ..core.types import TERMINAL
 from .base import (
-    Batch, Fenced, LostCallback, Recovered, StoredCheckpoint, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable,
-    TaskRecord, TaskRow, seconds,
+    Batch, Fenced, LostCallback, Recovered, StoredCheckpoint, StoredSchedule, StoredTask, StoreRejected,
+    StoreUnavailable, TaskRecord, TaskRow, seconds,
 )
 
 __all__ = ["MemoryDatabase", "InMemoryStore"]

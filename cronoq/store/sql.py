@@ -370,7 +370,8 @@ class SqlStore:
         ck = {name: q.quote(t.checkpoints.c[name].name)
               for name in ("task_id", "stage", "data", "attempt", "saved_ns")}
         s["withdraw_checkpoints"] = f"DELETE FROM {checkpoints} WHERE {ck['task_id']} = {p}"
-        s["checkpoint"] = (f"INSERT INTO {checkpoints} ({', '.join(ck.values())}) VALUES ({p}, {p}, {p}, {p}, {p}) "
+        s["checkpoint"] = (f"INSERT INTO {checkpoints} ({', '.join(ck.values())}) "
+                           f"VALUES ({p}, {p}, {p}, {p}, {p}) "
                            f"ON CONFLICT ({ck['task_id']}, {ck['stage']}) DO UPDATE SET "
                            + ", ".join(f"{ck[n]} = excluded.{ck[n]}" for n in ("data", "attempt", "saved_ns")))
         s["task_exists"] = f"SELECT 1 FROM {tasks} WHERE {col['id']} = {p}"

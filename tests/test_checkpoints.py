@@ -275,3 +275,20 @@ async def test_the_stage_option_is_in_the_task_signature_and_kept_as_a_tuple():
     assert "stages" in inspect.signature(cronoq.Task).parameters
     task = cronoq.Task(None, stages=["a", "b"])
     assert task.stages == ("a", "b") and not task.plain
+
+
+async def test_prometheus_counts_checkpoints_saved_and_tasks_holding_them():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cronoq.telemetry import PrometheusCollector
+
+    async with cronoq.Scheduler([staged_pool(Pipeline(fail_in="index"))]) as sched:
+        registry = CollectorRegistry()
+        registry.register(PrometheusCollector(sched))
+        await (await sched.submit(None, stages=STAGES))
+        await (await sched.submit(None, stages=STAGES))
+        samples = {s.name: s.value for f in text_string_to_metric_families(generate_latest(registry).decode())
+                   for s in f.samples}
+    assert samples["cronoq_checkpoints_saved_total"] == 6
+    assert samples["cronoq_checkpointed_tasks"] == 2

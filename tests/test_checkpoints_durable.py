@@ -306,3 +306,38 @@ async def test_an_unavailable_store_fails_the_checkpoint_and_the_stage_runs_agai
     async with cronoq.Scheduler([staged(flaky_store)], store=InMemoryStore(database)) as sched:
         assert await asyncio.wait_for(await sched.submit(None, stages=STAGES), 20) == STAGES
     assert work.ran == [(2, "chunk"), (2, "embed"), (2, "index")]
+
+
+async def test_a_leader_that_was_replaced_unnoticed_cannot_checkpoint_and_stops():
+    """A paused leader (its leadership taken without it noticing) is fenced at
+    its next checkpoint: nothing is written, and it stops serving."""
+    database = MemoryDatabase()
+    outcome: list[BaseException] = []
+    go = asyncio.Event()
+
+    async def pipeline(ctx, payload):
+        await go.wait()
+        try:
+            await ctx.checkpoint("chunk", 1)
+        except BaseException as exc:
+            outcome.append(exc)
+            raise
+
+    sched = cronoq.Scheduler([staged(pipeline)], store=InMemoryStore(database))
+    await sched.start()
+    try:
+        await sched.enqueue(None, stages=STAGES)
+        while not sched.snapshot_from_thread().running:
+            await asyncio.sleep(0.005)
+        database.leader = None     # another process took over; this one did not hear of it
+        database.epoch += 1
+        go.set()
+        deadline = time.monotonic() + 10
+        while not outcome or sched.running:
+            assert time.monotonic() < deadline, "the fenced checkpoint did not stop the scheduler"
+            await asyncio.sleep(0.005)
+    finally:
+        await sched.shutdown()
+    assert isinstance(outcome[0], cronoq.Fenced)
+    assert database.checkpoints == {}
+    assert "fenced" in (sched.lost_reason or "")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from .._proto import PROTOCOL_VERSION
 from .._proto import cronoq_pb2 as pb
+from ..core.errors import CheckpointError
 from ..core.types import CANCELLED_OUTCOME, NS, PERMANENT, RETRYABLE, SUCCESS
 from ..runtime.runner import Attempt, RunnerLink, clean_message
 from .codec import OCTETS, Blob, check_content_type
@@ -271,7 +272,9 @@ class RemotePool:
         async def save() -> None:
             try:
                 await book.save(attempt, request.stage, Blob(bytes(request.data), content_type))
-            except Exception as exc:   # refused (CheckpointError) or not stored: the worker is told why
+            except CheckpointError as exc:   # refused: the worker is told why
+                answer.error = clean_message(str(exc))
+            except Exception as exc:   # not stored (the store is unavailable, ...)
                 answer.error = clean_message(f"{type(exc).__name__}: {exc}")
             conn.send(pb.ServerMessage(checkpoint_saved=answer))
 

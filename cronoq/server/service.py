@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, cast
 
 from .._proto import cronoq_pb2 as pb
 from ..core.errors import EventsLagged, TaskFailed, UnknownTask
+from ..core.snapshot import Checkpoint
 from ..core.types import CLASSES, NS, TERMINAL, Dep, RetryPolicy, TaskSpec
 from .auth import Principal
 from .codec import OCTETS, Blob, check_content_type
@@ -63,6 +64,17 @@ def status_enum(status: str) -> pb.TaskStatus:
 
 def status_name(value: int) -> str:
     return pb.TaskStatus.Name(value)[len("TASK_STATUS_"):].lower()
+
+
+def checkpoint_message(checkpoint: Checkpoint) -> pb.StageCheckpoint:
+    """A checkpoint on the wire: the data and content type the worker sent."""
+    out = pb.StageCheckpoint(stage=checkpoint.stage, attempt=checkpoint.attempt,
+                             saved_unix_ns=int(round(checkpoint.at * NS)))
+    data = checkpoint.data
+    if isinstance(data, Blob):
+        out.data = data.data
+        out.content_type = data.content_type
+    return out
 
 
 def _now_ns() -> int:
@@ -242,7 +254,8 @@ class Service:
         try:
             async with sched.events() as events:
                 async for event in events:
-                    self.info.saw(event.id, event.status, int(event.at * NS), event.attempt, event.message)
+                    if event.stage is None:   # a stage completed: the attempt started earlier
+                        self.info.saw(event.id, event.status, int(event.at * NS), event.attempt, event.message)
         except asyncio.CancelledError:
             pass
 
@@ -385,6 +398,8 @@ class Service:
                     self._check_text(name, f"{field} name", limits.max_name_bytes)
                     self._check_text(value, f"{field}[{name!r}]", limits.max_value_bytes)
                 options[field] = dict(items)
+        if spec.stages:
+            options["stages"] = list(spec.stages)   # checked by TaskSpec (InvalidTask names the problem)
         return Blob(bytes(spec.payload), content_type), options
 
     @staticmethod
@@ -603,6 +618,11 @@ class Service:
             out.created_unix_ns = record.submitted_ns
             if record.finished_ns is not None:
                 out.finished_unix_ns = record.finished_ns
+        stages = getattr(info, "stages", None)   # (a store's record has neither)
+        if stages:
+            out.stages.extend(stages)
+        for checkpoint in getattr(info, "checkpoints", ()):
+            out.checkpoints.append(checkpoint_message(checkpoint))
         return out
 
     async def wait(self, caller: Principal, request: pb.WaitRequest) -> pb.TaskResult:
@@ -784,6 +804,8 @@ class Service:
                     message.key = event.key
                 if event.message:
                     message.message = event.message
+                if event.stage is not None:
+                    message.stage = event.stage
                 yield message
         finally:
             self.watchers -= 1

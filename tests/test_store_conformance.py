@@ -508,7 +508,8 @@ async def test_the_migrated_database_matches_the_metadata(backend):
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'" if schema is None else
                 f"SELECT tablename FROM pg_tables WHERE schemaname = '{schema}'")}
             assert names == {"cronoq_tasks", "cronoq_schedules", "cronoq_meta", "cronoq_schema_version",
-                             "cronoq_members", "cronoq_inbox", "cronoq_attempts"}
+                             "cronoq_checkpoints", "cronoq_members", "cronoq_inbox",
+                             "cronoq_attempts"}
             assert conn.exec_driver_sql(
                 f"SELECT version_num FROM {backend.table('cronoq_schema_version')}").scalar() == HEAD
     finally:
@@ -537,31 +538,51 @@ async def test_an_older_build_refuses_a_newer_schema(backend):
     assert not sched.running
 
 
-async def test_a_database_at_the_first_revision_is_upgraded_with_its_tasks(backend):
-    """A store written by a build that knew only 0001 gains the tables of the
-    processes' cluster (0002) on the next connection, and keeps its tasks."""
+def _checkpoints_revision() -> tuple[str, str]:
+    """(revision, the revision it upgrades) of the migration that adds
+    checkpoints, found by its file, not by its number (revisions may be
+    renumbered when branches merge)."""
+    from alembic.script import ScriptDirectory
+
+    from cronoq.store.migrate import alembic_config
+
+    script = ScriptDirectory.from_config(alembic_config())
+    for rev in script.walk_revisions():
+        if rev.path is not None and rev.path.endswith("_checkpoints.py"):
+            assert isinstance(rev.down_revision, str)
+            return rev.revision, rev.down_revision
+    raise AssertionError("no migration adds the checkpoints")
+
+
+async def test_a_database_before_checkpoints_is_upgraded_to_the_head_with_its_tasks(backend):
+    """A database written by a build without checkpoints gains their table on
+    the next connection, and those of the processes' cluster (every revision
+    up to the head), and keeps its tasks."""
     from alembic import command
 
     from cronoq.store.migrate import alembic_config
 
+    _, before = _checkpoints_revision()
     engine = create_engine(backend.store().url if backend.kind == "postgres" else f"sqlite:///{backend.path}",
                            poolclass=NullPool)
     try:
         with engine.begin() as conn:
             if backend.schema is not None:
                 conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{backend.schema}"')
-            config = alembic_config(conn, backend.schema)
-            command.upgrade(config, "0001")
+            command.upgrade(alembic_config(conn, backend.schema), before)
     finally:
         engine.dispose()
     tasks = backend.table("cronoq_tasks")
     backend.sql(f"INSERT INTO {tasks} (id, pool, kind, priority, key, record, payload, status, attempt, "
                 f"submitted_ns, updated_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (7, "default", "default", 2, "kept", '{"v":1}', b"{}", "ready", 0, 1, 1))
+    with pytest.raises(Exception):   # not there yet
+        backend.sql(f"SELECT count(*) FROM {backend.table('cronoq_checkpoints')}")
     store = backend.store()
     await store.prune()   # connects and migrates
     assert backend.sql(f"SELECT version_num FROM {backend.table('cronoq_schema_version')}") == [(HEAD,)]
     assert backend.sql(f"SELECT id, key FROM {tasks}") == [(7, "kept")]
+    assert backend.sql(f"SELECT count(*) FROM {backend.table('cronoq_checkpoints')}") == [(0,)]
     assert backend.sql(f"SELECT count(*) FROM {backend.table('cronoq_inbox')}") == [(0,)]
     await store.close()
 

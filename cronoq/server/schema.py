@@ -498,6 +498,9 @@ TASK_FIELDS: dict[str, Field] = {
     "deps": Array(DEP, "Dependencies with a condition."),
     "tags": Map(Text(), "Free-form name = value pairs, shown to workers and in listings."),
     "labels": Map(Text(), "Labels the worker must carry (name = value)."),
+    "stages": Array(Text("A stage name. " + _name, empty=False),
+                    "Its pipeline stages, in order (distinct, at most 64): a worker that accepts checkpoints "
+                    "saves one per stage, and a retry sees those of earlier attempts."),
 }
 
 TASK = Obj("Task", TASK_FIELDS, "A task to submit. Every field is optional: {} submits an empty payload to "
@@ -542,6 +545,31 @@ BATCH_OUT = Obj("SubmitBatchResponse", {
     "tasks": Array(SUBMITTED, "In request order."),
 }, "The tasks of a batch, admitted.", required=("tasks",))
 
+DEP_OUT = Obj("TaskDependency", {
+    "id": Id("The task depended on, by id."),
+    "key": Text("The task depended on, by key."),
+    "cond": Choice(CONDITIONS, "When the dependent may run."),
+}, "A dependency as submitted: an id or a key, and its condition.", required=("cond",))
+
+ATTEMPT = Obj("Attempt", {
+    "attempt": Integer("Its number, from 1.", maximum=2 ** 32 - 1),
+    "status": Choice(STATUSES, "How it ended (retrying, succeeded, failed...); absent while it runs, or when "
+                               "it ended without a status of its own (a lease handed to another worker)."),
+    "message": Text("Why it failed, when it did."),
+    "started_unix_ns": UnixNs("When it started."),
+    "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
+}, "One attempt of a task.", required=("attempt", "started_unix_ns"))
+
+STAGE_CHECKPOINT = Obj("StageCheckpoint", {
+    "stage": Text("The stage."),
+    "content_type": Text("The data's content type."),
+    "data": AnyJson("The data as JSON, when its content type is JSON and it parses."),
+    "data_text": Text("The data as text, when its content type is text/* and it is UTF-8."),
+    "data_b64": Base64("The data's bytes, base64."),
+    "attempt": Integer("The attempt that saved it.", maximum=2 ** 32 - 1),
+    "saved_unix_ns": UnixNs("When it was saved."),
+}, "The checkpoint of one stage.", required=("stage", "data_b64", "attempt", "saved_unix_ns"))
+
 INFO = Obj("TaskInfo", {
     "id": Id("The task."),
     "status": Choice(STATUSES, "Its status now (authoritative)."),
@@ -558,6 +586,11 @@ INFO = Obj("TaskInfo", {
     "created_unix_ns": UnixNs("When it was submitted, when known."),
     "started_unix_ns": UnixNs("When its latest attempt started, when known."),
     "finished_unix_ns": UnixNs("When it finished, when known."),
+    "deps": Array(DEP_OUT, "What it depends on (after and deps), when known."),
+    "attempts": Array(ATTEMPT, "Its attempts the leader saw, oldest first (the latest 32)."),
+    "stages": Array(Text(), "Its declared stages, in order."),
+    "checkpoints": Array(STAGE_CHECKPOINT, "The checkpoints saved so far, in stage order (the task's own "
+                                           "lookup only, not listings)."),
 }, "A task's state. id and status are authoritative; the other fields are best effort (the leader's "
    "info cache, or the store).", required=("id", "status", "pool", "attempt", "output_available"))
 
@@ -569,6 +602,10 @@ TASKS_OUT = Obj("TaskList", {
 CANCEL_OUT = Obj("CancelResponse", {
     "cancelled": Flag("False when the task had already finished."),
 }, "Whether the task was cancelled.", required=("cancelled",))
+
+REMOVED_OUT = Obj("RemoveRecurringResponse", {
+    "removed": Flag("False when no schedule of that name existed."),
+}, "Whether the schedule was removed.", required=("removed",))
 
 WORKER = Obj("Worker", {
     "id": Id("Assigned by the server, per connection."),

@@ -191,7 +191,7 @@ async def test_a_process_killed_inside_the_last_stage_resumes_there(backend):
 
 async def test_checkpoints_survive_a_failover(backend):
     work_a = Pipeline(fail_in="index")
-    a = cronoq.Scheduler([staged(work_a, backoff=3600)], store=backend.store())
+    a = cronoq.Scheduler([staged(work_a, backoff=3600)], store=backend.store(cluster=False))
     await a.start()
     task_id = await a.enqueue(None, key="doc", stages=STAGES)
     deadline = time.monotonic() + 20
@@ -201,7 +201,7 @@ async def test_checkpoints_survive_a_failover(backend):
     a._lost("simulated crash")
     await backend.crash(a.store)
     work_b = Pipeline()
-    b = cronoq.Scheduler([staged(work_b)], store=backend.store())
+    b = cronoq.Scheduler([staged(work_b)], store=backend.store(cluster=False))
     await asyncio.wait_for(b.start(), 20)
     try:
         assert await asyncio.wait_for(await b.handle(task_id), 20) == STAGES

@@ -45,7 +45,7 @@ from ..store.cluster import ClusterTransport, Incoming, MemberRow, Offer, Outgoi
 from ..store.codec import Codec
 from ..store.sql import Worker
 from .handle import TaskHandle
-from .runner import Attempt, Runner, RunnerLink
+from .runner import Attempt, Checkpoints, Runner, RunnerLink
 
 __all__ = ["Cluster", "ClusterRunner", "encode_error", "decode_error", "snapshot_from_dict",
            "info_from_dict", "RemoteEntry"]
@@ -296,14 +296,17 @@ class Cluster:
         if self._wake is not None:
             self._wake.set()
 
-    def member_link(self, pool: str, make: Callable[[RunnerLink], Runner]) -> Runner:
+    def member_link(self, pool: str, make: Callable[[RunnerLink], Runner],
+                    checkpoints: Checkpoints | None = None) -> Runner:
         """Make this process's runner of ``pool`` (``make(link)``) with a link
         that reports to the engine that placed each attempt: this process's
-        own (when it leads) or the leader's, through the store."""
+        own (when it leads) or the leader's, through the store. ``checkpoints``:
+        this process's checkpoint book (it serves the attempts of its own
+        engine, when it leads)."""
         loop = self._loop
         assert loop is not None
         link = RunnerLink(pool, loop, self._member_report, self._member_heartbeat, self._member_not_started,
-                          lambda labels, slots: None)
+                          lambda labels, slots: None, checkpoints=checkpoints)
         runner = make(link)
         self._runners[pool] = runner
         return runner

@@ -1469,7 +1469,8 @@ class Scheduler:
         cluster.start(loop)
         for pool in self.pools:
             if pool.runner is None:
-                cluster.member_link(pool.name, functools.partial(self._executor_runner, pool))
+                cluster.member_link(pool.name, functools.partial(self._executor_runner, pool),
+                                    checkpoints=self._checkpoints)
         self._abort_start = abort = loop.create_future()
         epoch: int | None = None
         try:

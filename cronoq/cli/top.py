@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -41,6 +41,7 @@ from .remote import Connection
 
 __all__ = ["run_top", "TopView", "EVENTS_KEPT"]
 
+T = TypeVar("T")
 EVENTS_KEPT = 200
 _WAITING = [pb.TASK_STATUS_RETRYING, pb.TASK_STATUS_READY, pb.TASK_STATUS_SCHEDULED, pb.TASK_STATUS_BLOCKED]
 _STATUS_STYLE = {"running": "bold green", "succeeded": "green", "failed": "red", "dead_lettered": "bold red",
@@ -129,9 +130,11 @@ class TopView:
                 workers.append(painter)
                 await self._quit.wait()
         finally:
-            for task in workers:
-                task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            pending = set(workers)
+            while pending:   # cancel until they are gone: a cancellation can be lost in a race (see _within)
+                for task in pending:
+                    task.cancel()
+                _, pending = await asyncio.wait(pending, timeout=1.0)
             try:
                 loop.remove_signal_handler(signal.SIGWINCH)
             except (NotImplementedError, RuntimeError, AttributeError):
@@ -190,7 +193,7 @@ class TopView:
             self._refresh_now.clear()
             await self.refresh()
             try:
-                await asyncio.wait_for(self._refresh_now.wait(), self.interval)
+                await _within(self._refresh_now.wait(), self.interval)
             except asyncio.TimeoutError:
                 pass
 
@@ -200,7 +203,7 @@ class TopView:
 
         async def load(pane: Pane, role: str, call: Callable[[], Awaitable[Any]]) -> None:
             try:
-                pane.set(await asyncio.wait_for(call(), limit))
+                pane.set(await _within(call(), limit))
             except (CronoqError, asyncio.TimeoutError, TimeoutError) as exc:
                 pane.fail(exc, role)
 
@@ -232,8 +235,7 @@ class TopView:
                 # The server sends nothing until the first event: an ordinary call
                 # first tells a live stream from one still connecting, and fails
                 # the same way (role, pools, availability).
-                await asyncio.wait_for(self.conn.list_tasks(self.pools, [], 0, 1, retry_for=0),
-                                       max(5.0, self.interval))
+                await _within(self.conn.list_tasks(self.pools, [], 0, 1, retry_for=0), max(5.0, self.interval))
                 self.events.state, self.events.error = "live", None
                 self._dirty.set()
                 async for event in self.conn.watch(self.pools, terminal_only=False):
@@ -400,6 +402,22 @@ class TopView:
             rows.append(("", "", "", Text("waiting for events…" if self.events.state == "live" else
                                           self.events.state + "…", style="dim"), "", ""))
         return self._fit(table, rows, room)
+
+
+async def _within(awaitable: Awaitable[T], seconds: float) -> T:
+    """``awaitable``'s result, or asyncio.TimeoutError after ``seconds``. Not
+    asyncio.wait_for: on Python 3.11 it loses a cancellation that arrives as
+    the awaitable completes (the task then never ends: ``r`` then ``q`` did that)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except BaseException:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        raise asyncio.TimeoutError
+    return task.result()
 
 
 def _title(title: str) -> Text:

@@ -41,6 +41,15 @@ def server(module_servers):
         worker.stop()
 
 
+@pytest.fixture(scope="module")
+def client(server):
+    """The Python client, for a test's own setup (faster than the console script)."""
+    from cronoq.client import BlockingClient
+
+    with BlockingClient(server.target, token=ADMIN) as blocking:
+        yield blocking
+
+
 def run(server, *args: str, token: str | None = ADMIN, **kwargs):
     return cronoq(*args, token=token, server=server.target, **kwargs)
 
@@ -65,17 +74,41 @@ def test_help_lists_every_command_and_usage_errors_exit_2():
     assert "CRONOQ_TOKEN" in help_text and "--server" in help_text
     assert text(cronoq("--version")).startswith("cronoq ")
     assert cronoq().returncode == USAGE                             # no command
-    assert cronoq("frobnicate").returncode == USAGE                 # no such command
     no_token_flag = cronoq("tasks", "--token", "secret")            # values on a command line are visible to others
     assert no_token_flag.returncode == USAGE and "unrecognized arguments: --token" in err(no_token_flag)
     not_an_id = cronoq("get", "abc")
     assert not_an_id.returncode == USAGE and "--key KEY" in err(not_an_id)
-    assert cronoq("get").returncode == USAGE                        # an id or --key is required
-    assert cronoq("get", "1", "--key", "k").returncode == USAGE     # not both
-    assert cronoq("tasks", "--limit", "0").returncode == USAGE
-    assert cronoq("top", "--interval", "0").returncode == USAGE
-    bad_server = cronoq("tasks", "--server", "ftp://example.com:1")
-    assert bad_server.returncode == USAGE and "http://HOST:PORT" in err(bad_server)
+
+
+def exit_of(capsys, *args: str) -> tuple[int, str]:
+    """``cronoq ARGS`` in this process (for usage errors, which stop before any call): (exit code, stderr)."""
+    from cronoq.cli import main
+    try:
+        code = main(list(args))
+    except SystemExit as exc:   # argparse
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def test_usage_errors_exit_2_before_anything_is_sent(capsys, tmp_path):
+    for args in (("frobnicate",), ("get",), ("get", "1", "--key", "k"), ("get", "0"), ("tasks", "--limit", "0"),
+                 ("top", "--interval", "0"), ("top", "--tasks", "-1"), ("wait", "1", "--timeout", "nan"),
+                 ("submit", "--priority", "urgent"), ("submit", "x", "--label", "novalue"),
+                 ("schedule", "add", "name"), ("schedule", "rename", "a"), ("tasks", "-o", "yaml")):
+        code, _ = exit_of(capsys, *args)
+        assert code == USAGE, args
+    code, message = exit_of(capsys, "tasks", "--server", "ftp://example.com:1")
+    assert code == USAGE and "http://HOST:PORT" in message
+    # The payload is checked here, before connecting (nothing listens on port 1).
+    existing = tmp_path / "payload.json"
+    existing.write_text("{}")
+    for args, says in ((("not json", "--json"), "not JSON"), (("--json",), "--json needs a payload"),
+                       (("x", "--file", str(existing)), "not both"), (("x", "--wait-timeout", "1"), "needs --wait"),
+                       (("--file", str(tmp_path / "missing")), "cannot read")):
+        code, message = exit_of(capsys, "submit", *args, "--server", "127.0.0.1:1", "--retry-for", "0")
+        assert code == USAGE and says in message, (args, message)
+    code, message = exit_of(capsys, "tasks", "--status", "bogus", "--server", "127.0.0.1:1")
+    assert code == USAGE and "unknown status 'bogus'" in message
 
 
 def test_the_demo_runs_as_a_subcommand():
@@ -116,11 +149,6 @@ def test_submit_sends_text_json_files_and_standard_input_with_their_content_type
     path.write_text('{"from": "file"}')
     assert json.loads(run(server, "submit", "--file", str(path), "--json", "--kind", "describe",
                           "--wait").stdout)["content_type"] == "application/json"
-    for args in (("not json", "--json"), ("--json",), ("x", "--file", str(path)), ("x", "--wait-timeout", "1"),
-                 ("--file", str(tmp_path / "missing"))):
-        refused = run(server, "submit", *args)
-        assert refused.returncode == USAGE, (args, err(refused))
-    assert "not JSON" in err(run(server, "submit", "{oops", "--json"))
 
 
 def test_submit_options_reach_the_worker_and_keys_deduplicate(server):
@@ -139,12 +167,11 @@ def test_submit_options_reach_the_worker_and_keys_deduplicate(server):
     assert "already names task" in err(again)
     assert json.loads(run(server, "submit", "x", "--key", "doc-42", "-o", "json").stdout) == \
         {"id": document["id"], "duplicate": True}
-    assert run(server, "submit", "x", "--label", "novalue").returncode == USAGE
 
 
-def test_after_waits_for_other_tasks_by_id_and_by_key(server):
-    first = submitted_id(run(server, "submit", "one", "--key", "after-first"))
-    doomed = submitted_id(run(server, "submit", "no", "--kind", "fail", "--key", "after-doomed"))
+def test_after_waits_for_other_tasks_by_id_and_by_key(server, client):
+    first = client.submit("one", key="after-first").id
+    doomed = client.submit("no", kind="fail", key="after-doomed").id
     ok = run(server, "submit", "two", "--after", str(first), "--after", "after-first", "--wait")
     assert ok.returncode == OK and ok.stdout == b"two"
     skipped = run(server, "submit", "three", "--after", "after-doomed", "--wait")
@@ -157,24 +184,26 @@ def test_after_waits_for_other_tasks_by_id_and_by_key(server):
 # ---------------------------------------------------------------- wait, get, cancel
 
 
-def test_wait_writes_the_output_unchanged_to_pipes_and_files(server, tmp_path):
+def test_wait_writes_the_output_unchanged_to_pipes_and_files(server, client, tmp_path):
     payload = b"\x00\xff\x1b[2J\x1b]0;title\x07 binary\r\n" + bytes(range(256))
     source = tmp_path / "payload.bin"
     source.write_bytes(payload)
     piped = run(server, "submit", "--file", str(source), "--wait")
     assert piped.returncode == OK and piped.stdout == payload
-    task = submitted_id(run(server, "submit", "--file", str(source)))
+    task = client.submit(payload, key="pipe-me").id
     target = tmp_path / "out.bin"
     with open(target, "wb") as f:
         done = subprocess.run([script(), "wait", str(task)], stdout=f, stderr=subprocess.PIPE, timeout=60,
                               env=cli_env(ADMIN, server.target), cwd=ROOT)
     assert done.returncode == OK, done.stderr
     assert target.read_bytes() == payload
-    assert run(server, "wait", "--key", "doc-42", "-o", "json").returncode == OK
+    by_key = json.loads(run(server, "wait", "--key", "pipe-me", "-o", "json").stdout)
+    assert base64.b64decode(by_key["output_b64"]) == payload and by_key["content_type"] == "application/octet-stream"
+    assert "output" not in by_key   # bytes are not text: only base64
 
 
-def test_wait_exit_codes_for_failed_tasks_timeouts_and_unknown_tasks(server):
-    failed = submitted_id(run(server, "submit", "asked to fail", "--kind", "fail"))
+def test_wait_exit_codes_for_failed_tasks_timeouts_and_unknown_tasks(server, client):
+    failed = client.submit("asked to fail", kind="fail").id
     result = run(server, "wait", str(failed))
     assert result.returncode == TASK_FAILED and result.stdout == b""
     assert f"task {failed} failed: asked to fail" in err(result) or "dead lettered" in err(result)
@@ -182,7 +211,7 @@ def test_wait_exit_codes_for_failed_tasks_timeouts_and_unknown_tasks(server):
     assert as_json["status"] in ("failed", "dead_lettered") and as_json["message"] == "asked to fail"
     assert as_json["output_available"] is False
 
-    sleeping = submitted_id(run(server, "submit", "60", "--kind", "sleep"))
+    sleeping = client.submit("60", kind="sleep").id
     timed_out = run(server, "wait", str(sleeping), "--timeout", "0.3")
     assert timed_out.returncode == TIMEOUT and "has not finished after 0.3 s" in err(timed_out)
     waited = run(server, "submit", "60", "--kind", "sleep", "--wait", "--wait-timeout", "0.2")
@@ -191,12 +220,11 @@ def test_wait_exit_codes_for_failed_tasks_timeouts_and_unknown_tasks(server):
     unknown = run(server, "wait", "999999")
     assert unknown.returncode == NOT_FOUND and "999999" in err(unknown)
     assert run(server, "wait", "--key", "no-such-key").returncode == NOT_FOUND
-    assert run(server, "cancel", str(sleeping)).returncode == OK
+    assert client.cancel(sleeping)
 
 
-def test_get_shows_a_task_by_id_or_key_and_its_json_is_shaped_like_the_http_api(server):
-    task = submitted_id(run(server, "submit", "x", "--pool", "llm", "--key", "get-me", "--tenant", "t1",
-                            "--tag", "a=b", "--priority", "low"))
+def test_get_shows_a_task_by_id_or_key_and_its_json_is_shaped_like_the_http_api(server, client):
+    task = client.submit("x", pool="llm", key="get-me", tenant="t1", tags={"a": "b"}, priority="low").id
     shown = text(run(server, "get", str(task)))
     for line in (f"id       {task}", "status   ready", "pool     llm", "key      get-me", "priority low",
                  "tenant   t1", "tags     a=b", "attempt  0 of 3"):
@@ -208,16 +236,16 @@ def test_get_shows_a_task_by_id_or_key_and_its_json_is_shaped_like_the_http_api(
     assert isinstance(created, str) and created.isdigit() and abs(int(created) / 1e9 - time.time()) < 600
     assert "finished_unix_ns" not in document
     assert run(server, "get", "424242").returncode == NOT_FOUND
-    assert run(server, "cancel", str(task)).returncode == OK
+    assert client.cancel(task)
 
 
-def test_cancel_reports_whether_it_cancelled(server):
-    task = submitted_id(run(server, "submit", "x", "--pool", "llm"))
+def test_cancel_reports_whether_it_cancelled(server, client):
+    task = client.submit("x", pool="llm").id
     assert text(run(server, "cancel", str(task))).strip() == f"cancelled task {task}"
     again = run(server, "cancel", str(task))
     assert again.returncode == OK and "had already finished" in text(again)
     assert json.loads(run(server, "cancel", str(task), "-o", "json").stdout) == {"cancelled": False}
-    keyed = submitted_id(run(server, "submit", "x", "--pool", "llm", "--key", "cancel-me"))
+    keyed = client.submit("x", pool="llm", key="cancel-me").id
     assert json.loads(run(server, "cancel", "--key", "cancel-me", "-o", "json").stdout) == {"cancelled": True}
     assert json.loads(run(server, "get", str(keyed), "-o", "json").stdout)["status"] == "cancelled"
     assert run(server, "cancel", "777777").returncode == NOT_FOUND
@@ -226,8 +254,8 @@ def test_cancel_reports_whether_it_cancelled(server):
 # ---------------------------------------------------------------- listings
 
 
-def test_tasks_filters_by_pool_and_status_pages_and_follows_every_page(server):
-    ids = [submitted_id(run(server, "submit", str(i), "--pool", "llm", "--tenant", "pages")) for i in range(5)]
+def test_tasks_filters_by_pool_and_status_pages_and_follows_every_page(server, client):
+    ids = [client.submit(str(i), pool="llm").id for i in range(5)]
     first = json.loads(run(server, "tasks", "--pool", "llm", "--status", "ready", "--after", str(ids[0] - 1),
                            "--limit", "2", "-o", "json").stdout)
     assert [t["id"] for t in first["tasks"]] == [str(ids[0]), str(ids[1])]
@@ -243,10 +271,9 @@ def test_tasks_filters_by_pool_and_status_pages_and_follows_every_page(server):
     assert lines[0].split() == ["ID", "STATUS", "POOL", "KEY", "KIND", "PRIORITY", "ATTEMPT", "AGE", "MESSAGE"]
     assert [line.split()[0] for line in lines[1:]] == [str(i) for i in ids[:3]]
     assert f"--after {ids[2]}" in err(table)   # where the next page starts
-    assert run(server, "tasks", "--status", "bogus").returncode == USAGE
     assert run(server, "tasks", "--pool", "nosuch").returncode == NOT_FOUND
     for task in ids:
-        run(server, "cancel", str(task))
+        client.cancel(task)
 
 
 def test_workers_schedules_and_snapshot(server):
@@ -292,21 +319,21 @@ def test_schedule_add_list_and_remove(server):
 # ---------------------------------------------------------------- watch
 
 
-def test_watch_prints_transitions_until_ctrl_c(server):
+def test_watch_prints_transitions_until_ctrl_c(server, client):
     every = Lines([script(), "watch", "--all", "-o", "json", "--pool", "default"], cli_env(CLIENT, server.target))
     terminal = Lines([script(), "watch"], cli_env(CLIENT, server.target))
     try:
         # A watch streams after its first ordinary call: submit until both saw a task end.
         for attempt in range(30):
-            probe = submitted_id(run(server, "submit", "probe", "--key", f"watch-probe-{attempt}"))
-            assert run(server, "wait", str(probe)).returncode == OK
+            probe = client.submit("probe", key=f"watch-probe-{attempt}").id
+            assert client.wait(probe, 30).ok
             if every.wait_for(lambda lines: any(f'"id": "{probe}"' in line for line in lines), 2) and \
                     terminal.wait_for(lambda lines: any(f" {probe} " in line for line in lines), 2):
                 break
         else:
             raise AssertionError(f"the watches never streamed: {every.lines} {terminal.lines}")
-        task = submitted_id(run(server, "submit", "watched", "--key", "watched"))
-        assert run(server, "wait", str(task)).returncode == OK
+        task = client.submit("watched", key="watched").id
+        assert client.wait(task, 30).ok
         assert every.wait_for(lambda lines: any(f'"id": "{task}"' in l and "succeeded" in l for l in lines))
         assert terminal.wait_for(lambda lines: any(f" {task} " in line for line in lines))
         # Every transition of the task, in order, shaped like the HTTP API.
@@ -365,19 +392,19 @@ def test_the_server_and_token_come_from_the_environment_and_plain_http_elsewhere
     assert "warning" not in err(cronoq("tasks", token=None, server=f"http://0.0.0.0:{port}"))
 
 
-def test_ctrl_c_while_waiting_exits_130(server):
-    task = submitted_id(run(server, "submit", "60", "--kind", "sleep"))
+def test_ctrl_c_while_waiting_exits_130(server, client):
+    task = client.submit("60", kind="sleep").id
     waiting = subprocess.Popen([script(), "wait", str(task)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=cli_env(ADMIN, server.target), cwd=ROOT)
     # The task is running, so the wait blocks; interrupt it once the call is under way.
     deadline = time.monotonic() + 30
-    while json.loads(run(server, "get", str(task), "-o", "json").stdout)["status"] != "running":
+    while client.get(task).status != "running":
         assert time.monotonic() < deadline
         time.sleep(0.05)
     time.sleep(0.5)
     waiting.send_signal(signal.SIGINT)
     assert waiting.wait(30) == INTERRUPTED
-    assert run(server, "cancel", str(task)).returncode == OK
+    assert client.cancel(task)
 
 
 # ---------------------------------------------------------------- terminals
@@ -392,11 +419,11 @@ def _on_terminal(server, *args: str, token: str = ADMIN) -> tuple[int, bytes]:
         term.close()
 
 
-def test_on_a_terminal_control_characters_from_other_clients_are_escaped(server, tmp_path):
+def test_on_a_terminal_control_characters_from_other_clients_are_escaped(server, client, tmp_path):
     hostile = "evil\x1b]0;pwned\x07\x1b[2J\u202e"
     source = tmp_path / "hostile.bin"
     source.write_bytes(b"out\x1b[31mred\xc2\x9b\n\xff\x9b")   # ESC, U+009B (C1 CSI) in UTF-8, raw bytes
-    task = submitted_id(run(server, "submit", "--file", str(source), "--key", hostile))
+    task = client.submit(source.read_bytes(), key=hostile).id
     assert run(server, "wait", str(task)).stdout == source.read_bytes()   # redirected: byte-exact
 
     code, screen = _on_terminal(server, "wait", str(task))
@@ -410,8 +437,52 @@ def test_on_a_terminal_control_characters_from_other_clients_are_escaped(server,
     assert b"\x1b" not in screen and "\u202e".encode() not in screen
     assert json.loads(screen.decode().strip())["key"] == hostile   # still valid JSON, the same string
     # Messages quoted on standard error are escaped too.
-    failed = submitted_id(run(server, "submit", "bad\x1b[5mnews", "--kind", "fail"))
+    failed = client.submit("bad\x1b[5mnews", kind="fail").id
     code, screen = _on_terminal(server, "wait", str(failed))
     assert code == TASK_FAILED and rb"bad\u{1b}[5mnews" in screen and b"\x1b[5m" not in screen
     # Redirected, listings stay byte-exact.
     assert hostile.encode() in run(server, "tasks", "--all").stdout
+
+
+# ---------------------------------------------------------------- TLS
+
+
+def test_https_with_a_private_ca_and_client_certificates(servers, tmp_path):
+    from certkit import CA
+
+    ca = CA()
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(ca.pem)
+    cert, key = ca.write(tmp_path, "server", ca.issue(["localhost"], ips=["127.0.0.1"], server=True))
+    client_cert, client_key = ca.write(tmp_path, "client", ca.issue(["cli.internal"]))
+    server = servers(LISTEN + AUTH + f"""
+[server.tls]
+cert = "{cert}"
+key = "{key}"
+client_ca = "{ca_file}"
+[[auth.certs]]
+dns_name = "cli.internal"
+role = "client"
+""")
+    https = f"https://127.0.0.1:{server.grpc_port}"
+    tls = ("--tls-ca", str(ca_file), "--tls-cert", str(client_cert), "--tls-key", str(client_key))
+    # The certificate maps to the client role: no token needed.
+    by_certificate = cronoq("submit", "over tls", *tls, server=https)
+    assert by_certificate.returncode == OK, err(by_certificate)
+    task = text(by_certificate).strip()
+    from_environment = cronoq("get", task, "-o", "json", server=https,
+                              env={"CRONOQ_TLS_CA": str(ca_file), "CRONOQ_TLS_CERT": str(client_cert),
+                                   "CRONOQ_TLS_KEY": str(client_key)})
+    assert from_environment.returncode == OK and json.loads(from_environment.stdout)["id"] == task
+    assert cronoq("snapshot", *tls, server=https).returncode == ACCESS_DENIED   # a client, not metrics
+    assert cronoq("snapshot", *tls, token=METRICS, server=https).returncode == OK   # a token wins
+    assert "warning" not in err(cronoq("tasks", *tls, token=CLIENT, server=https))
+
+    # Without a client certificate, or in plaintext, the handshake fails: unavailable.
+    assert cronoq("tasks", "--tls-ca", str(ca_file), "--retry-for", "0", token=CLIENT,
+                  server=https).returncode == UNAVAILABLE
+    assert cronoq("tasks", "--retry-for", "0", token=CLIENT,
+                  server=f"http://127.0.0.1:{server.grpc_port}").returncode == UNAVAILABLE
+    # TLS settings with an http:// server are refused, not ignored.
+    refused = cronoq("tasks", *tls, server=f"http://127.0.0.1:{server.grpc_port}")
+    assert refused.returncode == USAGE and "use https://" in err(refused)

@@ -242,3 +242,46 @@ def test_within_times_out_and_returns_results():
             await _within(asyncio.Event().wait(), 0.01)
 
     asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------- top's layout, drawn without a server
+
+
+def _drawn(width: int, height: int) -> str:
+    import time
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from cronoq.cli.top import TopView
+
+    console = Console(width=width, height=height, file=io.StringIO(), color_system=None, highlight=False)
+    view = TopView(SimpleNamespace(settings=SimpleNamespace(url="https://cronoq.example.internal:7070")),  # type: ignore[arg-type]
+                   pools=[], interval=1.0, task_limit=200, console=console)
+    view.keys = True
+    now_ns = time.time_ns()
+    view.snapshot.set(pb.SnapshotResponse(live_tasks=12345, running=8, pending=12337, workers_connected=2,
+                                  pools=[pb.PoolSnapshot(name="default", capacity=8, busy=8, pending=12337)]))
+    view.workers.set(pb.ListWorkersResponse(workers=[
+        pb.WorkerInfo(id=1, name="gpu-1", pool="llm", slots=4, busy=2, labels={"gpu": "a100"},
+                      connected_unix_ns=now_ns)]))
+    view.schedules.set(pb.ListRecurringResponse(schedules=[
+        pb.RecurringInfo(name="nightly-report", cron="0 3 * * *", tz="Europe/Berlin", pool="reports",
+                         next_unix_ns=now_ns + 7_300_000_000_000)]))
+    view.tasks.set([])
+    view.refreshed_at = time.time()
+    console.print(view.render())
+    return console.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_top_gives_the_schedules_the_room_they_need_on_a_100_column_terminal():
+    screen = _drawn(100, 30)
+    row = next(line for line in screen.splitlines() if "gpu-1" in line)
+    # Half the width each cut the schedule's name, time zone, pool and next time short.
+    for shown in ("gpu=a100", "nightly-report", "0 3 * * * Europe/Berlin", "reports", "in 2h"):
+        assert shown in row, (shown, row)
+
+
+def test_a_narrow_terminal_still_shows_how_to_quit():
+    header = _drawn(80, 30).splitlines()[0]
+    assert header.startswith("cronoq top") and "q quit" in header and "r refresh" in header

@@ -29,6 +29,7 @@ from rich import box
 from rich.console import Console, RenderableType
 from rich.layout import Layout
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -269,8 +270,13 @@ class TopView:
         middle_height = min(2 + max(1, len(workers), len(schedules)), max(3, height // 4))
         rest = max(4, height - 1 - (pools_height + 1) - (middle_height + 1))
         middle = Layout(name="middle", size=middle_height)
-        middle.split_row(Layout(self._workers(workers, middle_height - 2, now), name="workers"),
-                         Layout(self._schedules(schedules, middle_height - 2, now), name="schedules"))
+        workers_pane = self._workers(workers, middle_height - 2, now)
+        schedules_pane = self._schedules(schedules, middle_height - 2, now)
+        # Each side gets room in proportion to what it would fill, not half each:
+        # a schedule's cron expression and time zone need more than a worker's row.
+        middle.split_row(Layout(workers_pane, name="workers", ratio=self._natural_width(workers_pane)),
+                         Layout(Text(" "), name="gutter", size=2),
+                         Layout(schedules_pane, name="schedules", ratio=self._natural_width(schedules_pane)))
         bottom = Layout(name="bottom")
         if width >= 160:
             bottom.split_row(Layout(self._tasks(rest - 2, now), name="tasks"),
@@ -285,9 +291,14 @@ class TopView:
                             bottom)
         return layout
 
+    def _natural_width(self, renderable: RenderableType) -> int:
+        return max(10, Measurement.get(self.console, self.console.options, renderable).maximum)
+
     def _header(self, now: float) -> Text:
         text = Text()
         text.append("cronoq top", style="bold")
+        # The keys come first, so that a narrow terminal, which cuts the line, still shows them.
+        text.append("  q quit  r refresh" if self.keys else "  Ctrl-C quits", style="dim")
         text.append(f"  {escape(self.conn.settings.url)}  {time.strftime('%H:%M:%S', time.gmtime(now))} UTC")
         snap = self.snapshot.data
         if snap is not None:
@@ -295,7 +306,6 @@ class TopView:
                         f"workers {snap.workers_connected}")
         if self.refreshed_at is None:
             text.append("  loading…", style="dim")
-        text.append("   q quit  r refresh" if self.keys else "   Ctrl-C quits", style="dim")
         return text
 
     @staticmethod

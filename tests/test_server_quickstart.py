@@ -53,4 +53,6 @@ def test_the_quickstart_runs_as_written(tmp_path):
     assert "configuration is valid" in lines
     assert "ready" in lines
     assert "{'echo': {'hello': 'world'}, 'attempt': 1}" in lines
+    assert '{"echo":{"hello":"cli"},"attempt":1}' in lines   # cronoq submit --wait
+    assert any(line.split()[:2] == ["default", "4"] for line in lines)   # cronoq snapshot: the pool, 4 slots
     assert "stopped" in err   # the server's log: it drained and stopped on SIGTERM

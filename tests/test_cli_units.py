@@ -285,3 +285,12 @@ def test_top_gives_the_schedules_the_room_they_need_on_a_100_column_terminal():
 def test_a_narrow_terminal_still_shows_how_to_quit():
     header = _drawn(80, 30).splitlines()[0]
     assert header.startswith("cronoq top") and "q quit" in header and "r refresh" in header
+
+
+def test_slow_frames_are_drawn_less_often():
+    from cronoq.cli.top import pause_after_frame
+
+    assert pause_after_frame(0.005) == pytest.approx(0.1)   # ten frames a second at most
+    # A frame of 90 ms (160 x 50 cells on a busy machine): the loop keeps two thirds of its time.
+    assert pause_after_frame(0.09) == pytest.approx(0.18)
+    assert 0.09 / (0.09 + pause_after_frame(0.09)) == pytest.approx(1 / 3)

@@ -40,7 +40,7 @@ from .exits import CliError, ExitCode
 from .output import Output, STATUS_NAMES, age, escape
 from .remote import Connection
 
-__all__ = ["run_top", "TopView", "EVENTS_KEPT"]
+__all__ = ["run_top", "TopView", "EVENTS_KEPT", "pause_after_frame"]
 
 T = TypeVar("T")
 EVENTS_KEPT = 200
@@ -49,6 +49,7 @@ _STATUS_STYLE = {"running": "bold green", "succeeded": "green", "failed": "red",
                  "cancelled": "yellow", "retrying": "yellow", "shed": "magenta", "missed": "magenta",
                  "skipped": "dim"}
 _FRAME_SECONDS = 0.1
+_DRAWING_SHARE = 1 / 3   # of the loop's time, at most, when frames are slow (a big screen, a slow machine)
 
 
 async def run_top(conn: Connection, args: argparse.Namespace, out: Output) -> int:
@@ -186,8 +187,9 @@ class TopView:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            began = time.perf_counter()
             live.update(self.render(), refresh=True)
-            await asyncio.sleep(_FRAME_SECONDS)
+            await asyncio.sleep(pause_after_frame(time.perf_counter() - began))
 
     async def _refresher(self) -> None:
         while True:
@@ -412,6 +414,13 @@ class TopView:
             rows.append(("", "", "", Text("waiting for events…" if self.events.state == "live" else
                                           self.events.state + "…", style="dim"), "", ""))
         return self._fit(table, rows, room)
+
+
+def pause_after_frame(drawing_seconds: float) -> float:
+    """How long the painter waits before the next frame: at most ten frames a
+    second, and drawing (which holds the loop) takes at most a third of the
+    time, so that keys, the refresher and the event stream keep their share."""
+    return max(_FRAME_SECONDS, drawing_seconds * (1 - _DRAWING_SHARE) / _DRAWING_SHARE)
 
 
 async def _within(awaitable: Awaitable[T], seconds: float) -> T:

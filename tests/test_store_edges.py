@@ -20,6 +20,13 @@ from storekit import Work, backend, eventually, pool, postgres_backend, sqlite_b
 pytestmark = pytest.mark.asyncio
 
 
+def half_past() -> cronoq.VirtualClock:
+    """Time for tests that add hourly schedules and then count stored rows:
+    half past an hour, so no occurrence is due or held yet (with the real
+    clock, near the top of an hour, one would be)."""
+    return cronoq.VirtualClock(start=1_767_227_400.0)   # 2026-01-01T00:30:00Z
+
+
 def text_of(size: int, seed: int = 0) -> str:
     """``size`` bytes of UTF-8 that do not compress (a PostgreSQL index stores
     long values compressed: repeated characters would fit where these do not)."""
@@ -71,7 +78,7 @@ async def test_lengths_are_limited_at_admission_without_a_store():
 async def test_a_long_key_is_refused_at_admission_and_every_store_keeps_working(backend):
     store = backend.store()
     work = Work()
-    sched = cronoq.Scheduler([pool(work, capacity=0)], store=store)
+    sched = cronoq.Scheduler([pool(work, capacity=0)], store=store, clock=half_past())
     await sched.start()
     try:
         before = await sched.enqueue({"name": "before"}, key="before")
@@ -86,7 +93,7 @@ async def test_a_long_key_is_refused_at_admission_and_every_store_keeps_working(
     finally:
         await sched.shutdown()
     assert [row[0] for row in backend.rows()] == [before, at_limit, after]
-    again = cronoq.Scheduler([pool(work, capacity=0)], store=backend.store())
+    again = cronoq.Scheduler([pool(work, capacity=0)], store=backend.store(), clock=half_past())
     await again.start()
     try:
         assert (await again.info(text_of(KEY_LIMIT, seed=1))).id == at_limit
@@ -145,7 +152,7 @@ async def test_a_row_the_database_refuses_does_not_block_the_commits_after_it(ba
 
 async def test_a_schedule_the_database_refuses_is_removed_and_the_others_are_written(sqlite_backend):  # noqa: F811
     store = sqlite_backend.store()
-    sched = cronoq.Scheduler([pool(Work(), capacity=0)], store=store)
+    sched = cronoq.Scheduler([pool(Work(), capacity=0)], store=store, clock=half_past())
     await sched.start()
     sqlite_backend.sql("CREATE TRIGGER refuse_schedule BEFORE INSERT ON cronoq_schedules "
                        "WHEN NEW.name = 'refused' BEGIN SELECT RAISE(ABORT, 'refused by a test'); END")
@@ -196,13 +203,15 @@ async def test_a_stored_schedule_without_its_payload_is_quarantined_whatever_the
             return None if data is None else json.loads(data)
 
     database = MemoryDatabase()
-    first = cronoq.Scheduler([pool(Work(), capacity=0)], store=InMemoryStore(database), codec=LenientCodec())
+    first = cronoq.Scheduler([pool(Work(), capacity=0)], store=InMemoryStore(database), codec=LenientCodec(),
+                             clock=half_past())
     async with first:
         await first.add_recurring("hourly", "0 * * * *", {"n": 1})
         await first.add_recurring("daily", "0 0 * * *", {"n": 2})
     record, _ = database.schedules["hourly"]
     database.schedules["hourly"] = (record, None)   # a store that lost the bytes
-    second = cronoq.Scheduler([pool(Work(), capacity=0)], store=InMemoryStore(database), codec=LenientCodec())
+    second = cronoq.Scheduler([pool(Work(), capacity=0)], store=InMemoryStore(database), codec=LenientCodec(),
+                              clock=half_past())
     async with second:
         snap = await second.snapshot()
     assert snap.totals["recurring_invalid"] == 1

@@ -108,7 +108,18 @@ class SqliteStore(SqlStore):
             dbapi_connection.isolation_level = None   # we issue BEGIN ourselves
             cursor = dbapi_connection.cursor()
             try:
-                cursor.execute("PRAGMA journal_mode=WAL")
+                # Switching to WAL needs the database to itself, and SQLite may
+                # answer "locked" at once (without its busy handler) while
+                # another process connects: try again until the busy timeout.
+                give_up = realtime.real_monotonic() + self.busy_timeout
+                while True:
+                    try:
+                        cursor.execute("PRAGMA journal_mode=WAL")
+                        break
+                    except sqlite3.OperationalError as exc:
+                        if "locked" not in str(exc) or realtime.real_monotonic() > give_up:
+                            raise
+                        threading.Event().wait(0.01)
                 cursor.execute(f"PRAGMA synchronous={synchronous}")
                 cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             finally:

@@ -64,6 +64,27 @@ def err(result: subprocess.CompletedProcess[bytes]) -> str:
     return result.stderr.decode()
 
 
+def connected(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds an established TCP connection to ``port``
+    (Linux: its socket inodes in /proc/PID/fd, matched in /proc/net/tcp{,6})."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+    except OSError:   # the process ended, or a descriptor closed meanwhile
+        return False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            remote_port, state, inode = int(fields[2].rsplit(":", 1)[1], 16), fields[3], fields[9]
+            if remote_port == port and state == "01" and inode in inodes:
+                return True
+    return False
+
+
 # ---------------------------------------------------------------- a pseudo-terminal
 
 

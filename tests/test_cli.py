@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from clikit import EchoWorker, Lines, Terminal, cli_env, cronoq, err, script, text
+from clikit import EchoWorker, Lines, Terminal, cli_env, connected, cronoq, err, script, text
 from serverkit import ADMIN, AUTH, CLIENT, LISTEN, METRICS, WORKER, ROOT
 
 CONFIG = LISTEN + AUTH + """
@@ -396,12 +396,13 @@ def test_ctrl_c_while_waiting_exits_130(server, client):
     task = client.submit("60", kind="sleep").id
     waiting = subprocess.Popen([script(), "wait", str(task)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, env=cli_env(ADMIN, server.target), cwd=ROOT)
-    # The task is running, so the wait blocks; interrupt it once the call is under way.
-    deadline = time.monotonic() + 30
-    while client.get(task).status != "running":
-        assert time.monotonic() < deadline
+    # The task is running, so the wait blocks; interrupt it once the call is under way: once the
+    # command is connected to the server (before that, on a loaded machine, it may still be starting
+    # Python, where Ctrl-C ends it the interpreter's way, by the signal).
+    deadline = time.monotonic() + 60
+    while client.get(task).status != "running" or not connected(waiting.pid, server.grpc_port):
+        assert time.monotonic() < deadline and waiting.poll() is None, waiting.poll()
         time.sleep(0.05)
-    time.sleep(0.5)
     waiting.send_signal(signal.SIGINT)
     assert waiting.wait(30) == INTERRUPTED
     assert client.cancel(task)

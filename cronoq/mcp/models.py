@@ -1,0 +1,393 @@
+"""The typed arguments and answers of the MCP tools.
+
+Argument aliases (``Annotated`` types carrying a description) are shared by
+``submit_task``, the items of ``submit_batch`` and ``add_schedule``, so the
+same option reads the same everywhere a model sees it. Answers are pydantic
+models: the SDK publishes their JSON schema as each tool's output schema and
+sends them as structured content (and as JSON text for older clients).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as _dt
+import json
+from typing import Annotated, Any, Literal, cast
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..client import ScheduleInfo, TaskInfo, TaskResult, WorkerInfo
+
+__all__ = ["PriorityName", "StatusName", "TaskRef", "RetryInput", "DepInput", "TaskInput", "TaskView",
+           "ResultView", "SubmitAnswer", "BatchAnswer", "CancelAnswer", "TaskPageView", "WorkerView",
+           "ScheduleView", "WorkerList", "ScheduleList", "ScheduleAdded", "ScheduleRemoved", "GroupView",
+           "PoolView", "SnapshotView", "TaskDetail", "PoolDetail", "DeadLetters", "DependencyView", "Explanation",
+           "payload_bytes", "task_view", "result_view", "worker_view", "schedule_view", "pool_view",
+           "snapshot_view", "unix"]
+
+PriorityName = Literal["critical", "high", "normal", "low"]
+StatusName = Literal["blocked", "scheduled", "ready", "running", "retrying", "succeeded", "failed",
+                     "dead_lettered", "cancelled", "skipped", "missed", "shed"]
+OverlapName = Literal["skip", "allow", "queue", "queue_on_success"]
+MissPolicyName = Literal["run_late", "skip", "fail"]
+
+# ---------------------------------------------------------------- arguments
+
+TaskRef = Annotated[int | str, Field(
+    description="A task: its numeric id (an integer), or its key (a string).")]
+Payload = Annotated[Any, Field(
+    description="The task's input. A JSON object, array, number or boolean is sent as JSON "
+                "(application/json); a string is sent as UTF-8 text (text/plain). Omit it for an empty "
+                "payload; use payload_base64 for binary data.")]
+PayloadBase64 = Annotated[str | None, Field(
+    description="Binary input as base64, sent as application/octet-stream; instead of payload.")]
+ContentType = Annotated[str | None, Field(
+    description="Overrides the payload's content type (printable ASCII), e.g. application/x-ndjson.")]
+PoolName = Annotated[str | None, Field(
+    description="The pool that runs it; omitted: the server's default pool. The snapshot tool lists pools.")]
+Kind = Annotated[str | None, Field(
+    description="The kind of work (a name workers and duration statistics use); omitted: 'default'.")]
+Priority = Annotated[PriorityName | None, Field(
+    description="Its class: critical runs before high, high before normal, normal before low (waiting "
+                "tasks age upwards within their class). Omitted: normal.")]
+Key = Annotated[str | None, Field(
+    description="A unique name for the task. Submitting a key the server already holds creates nothing "
+                "and returns the existing task (duplicate=true), so a submission can be safely repeated.")]
+Tenant = Annotated[str | None, Field(
+    description="Who the task is for; pools with fair share divide their slots between tenants.")]
+DeadlineIn = Annotated[float | None, Field(
+    ge=0, description="A soft deadline, in seconds from now: the task's score rises as it nears, so it "
+                      "starts in time. Passing it does not cancel the task. Not with deadline_at.")]
+DeadlineAt = Annotated[_dt.datetime | None, Field(
+    description="A soft deadline as an ISO 8601 time (UTC when no offset is given). Not with deadline_in.")]
+StartIn = Annotated[float | None, Field(
+    ge=0, description="A fixed start, in seconds from now: the task runs then (a slot is reserved for it), "
+                      "not before. Not with start_at.")]
+StartAt = Annotated[_dt.datetime | None, Field(
+    description="A fixed start as an ISO 8601 time (UTC when no offset is given). Not with start_in.")]
+Tolerance = Annotated[float | None, Field(
+    ge=0, description="With a fixed start: how many seconds late it may still start (default 1).")]
+OnMiss = Annotated[MissPolicyName | None, Field(
+    description="With a fixed start: what happens when it cannot start within the tolerance: run_late "
+                "(default), skip, or fail.")]
+Timeout = Annotated[float | None, Field(
+    gt=0, description="Seconds one attempt may run before it is failed as retryable.")]
+DurationHint = Annotated[float | None, Field(
+    gt=0, description="The expected run time in seconds; deadlines and fixed starts plan with it.")]
+Resources = Annotated[dict[str, int] | None, Field(
+    description="Units of shared resources the task holds while it runs, e.g. {\"gpu\": 1}; the names "
+                "are those configured on the server. A task waits until the units are free.")]
+After = Annotated[list[int | str] | None, Field(
+    description="Tasks (ids or keys) that must succeed before this one starts; in a batch, keys of other "
+                "tasks of the same batch.")]
+Tags = Annotated[dict[str, str] | None, Field(
+    description="Free-form name/value pairs, shown in listings and given to the worker.")]
+Labels = Annotated[dict[str, str] | None, Field(
+    description="Only workers registered with all these labels may run the task, e.g. {\"gpu\": \"a100\"}.")]
+
+
+class RetryInput(BaseModel):
+    """How failed attempts are retried (omitted: the pool's policy)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_attempts: int = Field(default=3, ge=1, description="Attempts in all, the first included.")
+    initial_backoff: float = Field(default=1.0, ge=0, description="Seconds before the second attempt.")
+    multiplier: float = Field(default=2.0, ge=1, description="Each further wait is this many times the previous one.")
+    max_backoff: float = Field(default=60.0, ge=0, description="The longest wait between attempts, in seconds.")
+    jitter: bool = Field(default=True, description="Wait a random fraction of each delay (spreads retries out).")
+
+
+Retry = Annotated[RetryInput | None, Field(description="The retry policy; omitted: the pool's.")]
+
+
+class DepInput(BaseModel):
+    """A dependency with a condition."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: TaskRef
+    on: Literal["success", "failure", "complete"] = Field(
+        default="success", description="Start after that task succeeded (default), failed, or finished either way.")
+
+
+Deps = Annotated[list[DepInput] | None, Field(
+    description="Dependencies with a condition (success, failure or complete); 'after' is the short form "
+                "for success.")]
+
+
+class TaskInput(BaseModel):
+    """One task of a batch: the options of submit_task."""
+
+    model_config = ConfigDict(extra="forbid")
+    payload: Payload = None
+    payload_base64: PayloadBase64 = None
+    content_type: ContentType = None
+    pool: PoolName = None
+    kind: Kind = None
+    priority: Priority = None
+    key: Key = None
+    tenant: Tenant = None
+    deadline_in: DeadlineIn = None
+    deadline_at: DeadlineAt = None
+    start_in: StartIn = None
+    start_at: StartAt = None
+    tolerance: Tolerance = None
+    on_miss: OnMiss = None
+    timeout: Timeout = None
+    duration_hint: DurationHint = None
+    retry: Retry = None
+    resources: Resources = None
+    after: After = None
+    deps: Deps = None
+    tags: Tags = None
+    labels: Labels = None
+
+
+def payload_bytes(payload_base64: str) -> bytes:
+    try:
+        return base64.b64decode(payload_base64, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("payload_base64 is not valid base64") from None
+
+
+# ---------------------------------------------------------------- answers
+
+
+def unix(seconds: float | None) -> _dt.datetime | None:
+    return None if seconds is None else _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc)
+
+
+class TaskView(BaseModel):
+    """A task as the server knows it (fields other than id and status are best effort)."""
+
+    id: int
+    status: StatusName = Field(description="blocked (waiting for dependencies), scheduled (waiting for its "
+                                           "fixed start), ready (queued), running, retrying (waiting out a "
+                                           "backoff), or a final status: succeeded, failed, dead_lettered "
+                                           "(failed after its last attempt), cancelled, skipped, missed, shed.")
+    pool: str
+    key: str | None
+    kind: str
+    priority: PriorityName
+    tenant: str | None
+    attempt: int = Field(description="The current or last attempt (0 before the first).")
+    max_attempts: int
+    message: str | None = Field(description="Why it failed, was cancelled or skipped.")
+    output_available: bool = Field(description="Whether its output can still be read (wait_task).")
+    tags: dict[str, str]
+    created: _dt.datetime | None
+    started: _dt.datetime | None = Field(description="When its latest attempt started.")
+    finished: _dt.datetime | None
+
+
+def task_view(info: TaskInfo) -> TaskView:
+    return TaskView(id=info.id, status=cast(StatusName, info.status), pool=info.pool, key=info.key, kind=info.kind,
+                    priority=cast(PriorityName, info.priority), tenant=info.tenant, attempt=info.attempt,
+                    max_attempts=info.max_attempts, message=info.message, output_available=info.output_available,
+                    tags=info.tags, created=unix(info.created), started=unix(info.started),
+                    finished=unix(info.finished))
+
+
+class ResultView(BaseModel):
+    """A finished task and its output."""
+
+    id: int
+    status: StatusName
+    ok: bool = Field(description="True when it succeeded.")
+    message: str | None = Field(description="Why it did not succeed.")
+    content_type: str | None = Field(description="The output's content type.")
+    output: Any = Field(default=None, description="The output: parsed JSON for a JSON content type, a string for "
+                                          "text; null when there is none or it is binary.")
+    output_base64: str | None = Field(default=None, description="A binary output, as base64.")
+    output_available: bool = Field(description="False when the task produced no output or the server no "
+                                               "longer keeps it.")
+
+
+def result_view(result: TaskResult) -> ResultView:
+    output: Any = None
+    output_base64 = None
+    ctype = result.content_type or ("application/octet-stream" if result.output is not None else "")
+    if result.output is not None:
+        media = ctype.split(";", 1)[0].strip().lower()
+        try:
+            if media == "application/json" or media.endswith("+json"):
+                output = json.loads(result.output)
+            elif media.startswith("text/"):
+                output = result.output.decode("utf-8")
+            else:
+                output_base64 = base64.b64encode(result.output).decode("ascii")
+        except (ValueError, UnicodeDecodeError):
+            output = None
+            output_base64 = base64.b64encode(result.output).decode("ascii")
+    return ResultView(id=result.id, status=cast(StatusName, result.status), ok=result.ok, message=result.message,
+                      content_type=ctype or None, output=output, output_base64=output_base64,
+                      output_available=result.output_available)
+
+
+class SubmitAnswer(BaseModel):
+    id: int = Field(description="The task's id (use it with wait_task, get_task, cancel_task).")
+    duplicate: bool = Field(description="True when the key named an existing task: nothing new was created.")
+    result: ResultView | None = Field(default=None, description="With wait=true, the result once it finished.")
+    note: str | None = Field(default=None, description="With wait=true, why there is no result yet.")
+
+
+class BatchAnswer(BaseModel):
+    tasks: list[SubmitAnswer] = Field(description="One per submitted task, in the order given.")
+
+
+class CancelAnswer(BaseModel):
+    task: int | str
+    cancelled: bool = Field(description="True if this call cancelled it; false if it had already finished.")
+
+
+class TaskPageView(BaseModel):
+    tasks: list[TaskView]
+    next_after: int | None = Field(description="Pass it as 'after' for the next page; null on the last page.")
+
+
+class WorkerView(BaseModel):
+    id: int = Field(description="The id of the worker's connection.")
+    name: str
+    pool: str
+    labels: dict[str, str]
+    slots: int = Field(description="Tasks it may run at once (granted by the server).")
+    busy: int = Field(description="Tasks it is running now.")
+    connected: _dt.datetime | None
+
+
+def worker_view(worker: WorkerInfo) -> WorkerView:
+    return WorkerView(id=worker.id, name=worker.name, pool=worker.pool, labels=worker.labels, slots=worker.slots,
+                      busy=worker.busy, connected=unix(worker.connected))
+
+
+class ScheduleView(BaseModel):
+    name: str
+    cron: str
+    tz: str
+    pool: str
+    kind: str
+    overlap: OverlapName
+    next_at: _dt.datetime | None = Field(description="The next occurrence; null when none is due.")
+    last_task_id: int | None = Field(description="The task of the latest occurrence.")
+
+
+def schedule_view(schedule: ScheduleInfo) -> ScheduleView:
+    return ScheduleView(name=schedule.name, cron=schedule.cron, tz=schedule.tz, pool=schedule.pool,
+                        kind=schedule.kind, overlap=cast(OverlapName, schedule.overlap), next_at=unix(schedule.next_at),
+                        last_task_id=schedule.last_task_id)
+
+
+class WorkerList(BaseModel):
+    workers: list[WorkerView] = Field(description="Connected workers, in connection order.")
+
+
+class ScheduleList(BaseModel):
+    schedules: list[ScheduleView] = Field(description="Recurring schedules, by name.")
+
+
+class ScheduleAdded(BaseModel):
+    name: str
+    next_at: _dt.datetime | None = Field(description="Its first occurrence.")
+
+
+class ScheduleRemoved(BaseModel):
+    name: str
+    removed: bool = Field(description="False when there was no schedule of that name.")
+
+
+class GroupView(BaseModel):
+    labels: dict[str, str]
+    capacity: int
+    busy: int
+
+
+class PoolView(BaseModel):
+    """A pool's state and its quality figures over the metrics window."""
+
+    name: str
+    capacity: int = Field(description="Slots of its connected workers.")
+    busy: int = Field(description="Slots running tasks.")
+    held: int = Field(description="Slots held for fixed starts about to begin.")
+    desired: int = Field(description="The capacity the pool asks for (at least its configured min).")
+    pending: int = Field(description="Tasks waiting to run.")
+    pending_by_class: dict[str, int]
+    reservations: int
+    dispatched: int
+    succeeded: int
+    failed: int
+    priority_adherence: float
+    fixed_start_hit_rate: float
+    utilization: float
+    schedule_efficiency: float
+    wait_p50_s: float
+    wait_p90_s: float
+    wait_p99_s: float
+    cost: float
+    workers_connected: int
+    groups: list[GroupView] = Field(description="Capacity per set of worker labels.")
+
+
+def pool_view(pool: dict[str, Any]) -> PoolView:
+    return PoolView.model_validate(pool)
+
+
+class SnapshotView(BaseModel):
+    at: _dt.datetime | None
+    pools: list[PoolView]
+    live_tasks: int
+    running: int
+    pending: int
+    workers_connected: int
+    totals: dict[str, int] = Field(description="Counts since the server started: submitted, succeeded, failed, "
+                                               "dead_lettered, cancelled, retries, ...")
+
+
+def snapshot_view(snapshot: dict[str, Any]) -> SnapshotView:
+    return SnapshotView(at=unix(snapshot["at"]), pools=[pool_view(p) for p in snapshot["pools"]],
+                        live_tasks=snapshot["live_tasks"], running=snapshot["running"], pending=snapshot["pending"],
+                        workers_connected=snapshot["workers_connected"], totals=snapshot["totals"])
+
+
+class TaskDetail(BaseModel):
+    """A task, and its result once it finished."""
+
+    task: TaskView
+    result: ResultView | None
+
+
+class PoolDetail(BaseModel):
+    pool: PoolView
+    workers: list[WorkerView]
+
+
+class DeadLetters(BaseModel):
+    tasks: list[TaskView] = Field(description="The most recent dead-lettered tasks, newest first.")
+    scanned: int = Field(description="Dead-lettered tasks the server listed.")
+    complete: bool = Field(description="False when the scan stopped before the newest ones.")
+
+
+class DependencyView(BaseModel):
+    task: int | str
+    on: str = Field(description="The condition: success, failure or complete.")
+    status: str | None = Field(description="Its status now; null when the server does not know it.")
+
+
+class Explanation(BaseModel):
+    """Why a task is (or is not) waiting, from what the server's API shows."""
+
+    task: TaskView
+    waiting: bool = Field(description="True while it is blocked, scheduled, ready or retrying.")
+    summary: str = Field(description="The main reason, in one sentence.")
+    reasons: list[str] = Field(description="Everything that holds it back, most important first.")
+    score: float | None = Field(description="Its dispatch score now (class base + aging + deadline urgency) "
+                                            "when it is ready.")
+    deadline: _dt.datetime | None = Field(description="Its deadline, when this gateway submitted it.")
+    position: int | None = Field(description="Its estimated place in its pool's queue (1 = next) when ready.")
+    ready_in_pool: int | None = Field(description="Ready tasks of its pool (counted up to the scan limit).")
+    dependencies: list[DependencyView] = Field(description="Its dependencies and their statuses, when known.")
+    resources: dict[str, int] | None = Field(description="Resource units it waits for, when known.")
+    labels: dict[str, str] | None = Field(description="Worker labels it needs, when known.")
+    start_at: _dt.datetime | None = Field(description="Its fixed start, when known.")
+    pool: PoolView | None = Field(description="Its pool now (null without the metrics role).")
+    unknown: list[str] = Field(description="What the API does not show for this task, so the explanation "
+                                           "cannot rule it out.")

@@ -127,7 +127,7 @@ class Terminal:
         with self._changed:
             return "\n".join(line.rstrip() for line in self.screen.display)
 
-    def wait_for(self, check: str | Callable[[str], bool], timeout: float = 30.0) -> str:
+    def wait_for(self, check: str | Callable[[str], bool], timeout: float = 60.0) -> str:
         """The screen once ``check`` (text on it, or a predicate) holds; AssertionError with the screen if not."""
         test = (lambda screen: check in screen) if isinstance(check, str) else check
         deadline = time.monotonic() + timeout

@@ -157,7 +157,7 @@ def test_a_standby_shows_the_error_and_top_recovers_when_it_takes_over(servers, 
                                and "not the leader" in panes(s).get("Live tasks", ""))
         assert "unavailable" in panes(screen)["Pools"]
         leader.stop()
-        standby.wait_for("serving as the leader")
+        standby.wait_for("serving as the leader", 60)
         term.wait_for(lambda s: "\ndefault " in panes(s).get("Pools", "") and "Workers (0)" in s
                       and "not the leader" not in s)
         quit_with_q(term)

@@ -294,3 +294,71 @@ def test_slow_frames_are_drawn_less_often():
     # A frame of 90 ms (160 x 50 cells on a busy machine): the loop keeps two thirds of its time.
     assert pause_after_frame(0.09) == pytest.approx(0.18)
     assert 0.09 / (0.09 + pause_after_frame(0.09)) == pytest.approx(1 / 3)
+
+
+class _FlakyConnection:
+    """A stand-in for top's Connection whose calls fail once with an exception no
+    cronoq error maps to (as a channel torn down during a server restart can), then answer."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+        self.settings = SimpleNamespace(url="127.0.0.1:7070")
+        self.failures = {"snapshot": 1, "list_tasks": 1}
+
+    def _maybe_fail(self, name: str) -> None:
+        if self.failures.get(name):
+            self.failures[name] -= 1
+            raise RuntimeError(f"{name}: the channel went away")
+
+    async def snapshot(self, *, retry_for: float | None = None) -> pb.SnapshotResponse:
+        self._maybe_fail("snapshot")
+        return pb.SnapshotResponse(live_tasks=1, pools=[pb.PoolSnapshot(name="default")])
+
+    async def workers(self, pools, *, retry_for=None) -> pb.ListWorkersResponse:
+        return pb.ListWorkersResponse()
+
+    async def recurring(self, *, retry_for=None) -> pb.ListRecurringResponse:
+        return pb.ListRecurringResponse()
+
+    async def list_tasks(self, pools, statuses, after, limit, *, retry_for=None) -> pb.ListTasksResponse:
+        self._maybe_fail("list_tasks")
+        return pb.ListTasksResponse()
+
+    async def watch(self, pools, terminal_only):
+        yield pb.StatusEvent(id=7, pool="default", status=pb.TASK_STATUS_SUCCEEDED)
+        await asyncio.Event().wait()   # then a quiet, open stream
+
+
+def test_an_unexpected_error_is_shown_in_its_pane_and_the_next_refresh_recovers():
+    from cronoq.cli.top import TopView
+
+    async def scenario() -> None:
+        view = TopView(_FlakyConnection(), pools=[], interval=1.0, task_limit=10)  # type: ignore[arg-type]
+        await view.refresh()   # raised RuntimeError, which ended top's refresher: the view froze
+        assert view.snapshot.error is not None and "the channel went away" in view.snapshot.error
+        assert view.workers.loaded and view.tasks.error is not None
+        await view.refresh()
+        assert view.snapshot.error is None and view.snapshot.data.live_tasks == 1 and view.tasks.error is None
+
+    asyncio.run(scenario())
+
+
+def test_the_event_stream_survives_an_unexpected_error():
+    from cronoq.cli.top import TopView
+
+    async def scenario() -> bool:
+        conn = _FlakyConnection()
+        conn.failures["list_tasks"] = 1
+        view = TopView(conn, pools=[], interval=1.0, task_limit=10)  # type: ignore[arg-type]
+        follower = asyncio.create_task(view._follow_events())
+        try:
+            for _ in range(200):   # waits for the event, up to 20 s: only a failing run waits that long
+                if view.events.events or follower.done():
+                    break
+                await asyncio.sleep(0.1)
+            return not follower.done() and [e.id for e in view.events.events] == [7] and view.events.error is None
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+
+    assert asyncio.run(scenario())

@@ -34,7 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._proto import cronoq_pb2 as pb
-from ..errors import AccessDenied, CronoqError, SchedulerError
+from ..errors import AccessDenied, SchedulerError
 from .commands import split_list
 from .exits import CliError, ExitCode
 from .output import Output, STATUS_NAMES, age, escape
@@ -207,8 +207,8 @@ class TopView:
         async def load(pane: Pane, role: str, call: Callable[[], Awaitable[Any]]) -> None:
             try:
                 pane.set(await _within(call(), limit))
-            except (CronoqError, asyncio.TimeoutError, TimeoutError) as exc:
-                pane.fail(exc, role)
+            except Exception as exc:   # whatever a call raises (a channel torn down mid-restart too) is the pane's
+                pane.fail(exc, role)   # to show: it must not end the refresher, which retries next round
 
         await asyncio.gather(
             load(self.snapshot, "metrics", lambda: self.conn.snapshot(retry_for=0)),
@@ -251,7 +251,7 @@ class TopView:
                 self._dirty.set()
                 await asyncio.sleep(10)   # a token's role does not change; a restarted server may differ
                 continue
-            except (CronoqError, asyncio.TimeoutError) as exc:
+            except Exception as exc:   # as in refresh(): shown, then retried, never the end of the stream
                 reason = _explain(exc, "client")
             self.events.state = "reconnecting"
             self.events.error = f"{reason}; reconnecting in {backoff:.1f} s"

@@ -21,7 +21,26 @@ that for the 10 ms tasks), so every probe meets one. The added latency is
 the difference to the baseline. Targets: >= 5,000 tasks/s with 4 workers;
 high-priority start p99 < 5 ms through the server.
 
+Then the HTTP/JSON gateway beside the gRPC API of the same server (``--http``,
+on by default), in ``--http-rounds`` rounds (3, a fresh server each; the
+figures are their medians): ``--http-clients`` (8) client processes, each an
+``httpx.Client`` on one HTTP/1.1 keep-alive connection (or a grpcio channel),
+submit no-op tasks into a pool that no worker serves (so the figure is the
+transport and admission), one per request (``--http-single`` in all) and in
+batches of ``--http-batch`` (1,000; ``--http-batches`` batches in all):
+tasks/s from the start signal to the last answer, and the server process's
+CPU time per task (user + system, from /proc: what the transport and
+admission cost, whatever else runs on the machine); which transport goes
+first alternates between rounds. The httpx clients set TCP_NODELAY, as curl
+and grpcio do. Then the latency of a submit with wait for a
+no-op task run by one worker process, one request at a time, alternating
+HTTP (``POST /v1/tasks`` with ``wait: true``) and gRPC (``Submit`` with
+``wait``), ``--http-probes`` of each, p50 and p99. Targets (HTTP): >= 3,000
+single submits/s and >= 30,000 tasks/s in batches of 1,000.
+
     python bench/server.py [--tasks 20000] [--batch 500] [--probes 200] [--workers 1,4] [--backlog 5000]
+                           [--http-single 20000] [--http-batches 200] [--http-probes 500] [--http-rounds 3]
+                           [--no-grpc] [--no-http]
 
 Workers and the server are child processes of this one, stopped by pid at
 the end. The machine is shared and noisy: compare the rows of one run.
@@ -36,10 +55,12 @@ import os
 import random
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -216,6 +237,205 @@ async def through_server(tasks: int, batch: int, probes: int, workers: int, slot
                     child.wait()
 
 
+# ---------------------------------------------------------------- the HTTP gateway
+
+
+def submit_client_main(transport: str, port: int, mode: str, count: int, batch: int) -> None:
+    """One benchmark client: warm up, wait for "go" on stdin, send ``count``
+    requests on one connection (HTTP/1.1 keep-alive, or one gRPC channel),
+    print when it finished."""
+    if transport == "grpc":
+        import grpc
+
+        from cronoq._proto import cronoq_pb2 as pb
+        from cronoq._proto import cronoq_pb2_grpc as pb_grpc
+
+        def spec(n: int) -> Any:
+            return pb.TaskSpec(pool="sink", payload=json.dumps({"n": n}).encode(), content_type="application/json")
+
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        stub = pb_grpc.TasksStub(channel)
+        if mode == "single":
+            message: Any = pb.SubmitRequest(task=spec(1))
+            call = stub.Submit
+        else:
+            message = pb.SubmitBatchRequest(tasks=[spec(i) for i in range(batch)])
+            call = stub.SubmitBatch
+        call(message, timeout=120)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        for _ in range(count):
+            call(message, timeout=120)
+        print(time.monotonic(), flush=True)
+        channel.close()
+        return
+    import httpx
+
+    headers = {"content-type": "application/json"}
+    if mode == "single":
+        body = json.dumps({"pool": "sink", "payload": {"n": 1}}).encode()
+        path = "/v1/tasks"
+    else:
+        body = json.dumps({"tasks": [{"pool": "sink", "payload": {"n": i}} for i in range(batch)]}).encode()
+        path = "/v1/tasks:batch"
+    # TCP_NODELAY, as curl and grpcio set it: httpx writes a request's head and
+    # body separately, and Nagle's algorithm would hold the body back.
+    nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", transport=nodelay, timeout=120) as client:
+        assert client.post(path, content=body, headers=headers).status_code == 200
+        print("ready", flush=True)
+        sys.stdin.readline()
+        for _ in range(count):
+            response = client.post(path, content=body, headers=headers)
+            if response.status_code != 200:
+                raise SystemExit(f"HTTP {response.status_code}: {response.text}")
+        print(time.monotonic(), flush=True)
+
+
+def _start_server(config_text: str, directory: str) -> tuple[subprocess.Popen[str], int, int]:
+    config = Path(directory) / "bench.toml"
+    config.write_text(config_text)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    server = subprocess.Popen([sys.executable, "-m", "cronoq.server", "--config", str(config)],
+                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    assert server.stderr is not None
+    while True:
+        line = server.stderr.readline()
+        if not line:
+            raise RuntimeError("the server exited")
+        match = re.search(r"listening: grpc [^ ]+:(\d+), http http://[^ ]+:(\d+)", line)
+        if match:
+            threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()   # drain the log
+            return server, int(match.group(1)), int(match.group(2))
+
+
+def _stop(children: list[subprocess.Popen[str]]) -> None:
+    for child in reversed(children):
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in reversed(children):
+        try:
+            child.wait(20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _clients_rate(transport: str, port: int, server_pid: int, clients: int, mode: str, requests: int,
+                  batch: int) -> tuple[float, float]:
+    """Tasks per second submitted by ``clients`` client processes, ``requests``
+    requests in all, and the server's CPU time per task (microseconds)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    each = max(1, requests // clients)
+    procs = [subprocess.Popen([sys.executable, __file__, "--submit-client", transport, str(port), mode, str(each),
+                               str(batch)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(clients)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        cpu = _cpu_seconds(server_pid)
+        begin = time.monotonic()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        ends = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError("a benchmark client failed")
+            ends.append(float(line))
+        tasks = each * clients * (batch if mode == "batch" else 1)
+        return tasks / (max(ends) - begin), (_cpu_seconds(server_pid) - cpu) / tasks * 1e6
+    finally:
+        _stop(procs)
+
+
+def _wait_latencies(http_port: int, grpc_port: int, probes: int) -> dict[str, float]:
+    """Submit-with-wait latency of a no-op task over HTTP and over gRPC,
+    alternating one probe of each, one request at a time."""
+    import grpc
+    import httpx
+
+    from cronoq._proto import cronoq_pb2 as pb
+    from cronoq._proto import cronoq_pb2_grpc as pb_grpc
+
+    body = json.dumps({"payload": None, "wait": True, "wait_timeout_s": 30}).encode()
+    headers = {"content-type": "application/json"}
+    message = pb.SubmitRequest(task=pb.TaskSpec(payload=b"null", content_type="application/json"), wait=True,
+                               wait_timeout_s=30)
+    http_times: list[float] = []
+    grpc_times: list[float] = []
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    stub = pb_grpc.TasksStub(channel)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=60) as client:
+            deadline = time.monotonic() + 30
+            while not client.get("/v1/workers").json()["workers"]:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the worker did not connect")
+                time.sleep(0.05)
+            for i in range(probes + 20):
+                t0 = time.perf_counter()
+                response = client.post("/v1/tasks", content=body, headers=headers)
+                took = time.perf_counter() - t0
+                assert response.status_code == 200 and response.json()["result"]["status"] == "succeeded"
+                time.sleep(0.002)
+                t1 = time.perf_counter()
+                answer = stub.Submit(message, timeout=60)
+                grpc_took = time.perf_counter() - t1
+                assert answer.result.status == pb.TASK_STATUS_SUCCEEDED
+                time.sleep(0.002)
+                if i >= 20:   # the first ones warm up
+                    http_times.append(took)
+                    grpc_times.append(grpc_took)
+    finally:
+        channel.close()
+    return {**_percentiles(http_times, "http_wait"), **_percentiles(grpc_times, "grpc_wait")}
+
+
+def through_http(clients: int, single: int, batches: int, batch: int, probes: int, rounds: int) -> dict[str, Any]:
+    """The gateway and the gRPC API of the same server, side by side: each
+    round starts a fresh server and measures single submits and batches over
+    both (which goes first alternates between rounds), then the latency of a
+    submit with wait. Figures: the median over the rounds, and each round."""
+    config = ('[server]\ngrpc_addr = "127.0.0.1:0"\nhttp_addr = "127.0.0.1:0"\nshutdown_grace_s = 1\n'
+              f'[limits]\nmax_tasks_per_batch = {max(batch, 1000)}\nmax_pending_total = 100000000\n'
+              '[[pools]]\nname = "default"\n[[pools]]\nname = "sink"\n')
+    figures: dict[str, list[float]] = {}
+    for round_number in range(rounds):
+        with tempfile.TemporaryDirectory() as directory:
+            server, grpc_port, http_port = _start_server(config, directory)
+            children = [server]
+            try:
+                ports = {"http": http_port, "grpc": grpc_port}
+                order = ("http", "grpc") if round_number % 2 == 0 else ("grpc", "http")
+                for mode, requests, size in (("single", single, 1), ("batch", batches, batch)):
+                    for transport in order:
+                        rate, cpu = _clients_rate(transport, ports[transport], server.pid, clients, mode,
+                                                  requests, size)
+                        figures.setdefault(f"{transport}_{mode}", []).append(rate)
+                        figures.setdefault(f"{transport}_{mode}_cpu_us", []).append(cpu)
+                env = dict(os.environ, PYTHONPATH=str(ROOT))
+                children.append(subprocess.Popen([sys.executable, __file__, "--worker", f"127.0.0.1:{grpc_port}",
+                                                  "--slots", "8"], env=env, stdout=subprocess.DEVNULL, text=True))
+                for name, value in _wait_latencies(http_port, grpc_port, probes).items():
+                    figures.setdefault(name, []).append(value)
+            finally:
+                _stop(children)
+    out: dict[str, Any] = {name: statistics.median(values) for name, values in figures.items()}
+    out["rounds"] = figures
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
@@ -226,30 +446,68 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=5_000,
                         help="pending no-op tasks kept standing while probing (topped up before each probe); "
                              "the 10 ms backlog is a third of it")
+    parser.add_argument("--http-clients", type=int, default=8, help="httpx client processes (HTTP part)")
+    parser.add_argument("--http-single", type=int, default=20_000, help="single submits over HTTP, in all")
+    parser.add_argument("--http-batches", type=int, default=200, help="batches over HTTP, in all")
+    parser.add_argument("--http-batch", type=int, default=1000, help="tasks per HTTP batch")
+    parser.add_argument("--http-probes", type=int, default=500,
+                        help="submits with wait=true, one at a time, per transport and round")
+    parser.add_argument("--http-rounds", type=int, default=3, help="rounds of the HTTP/gRPC comparison (a fresh "
+                                                                  "server each); the figures are their medians")
+    parser.add_argument("--no-http", dest="http", action="store_false", help="skip the HTTP part")
+    parser.add_argument("--no-grpc", dest="grpc", action="store_false",
+                        help="skip the in-process and gRPC part")
     parser.add_argument("--worker", metavar="TARGET", help=argparse.SUPPRESS)
+    parser.add_argument("--submit-client", nargs=5, metavar=("TRANSPORT", "PORT", "MODE", "COUNT", "BATCH"),
+                        help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
     if args.worker:
         worker_main(args.worker, args.slots)
         return
+    if args.submit_client:
+        transport, port, mode, count, batch = args.submit_client
+        submit_client_main(transport, int(port), mode, int(count), int(batch))
+        return
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
     slow = max(args.batch, args.backlog // 3)
-    rows = [("in-process, 32 slots", asyncio.run(in_process(args.tasks, args.batch, args.probes, args.backlog,
-                                                             slow)))]
-    for count in (int(w) for w in args.workers.split(",")):
-        rows.append((f"server, {count} worker{'s' if count > 1 else ''} x {args.slots}",
-                     asyncio.run(through_server(args.tasks, args.batch, args.probes, count, args.slots,
-                                                args.backlog, slow))))
+    rows = []
+    if args.grpc:
+        rows.append(("in-process, 32 slots", asyncio.run(in_process(args.tasks, args.batch, args.probes,
+                                                                     args.backlog, slow))))
+        for count in (int(w) for w in args.workers.split(",")):
+            rows.append((f"server, {count} worker{'s' if count > 1 else ''} x {args.slots}",
+                         asyncio.run(through_server(args.tasks, args.batch, args.probes, count, args.slots,
+                                                    args.backlog, slow))))
+    http = (through_http(args.http_clients, args.http_single, args.http_batches, args.http_batch,
+                         args.http_probes, args.http_rounds) if args.http else None)
     if args.json:
-        print(json.dumps(dict(rows), indent=2))
+        print(json.dumps({**dict(rows), **({"http": http} if http else {})}, indent=2))
         return
-    print(f"{args.tasks} no-op tasks in batches of {args.batch}; {args.probes} high-priority probes")
     print(f"load average before: {load}")
-    print(f"{'':<26} {'':>9} {'idle pool':>19} {'no-op backlog':>19} {'10 ms backlog':>19}")
-    print(f"{'setup':<26} {'tasks/s':>9} {'p50':>9} {'p99':>9} {'p50':>9} {'p99':>9} {'p50':>9} {'p99':>9}")
-    for name, row in rows:
-        print(f"{name:<26} {row['rate']:>9.0f} " + " ".join(
-            f"{row[f'{kind}_{q}']:>7.2f}ms" for kind in ("idle", "backlog", "slow") for q in ("p50", "p99")))
+    if rows:
+        print(f"{args.tasks} no-op tasks in batches of {args.batch}; {args.probes} high-priority probes")
+        print(f"{'':<26} {'':>9} {'idle pool':>19} {'no-op backlog':>19} {'10 ms backlog':>19}")
+        print(f"{'setup':<26} {'tasks/s':>9} {'p50':>9} {'p99':>9} {'p50':>9} {'p99':>9} {'p50':>9} {'p99':>9}")
+        for name, row in rows:
+            print(f"{name:<26} {row['rate']:>9.0f} " + " ".join(
+                f"{row[f'{kind}_{q}']:>7.2f}ms" for kind in ("idle", "backlog", "slow") for q in ("p50", "p99")))
+    if http:
+        print(f"HTTP gateway and gRPC API of one server, {args.http_clients} client processes (httpx on HTTP/1.1 "
+              f"keep-alive; a grpcio channel each); median of {args.http_rounds} rounds (each round's figures)")
+        print(f"{'':<28} {'HTTP':>9} {'gRPC':>9} {'HTTP/gRPC':>10}")
+        for mode, label, target in (("single", "single submits, tasks/s", "3,000"),
+                                    ("batch", f"batches of {args.http_batch}, tasks/s", "30,000")):
+            h, g = http[f"http_{mode}"], http[f"grpc_{mode}"]
+            each = " / ".join(f"{a:.0f}:{b:.0f}" for a, b in zip(http["rounds"][f"http_{mode}"],
+                                                               http["rounds"][f"grpc_{mode}"]))
+            print(f"{label:<28} {h:>9.0f} {g:>9.0f} {h / g:>10.2f}   (HTTP target {target}; rounds {each})")
+            h, g = http[f"http_{mode}_cpu_us"], http[f"grpc_{mode}_cpu_us"]
+            print(f"{'  server CPU per task, us':<28} {h:>9.1f} {g:>9.1f} {h / g:>10.2f}")
+        for q in ("p50", "p99"):
+            h, g = http[f"http_wait_{q}"], http[f"grpc_wait_{q}"]
+            print(f"{'submit with wait, ' + q + ', ms':<28} {h:>9.2f} {g:>9.2f} {h / g:>10.2f}")
+        print(f"  (wait: {args.http_probes} no-op tasks per transport and round, one worker process, one at a time)")
 
 
 if __name__ == "__main__":

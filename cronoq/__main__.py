@@ -31,6 +31,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                       help="keep the scheduler's state in this SQLite file (kept afterwards; a second "
                            "run recovers from it); by default a file in a temporary directory, removed "
                            "at the end")
+    demo.add_argument("--record", metavar="TRACE",
+                      help="write a trace of the run to this file, to replay it against other policies "
+                           "(python -m cronoq.whatif TRACE --config policies.toml)")
     demo.add_argument("--simulate", action="store_true",
                       help="instead, simulate ten minutes of a similar workload in virtual time "
                            "(deterministic, about a second of real time)")
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         args.demo_parser.error("--seconds and --speed must be positive")
     from .demo import run_demo
     return run_demo(seconds=args.seconds, seed=args.seed, speed=args.speed, live=not args.no_live,
-                    store_path=args.store)
+                    store_path=args.store, record=args.record)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ import _thread
 from typing import Any, Awaitable, Callable, Iterable, ParamSpec, Sequence, TypeVar
 
 from .core.actions import StatusEvent
-from .core.errors import SchedulerError
+from .core.errors import AdmissionError, SchedulerError
 from .core.snapshot import Snapshot, TaskInfo
 from .core.types import CoreConfig, ResourceConfig, TaskSpec
 from . import realtime
@@ -616,6 +616,13 @@ class BlockingScheduler:
         """Call ``hook(task)`` for every task before it is admitted (see
         ``Scheduler.add_submit_hook``); returns a function that removes it."""
         return self._sched.add_submit_hook(hook)
+
+    def add_admission_listener(
+            self, listener: Callable[[int, Sequence[TaskSpec], Sequence[tuple[int, bool]] | None,
+                                      AdmissionError | None], None]) -> Callable[[], None]:
+        """Call ``listener(now_ns, tasks, results, error)`` after every admission
+        (see ``Scheduler.add_admission_listener``); returns a function that removes it."""
+        return self._sched.add_admission_listener(listener)
 
     def add_executor_middleware(
             self, middleware: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> Callable[[], None]:

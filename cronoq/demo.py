@@ -23,7 +23,7 @@ import cronoq
 
 from .core.types import CLASSES
 
-__all__ = ["run_demo"]
+__all__ = ["run_demo", "demo_scheduler"]
 
 
 class Recorder:
@@ -61,16 +61,21 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def _workload(sched: cronoq.Scheduler, rec: Recorder, seconds: float, rng: random.Random,
-                    speed: float) -> None:
-    loop_start = time.time()
+                    speed: float, clock=None) -> None:
+    clock = clock or sched.clock
+
+    def now() -> float:
+        return clock.now_ns() / 1e9
+
+    loop_start = now()
 
     async def submit(payload, **options):
         handle = await sched.submit(payload, **options)
         deadline = options.get("deadline_in")
         # A fixed start "waits" from its start time, not from its submission.
-        ready = time.time() + options.get("start_in", 0.0)
+        ready = now() + options.get("start_in", 0.0)
         rec.submitted[handle.id] = (ready, options.get("priority", "normal"),
-                                    None if deadline is None else time.time() + deadline)
+                                    None if deadline is None else now() + deadline)
         return handle
 
     # Scheduled work and a pipeline, up front.
@@ -85,12 +90,12 @@ async def _workload(sched: cronoq.Scheduler, rec: Recorder, seconds: float, rng:
         cronoq.Task({"step": "cleanup"}, key="cleanup", kind="etl", deps=[cronoq.Dep("load", on="complete")]),
     ]
     for handle in await sched.submit_batch(pipeline):
-        rec.submitted[handle.id] = (time.time(), "normal", None)
+        rec.submitted[handle.id] = (now(), "normal", None)
     await submit({"job": "flaky"}, kind="flaky",
                  retry=cronoq.RetryPolicy(max_attempts=4, initial_backoff=0.2, jitter=False))
 
-    while time.time() - loop_start < seconds:
-        await asyncio.sleep(rng.expovariate(60.0))
+    while now() - loop_start < seconds:
+        await clock.sleep(rng.expovariate(60.0))
         roll = rng.random()
         if roll < 0.45:
             await submit({"click": rng.randrange(1000)}, kind="click", priority="high", deadline_in=1.0)
@@ -106,22 +111,36 @@ async def _workload(sched: cronoq.Scheduler, rec: Recorder, seconds: float, rng:
                 await submit({"doc": rng.randrange(10**6)}, kind="reindex", priority="low")
 
 
-def _executor(rec: Recorder, rng: random.Random, speed: float):
+def _executor(rec: Recorder, rng: random.Random, speed: float, clock=None):
     durations = {"click": 0.03, "chat": 0.25, "report": 0.6, "reindex": 0.15, "etl": 0.3,
                  "load": 0.4, "alert": 0.05, "nightly": 1.0, "flaky": 0.1}
+    clock = clock or cronoq.SystemClock()
 
     async def run(ctx: cronoq.TaskContext, payload):
         if ctx.attempt == 1:
-            rec.started[ctx.id] = time.time()
-        await asyncio.sleep(durations.get(ctx.kind, 0.1) * speed * rng.lognormvariate(0, 0.4))
+            rec.started[ctx.id] = clock.now_ns() / 1e9
+        await clock.sleep(durations.get(ctx.kind, 0.1) * speed * rng.lognormvariate(0, 0.4))
         if ctx.kind == "load":
             raise cronoq.Permanent("the warehouse rejected the load")
         if ctx.kind == "flaky" and ctx.attempt < 3:
             raise cronoq.Retryable(f"upstream 503 on attempt {ctx.attempt}")
-        rec.finished[ctx.id] = (time.time(), "succeeded")
+        rec.finished[ctx.id] = (clock.now_ns() / 1e9, "succeeded")
         return {"ok": True, "attempt": ctx.attempt}
 
     return run
+
+
+def demo_scheduler(run, *, seed: int, **options) -> cronoq.Scheduler:
+    """The demo's two pools and its rate-limited API around executor ``run``
+    (``options`` go to the Scheduler: a store, a clock...)."""
+    pools = [
+        cronoq.Pool("app", run, min=2, max=16,
+                    autoscale=cronoq.AutoscaleConfig(slo={"high": 0.5}, cost_per_worker_second=0.0011)),
+        cronoq.Pool("llm", run, min=1, max=8,
+                    autoscale=cronoq.AutoscaleConfig(cost_per_worker_second=0.004)),
+    ]
+    resources = [cronoq.Resource.token_bucket("llm-api", rate=8.0, burst=4)]
+    return cronoq.Scheduler(pools, resources, seed=seed, **options)
 
 
 def _pool_table(snap, title: str):
@@ -139,28 +158,30 @@ def _pool_table(snap, title: str):
     return table
 
 
-async def _main(seconds: float, seed: int, speed: float, live: bool, store_path: str, kept: bool) -> int:
+async def _main(seconds: float, seed: int, speed: float, live: bool, store_path: str, kept: bool,
+                record: str | None = None) -> int:
     from rich.console import Console
 
     rng = random.Random(seed)
     rec = Recorder()
     run = _executor(rec, rng, speed)
-    pools = [
-        cronoq.Pool("app", run, min=2, max=16,
-                    autoscale=cronoq.AutoscaleConfig(slo={"high": 0.5}, cost_per_worker_second=0.0011)),
-        cronoq.Pool("llm", run, min=1, max=8,
-                    autoscale=cronoq.AutoscaleConfig(cost_per_worker_second=0.004)),
-    ]
-    resources = [cronoq.Resource.token_bucket("llm-api", rate=8.0, burst=4)]
     console = Console(width=max(130, Console().width))
     # Durable state: every submission is committed to a SQLite file before it
     # is acknowledged (payloads and results are JSON).
     store = cronoq.SqliteStore(store_path)
-    sched = cronoq.Scheduler(pools, resources, seed=seed, store=store)
+    sched = demo_scheduler(run, seed=seed, store=store)
+    recorder = None
+    if record is not None:
+        from .whatif import TraceRecorder
+
+        recorder = TraceRecorder(sched, record)   # before start: it times every attempt
     try:
         await _run(sched, rec, console, seconds, seed, rng, speed, live,
                    store_path if kept else "a temporary SQLite file")
     finally:
+        if recorder is not None:
+            recorder.close()
+            console.print(f"trace written to {record} (replay it: python -m cronoq.whatif {record})")
         await store.close()
     return 0
 
@@ -208,11 +229,12 @@ async def _run(sched, rec, console, seconds, seed, rng, speed, live, where) -> N
 
 
 def run_demo(seconds: float = 20.0, seed: int = 7, speed: float = 1.0, live: bool = True,
-             store_path: str | None = None) -> int:
+             store_path: str | None = None, record: str | None = None) -> int:
     """Run the demo; state goes to ``store_path`` (a SQLite file, kept), or by
-    default to a file in a temporary directory removed at the end."""
+    default to a file in a temporary directory removed at the end. With
+    ``record``, a trace of the run is written there (``cronoq.whatif``)."""
     if store_path is not None:
-        return asyncio.run(_main(seconds, seed, speed, live, store_path, True))
+        return asyncio.run(_main(seconds, seed, speed, live, store_path, True, record))
     with tempfile.TemporaryDirectory(prefix="cronoq-demo-") as directory:
         path = os.path.join(directory, "cronoq-demo.db")
-        return asyncio.run(_main(seconds, seed, speed, live, path, False))
+        return asyncio.run(_main(seconds, seed, speed, live, path, False, record))

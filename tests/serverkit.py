@@ -48,7 +48,7 @@ shutdown_grace_s = 2
 standby_close_s = 0.5
 """
 
-_LISTENING = re.compile(r"listening: grpc [^ ]+:(\d+), http https?://[^ ]+:(\d+)")
+_LISTENING = re.compile(r"listening: grpc [^ ]+:(\d+), http https?://[^ ]+:(\d+)(?:, metrics http://[^ ]+:(\d+))?")
 
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -80,6 +80,7 @@ class ServerProcess:
         self.lines: list[str] = []
         self.grpc_port = 0
         self.http_port = 0
+        self.metrics_port = 0              # server.metrics_addr, when configured
         self._changed = threading.Condition()
         self._reader: threading.Thread | None = None
 
@@ -113,6 +114,7 @@ class ServerProcess:
                 match = _LISTENING.search(line)
                 if match:
                     self.grpc_port, self.http_port = int(match.group(1)), int(match.group(2))
+                    self.metrics_port = int(match.group(3) or 0)
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()

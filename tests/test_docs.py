@@ -26,6 +26,7 @@ import pytest
 import cronoq
 import cronoq.telemetry
 import cronoq.telemetry.otel as otel
+import cronoq.whatif
 from cronoq.telemetry import PrometheusCollector
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -139,7 +140,7 @@ def sections(text: str) -> dict[str, str]:
 
 SECTIONS = sections(API)
 PUBLIC = {"cronoq": list(cronoq.__all__), "cronoq.telemetry": list(cronoq.telemetry.__all__),
-          "cronoq.telemetry.otel": list(otel.__all__)}
+          "cronoq.telemetry.otel": list(otel.__all__), "cronoq.whatif": list(cronoq.whatif.__all__)}
 
 
 @pytest.mark.parametrize("module,name", [(m, n) for m, names in PUBLIC.items() for n in names])
@@ -165,6 +166,9 @@ CALLABLES = {
     "PrometheusCollector": PrometheusCollector, "serve_metrics": cronoq.telemetry.serve_metrics,
     "make_wsgi_app": cronoq.telemetry.make_wsgi_app, "make_asgi_app": cronoq.telemetry.make_asgi_app,
     "metrics_registry": cronoq.telemetry.metrics_registry, "instrument": otel.instrument,
+    "TraceRecorder": cronoq.whatif.TraceRecorder, "trace_from_store": cronoq.whatif.trace_from_store,
+    "Trace": cronoq.whatif.Trace, "replay": cronoq.whatif.replay, "simulate": cronoq.whatif.simulate,
+    "variants": cronoq.whatif.variants, "Report": cronoq.whatif.Report,
 }
 
 
@@ -190,6 +194,11 @@ MEMBERS = {
     "Dep": cronoq.Dep, "Pool": cronoq.Pool, "JsonCodec": cronoq.JsonCodec,
     "PrometheusCollector": PrometheusCollector, "MetricsServer": cronoq.telemetry.MetricsServer,
     "Instrumentation": otel.Instrumentation,
+    "TraceRecorder": cronoq.whatif.TraceRecorder, "Trace": cronoq.whatif.Trace,
+    "TracedTask": cronoq.whatif.TracedTask, "TracedAttempt": cronoq.whatif.TracedAttempt,
+    "Variant": cronoq.whatif.Variant, "PolicyFile": cronoq.whatif.PolicyFile,
+    "Report": cronoq.whatif.Report, "Figures": cronoq.whatif.Figures,
+    "ReplayResult": cronoq.whatif.ReplayResult,
 }
 
 

@@ -83,6 +83,10 @@ INVALID = [
      "recurring[0].cron"),
     ("schedule in an unknown pool", '[[recurring]]\nname = "n"\ncron = "* * * * *"\npool = "nope"\n',
      "recurring[0].pool: names unknown pool 'nope'"),
+    ("trace without a path", "[trace]\nsample_interval_s = 1\n", "trace.path: is required"),
+    ("zero trace flush interval", '[trace]\npath = "t.jsonl"\nflush_interval_s = 0\n',
+     "trace.flush_interval_s: must be above 0"),
+    ("unknown trace key", '[trace]\npath = "t.jsonl"\nfile = "u.jsonl"\n', "trace.file: unknown key"),
     ("not TOML", "[server\n", "not valid TOML"),
 ]
 
@@ -145,6 +149,11 @@ burst = 100
 [outputs]
 cache_entries = 100
 info_entries = 1000
+[trace]
+path = "/var/lib/cronoq/trace-{{epoch}}.jsonl"
+flush_interval_s = 1
+sample_interval_s = 5
+max_buffer = 100000
 [[recurring]]
 name = "nightly"
 cron = "0 0 3 * * *"

@@ -135,7 +135,9 @@ async def test_sqlite_sigkill_of_the_leader_keeps_acknowledged_tasks(servers, tm
 
 
 async def test_a_leader_that_loses_its_lease_tells_workers_not_leader_and_stands_by(servers, tmp_path):
-    config = sqlite_config(tmp_path / "state.db", ttl=1.0)
+    # Standbys close connections standby_close_s after accepting them: a long one here,
+    # so that a slow machine still sees the refusal rather than the closed connection.
+    config = sqlite_config(tmp_path / "state.db", ttl=1.0).replace("standby_close_s = 0.5", "standby_close_s = 5")
     leader = servers(config, name="a")
     worker = RawWorker(leader.target)
     await worker.register("idle")

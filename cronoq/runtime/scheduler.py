@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Seque
 from .. import realtime
 from ..core import actions as act
 from ..core.engine import Core
-from ..core.errors import InvalidTask, QueueFull, SchedulerError, TaskFailed
+from ..core.errors import AdmissionError, InvalidTask, QueueFull, SchedulerError, TaskFailed
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import (
     CANCELLED, DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig, Status,
@@ -64,6 +64,10 @@ _QUIET_ENDS = TERMINAL - {DEAD_LETTERED}
 _NO_OUTPUT: Any = object()   # "no output at hand" (None is a valid output)
 
 _T = TypeVar("_T")
+
+# What an admission listener is told: (now_ns, tasks, results, error); see add_admission_listener.
+AdmissionListener = Callable[[int, Sequence[TaskSpec], "Sequence[tuple[int, bool]] | None",
+                              "AdmissionError | None"], None]
 
 
 def _consume(rows: Iterable[_T]) -> Iterator[_T]:
@@ -184,6 +188,7 @@ class Scheduler:
         self._lock = threading.RLock()
         self._pump_asked = False                      # a thread asked the loop to pump
         self._submit_hooks: list[Callable[[TaskSpec], TaskSpec]] = []
+        self._admission_listeners: list[AdmissionListener] = []
         self._middleware: list[Callable[[Callable[..., Any], bool], Callable[..., Any]]] = []
         self._room: dict[Any, deque[_Turn]] = {}     # submitters waiting for queue room, per line
         self._timer: Cancellable | None = None
@@ -902,12 +907,30 @@ class Scheduler:
     def _admit_now(self, core: Core, spec: TaskSpec) -> tuple[int, bool] | None:
         """Admission, the one place it happens (under the lock): the answer,
         or None when a full queue asks the submitter to wait for room."""
+        now = _wall_ns() if self._system_time else self._now_ns()
         try:
-            return core.submit(_wall_ns() if self._system_time else self._now_ns(), spec)
+            result = core.submit(now, spec)
         except QueueFull as exc:
             if core.overflow_policy(spec.pool) != "wait" or exc.never:
+                if self._admission_listeners:
+                    self._tell_admission(now, (spec,), None, exc)
                 raise
             return None
+        except AdmissionError as exc:
+            if self._admission_listeners:
+                self._tell_admission(now, (spec,), None, exc)
+            raise
+        if self._admission_listeners:
+            self._tell_admission(now, (spec,), (result,), None)
+        return result
+
+    def _tell_admission(self, now: int, specs: Sequence[TaskSpec],
+                        results: Sequence[tuple[int, bool]] | None, error: AdmissionError | None) -> None:
+        for listener in self._admission_listeners:
+            try:
+                listener(now, specs, results, error)
+            except Exception:  # the admission stands whatever a listener does
+                log.exception("an admission listener failed", extra={"action": "listener_error"})
 
     async def _admit(self, spec: TaskSpec) -> tuple[int, bool]:
         self._check()
@@ -1066,14 +1089,24 @@ class Scheduler:
                     raise exc.at_index(i) from None
 
         def attempt(core: Core) -> tuple[list[TaskSpec], list[tuple[int, bool]]] | None:
+            now = _wall_ns() if self._system_time else self._now_ns()
             try:
-                return specs, core.submit_batch(_wall_ns() if self._system_time else self._now_ns(), specs)
+                results = core.submit_batch(now, specs)
             except QueueFull as exc:
                 index = exc.index if exc.index is not None else 0
                 if core.overflow_policy(specs[index].pool) != "wait" or exc.never:
+                    if self._admission_listeners:
+                        self._tell_admission(now, specs, None, exc)
                     raise
                 line[0] = (specs[index].pool, specs[index].priority)
                 return None
+            except AdmissionError as exc:
+                if self._admission_listeners:
+                    self._tell_admission(now, specs, None, exc)
+                raise
+            if self._admission_listeners:
+                self._tell_admission(now, specs, results, None)
+            return specs, results
 
         line = [(specs[0].pool, specs[0].priority) if specs else None]
         result: tuple[list[TaskSpec], list[tuple[int, bool]]] = await self._with_room(attempt, line)
@@ -1257,6 +1290,35 @@ class Scheduler:
             if not isinstance(spec, TaskSpec):
                 raise TypeError(f"a submit hook returned {type(spec).__name__}, not a cronoq.Task")
         return spec
+
+    def add_admission_listener(self, listener: AdmissionListener) -> Callable[[], None]:
+        """Call ``listener(now_ns, tasks, results, error)`` after every
+        admission: ``tasks`` are the ``Task`` objects admitted together (one,
+        or a batch), ``now_ns`` the admission time (Unix nanoseconds, on the
+        scheduler's clock), and either ``results`` their ``(id, duplicate)``
+        pairs or ``error`` the ``AdmissionError`` that refused them all (a
+        full queue under ``overflow="wait"`` is not a refusal: the listener
+        hears of the task once it is admitted). It runs on the submitter's
+        thread under the engine lock: keep it short and do not call the
+        scheduler from it; its exceptions are logged and the admission stands.
+        Returns a function that removes the listener."""
+        if not callable(listener):
+            raise ValueError(f"listener must be callable, got {type(listener).__name__}")
+        with self._lock:
+            self._admission_listeners = [*self._admission_listeners, listener]
+
+        def remove() -> None:
+            with self._lock:
+                self._admission_listeners = [x for x in self._admission_listeners if x is not listener]
+
+        return remove
+
+    @property
+    def config(self) -> CoreConfig:
+        """The engine settings this scheduler was made with (``config=``, or
+        the one built from ``seed``, ``emit_transitions`` and
+        ``max_pending_total``). Read it; do not change it."""
+        return self._config
 
     def add_executor_middleware(
             self, middleware: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> Callable[[], None]:

@@ -28,6 +28,7 @@ from ..runtime.scheduler import Scheduler
 from .auth import Authenticator
 from .codec import BlobCodec
 from .config import PoolSection, ServerConfig, check_environment
+from .gateway import Gateway
 from .grpc_api import add_services
 from .http import HttpListener
 from .remote import WorkerHub
@@ -65,6 +66,7 @@ class Server:
         self.stopping: asyncio.Event | None = None
         self.grpc_port = 0
         self.http_port = 0
+        self.metrics_port = 0
         self._grpc: aio.Server | None = None
         self.exit_code = 0
 
@@ -200,24 +202,39 @@ class Server:
         hub = WorkerHub(config.limits, lease_ttls, config.server.standby_close_s)
         service = Service(config, hub)
         check_host = not config.auth_enabled and not self.insecure_no_auth
-        http = HttpListener(config.server.http_host, config.server.http_port,
-                            lambda: service.state == "leader", check_host=check_host, tls=self._http_tls())
+        section = config.server
+        http = HttpListener(section.http_host, section.http_port, Gateway(service, auth, check_host=check_host),
+                            tls=self._http_tls())
+        metrics: HttpListener | None = None
+        if section.metrics_host is not None:
+            metrics = HttpListener(section.metrics_host, section.metrics_port,
+                                   Gateway(service, auth, check_host=check_host, metrics_listener=True))
         try:
             self.http_port = await http.start()
         except OSError as exc:
-            raise BindError(f"cannot listen on {config.server.http_addr} (HTTP): {exc.strerror or exc}") from None
+            raise BindError(f"cannot listen on {section.http_addr} (HTTP): {exc.strerror or exc}") from None
         try:
+            if metrics is not None:
+                try:
+                    self.metrics_port = await metrics.start()
+                except OSError as exc:
+                    raise BindError(f"cannot listen on {section.metrics_addr} (metrics): {exc.strerror or exc}"
+                                    ) from None
             await self._start_grpc(service, auth, hub, standby=True)
-            scheme = "https" if config.server.tls else "http"
-            log.info("listening: grpc %s:%d, http %s://%s:%d", config.server.grpc_host, self.grpc_port, scheme,
-                     config.server.http_host, self.http_port,
-                     extra={"action": "listening", "grpc_port": self.grpc_port, "http_port": self.http_port})
+            scheme = "https" if section.tls else "http"
+            also = f", metrics http://{section.metrics_host}:{self.metrics_port}" if metrics is not None else ""
+            log.info("listening: grpc %s:%d, http %s://%s:%d%s", section.grpc_host, self.grpc_port, scheme,
+                     section.http_host, self.http_port, also,
+                     extra={"action": "listening", "grpc_port": self.grpc_port, "http_port": self.http_port,
+                            "metrics_port": self.metrics_port})
             while not self.stopping.is_set():
                 await self._term(service, auth, hub)
             return self.exit_code
         finally:
             await self._stop_grpc(None)
             await http.stop()
+            if metrics is not None:
+                await metrics.stop()
 
     async def _term(self, service: Service, auth: Authenticator, hub: WorkerHub) -> None:
         """Wait to lead, then serve until stopped or deposed."""
@@ -250,6 +267,7 @@ class Server:
             self.exit_code = 1
             self.stopping.set()
             return
+        self._record(sched)
         try:
             await service.add_configured(sched, self.config.recurring)
         except Exception as exc:
@@ -297,6 +315,23 @@ class Server:
         waiting = [conn.done for conn in hub.workers.values()]
         if waiting:
             await asyncio.wait(waiting, timeout=self.config.server.standby_close_s + 2.0)
+
+    def _record(self, sched: Scheduler) -> None:
+        """[trace]: record this term's workload (the recorder stops with the
+        scheduler). A trace that cannot be written is logged, not fatal."""
+        section = self.config.trace
+        if section is None:
+            return
+        path = section.path.replace("{epoch}", str(sched.epoch or 0))
+        try:
+            from ..whatif import TraceRecorder
+
+            TraceRecorder(sched, path, flush_interval=section.flush_interval_s,
+                          sample_interval=section.sample_interval_s, max_buffer=section.max_buffer)
+        except (OSError, ImportError) as exc:
+            log.error("cannot record the trace to %s: %s", path, exc, extra={"action": "trace_error"})
+            return
+        log.info("recording the workload to %s", path, extra={"action": "trace", "path": path})
 
     @staticmethod
     async def _close_store(store: Any) -> None:

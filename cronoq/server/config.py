@@ -26,7 +26,7 @@ from ..core.recurring import OVERLAP_POLICIES, CronSchedule
 from ..core.types import CLASSES, KEY_LIMIT, NAME_LIMIT, VALUE_LIMIT
 
 __all__ = ["ConfigError", "ServerConfig", "ServerSection", "TlsConfig", "Credential", "StoreConfig",
-           "LimitsConfig", "PoolSection", "ResourceSection", "OutputsConfig", "RecurringSection",
+           "LimitsConfig", "PoolSection", "ResourceSection", "OutputsConfig", "RecurringSection", "TraceSection",
            "RetrySection", "load", "parse", "default_config", "check_environment", "ROLES", "YEAR"]
 
 YEAR = 365 * 86_400.0          # the longest configurable duration
@@ -61,6 +61,8 @@ class ServerSection:
     grpc_port: int = 7070
     http_host: str = "127.0.0.1"
     http_port: int = 7071
+    metrics_host: str | None = None     # the optional listener of /metrics without credentials
+    metrics_port: int = 0
     shutdown_grace_s: float = 10.0
     standby_close_s: float = 1.0
     insecure_no_auth: bool = False
@@ -73,6 +75,10 @@ class ServerSection:
     @property
     def http_addr(self) -> str:
         return _join(self.http_host, self.http_port)
+
+    @property
+    def metrics_addr(self) -> str | None:
+        return None if self.metrics_host is None else _join(self.metrics_host, self.metrics_port)
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,7 @@ class StoreConfig:
 @dataclass(frozen=True)
 class LimitsConfig:
     max_message_bytes: int = 16 * 1024 * 1024
+    max_http_body_bytes: int = 16 * 1024 * 1024
     request_timeout_s: float = 30.0
     max_wait_s: float = 300.0
     max_tasks_per_batch: int = 1000
@@ -181,6 +188,16 @@ class OutputsConfig:
 
 
 @dataclass(frozen=True)
+class TraceSection:
+    """[trace]: record the workload for cronoq.whatif (docs/whatif.md)."""
+
+    path: str
+    flush_interval_s: float = 0.5
+    sample_interval_s: float = 1.0
+    max_buffer: int = 1_000_000
+
+
+@dataclass(frozen=True)
 class RecurringSection:
     """A [[recurring]] schedule; ``task`` holds the template's task fields,
     named as in the gRPC TaskSpec (payload given as JSON, text or base64)."""
@@ -206,6 +223,7 @@ class ServerConfig:
     outputs: OutputsConfig = field(default_factory=OutputsConfig)
     recurring: tuple[RecurringSection, ...] = ()
     source: str | None = None        # the file read, if any
+    trace: TraceSection | None = None
 
     @property
     def auth_enabled(self) -> bool:
@@ -403,8 +421,6 @@ _NOT_HERE = {
 }
 _NOT_HERE_SERVER = {
     "grpc_web": "gRPC-Web is not supported by this version of cronoq-server (see docs/server.md)",
-    "metrics_addr": "the metrics listener comes with the HTTP API; this version serves only "
-                    "/healthz and /readyz (see docs/server.md)",
     "peer_tls": "sharding is not supported by this version of cronoq-server (see docs/server.md)",
     "shard": "sharding is not supported by this version of cronoq-server (see docs/server.md)",
     "insecure_peer_http": "sharding is not supported by this version of cronoq-server (see docs/server.md)",
@@ -426,6 +442,12 @@ def _server(t: _Table | None) -> ServerSection:
         prefix = key.split("_")[0]
         values[f"{prefix}_host"] = host
         values[f"{prefix}_port"] = port
+    metrics = t.string("metrics_addr")
+    if metrics is not None:
+        try:
+            values["metrics_host"], values["metrics_port"] = split_addr(metrics)
+        except ValueError as exc:
+            t.error("metrics_addr", str(exc))
     values["shutdown_grace_s"] = t.seconds("shutdown_grace_s", 10.0)
     values["standby_close_s"] = t.seconds("standby_close_s", 1.0, low=0.1, high=60.0)
     values["insecure_no_auth"] = t.boolean("insecure_no_auth", False)
@@ -443,6 +465,10 @@ def _server(t: _Table | None) -> ServerSection:
     if values.get("grpc_port") and values["grpc_port"] == values.get("http_port") \
             and values["grpc_host"] == values["http_host"]:
         t.error("http_addr", "must differ from grpc_addr")
+    if values.get("metrics_port"):
+        for other in ("grpc", "http"):
+            if (values["metrics_host"], values["metrics_port"]) == (values[f"{other}_host"], values[f"{other}_port"]):
+                t.error("metrics_addr", f"must differ from {other}_addr")
     t.done(_NOT_HERE_SERVER)
     return ServerSection(**values)
 
@@ -536,6 +562,7 @@ def _store(t: _Table | None) -> StoreConfig:
 _LIMIT_INTS = {
     # key: (default, low, high)
     "max_message_bytes": (16 * 1024 * 1024, 64 * 1024, 256 * 1024 * 1024),
+    "max_http_body_bytes": (16 * 1024 * 1024, 4096, 256 * 1024 * 1024),
     "max_tasks_per_batch": (1000, 1, 100_000),
     "max_list": (1000, 1, 100_000),
     "max_deps": (256, 0, 10_000),
@@ -669,6 +696,19 @@ def _outputs(t: _Table | None) -> OutputsConfig:
     info = t.integer("info_entries", 100_000, 0, 10_000_000)
     t.done({"cache_bytes": "the output cache is bounded by entries (cache_entries) in this version"})
     return OutputsConfig(cache, info)
+
+
+def _trace(t: _Table | None) -> TraceSection | None:
+    if t is None:
+        return None
+    path = t.string("path", limit=4096)
+    if path is None and not t.has("path"):
+        t.error("path", "is required: the file the trace is written to")
+    flush = t.seconds("flush_interval_s", 0.5, above=True, high=3600.0)
+    sample = t.seconds("sample_interval_s", 1.0, high=3600.0)
+    buffer = t.integer("max_buffer", 1_000_000, 1, 100_000_000)
+    t.done()
+    return None if path is None else TraceSection(path, flush, sample, buffer)
 
 
 # The task fields a recurring template may set, with how each is read.
@@ -817,6 +857,7 @@ def parse(text: str, *, source: str | None = None) -> ServerConfig:
     store = _store(root.table("store"))
     limits = _limits(root.table("limits"))
     outputs = _outputs(root.table("outputs"))
+    trace = _trace(root.table("trace"))
     recurring: list[RecurringSection] = []
     seen = set()
     for t in root.tables("recurring"):
@@ -832,7 +873,7 @@ def parse(text: str, *, source: str | None = None) -> ServerConfig:
     if errors:
         raise ConfigError(errors)
     return ServerConfig(server, tuple(tokens), tuple(certs), store, limits, tuple(pools), tuple(resources),
-                        outputs, tuple(recurring), source)
+                        outputs, tuple(recurring), source, trace)
 
 
 def load(path: str | os.PathLike[str]) -> ServerConfig:
@@ -889,8 +930,9 @@ def check_environment(config: ServerConfig, *, insecure_no_auth: bool = False,
     allowed = insecure_no_auth or config.server.insecure_no_auth
     if not config.auth_enabled and not allowed:
         for key, host in (("server.grpc_addr", config.server.grpc_host),
-                          ("server.http_addr", config.server.http_host)):
-            if not is_loopback(host):
+                          ("server.http_addr", config.server.http_host),
+                          ("server.metrics_addr", config.server.metrics_host)):
+            if host is not None and not is_loopback(host):
                 errors.append(f"{key}: {host} is not a loopback address and no credentials are configured "
                               f"([[auth.tokens]] or [[auth.certs]]); configure them, or pass "
                               f"--insecure-no-auth on a trusted network")

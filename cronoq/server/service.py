@@ -1,5 +1,5 @@
 """The service layer: one admission path and one authorization check for
-every transport (the gRPC services today, the HTTP/JSON gateway next).
+every transport (the gRPC services and the HTTP/JSON gateway).
 
 Requests and responses are the cronoq.v1 protobuf messages, which is the
 data model both transports share (the gateway maps JSON onto them). Each
@@ -33,6 +33,7 @@ from .config import RecurringSection, RetrySection, ServerConfig
 from .errors import Code, ServiceError, from_exception
 
 if TYPE_CHECKING:
+    from ..core.snapshot import Snapshot
     from ..runtime.scheduler import Scheduler
     from .remote import WorkerHub
 
@@ -740,6 +741,21 @@ class Service:
         for name, value in snap.totals.items():
             response.totals[name] = value
         return response
+
+    async def metrics(self, caller: Principal) -> Snapshot:
+        """The snapshot /metrics renders: the pools the caller may use (each
+        ``desired`` at least the pool's ``min``, as in ``snapshot``); totals
+        are the server's."""
+        caller.require("metrics")
+        sched = self.serving()
+        snap = await sched.snapshot()
+        pools = []
+        for pool in snap.pools:
+            if caller.sees(pool.name):
+                pool.desired = max(self.pool_sections[pool.name].min, pool.desired)
+                pools.append(pool)
+        snap.pools = pools
+        return snap
 
     # -- recurring schedules from the configuration
 

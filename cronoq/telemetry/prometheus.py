@@ -181,6 +181,21 @@ def _help(name: str) -> str:
     return _HELP[name]
 
 
+def scrape_families(snap: Snapshot | None, took: float) -> Iterator[Metric]:
+    """Every family of one scrape: build info, up, and, with a snapshot (None:
+    the scheduler did not answer), the time it took and the cronoq series.
+    cronoq-server's /metrics serves the same."""
+    info = GaugeMetricFamily("cronoq_build_info", _help("cronoq_build_info"), labels=("version",))
+    info.add_metric((__version__,), 1)
+    yield info
+    yield GaugeMetricFamily("cronoq_scheduler_up", _help("cronoq_scheduler_up"), value=0 if snap is None else 1)
+    if snap is None:
+        return
+    yield GaugeMetricFamily("cronoq_snapshot_duration_seconds", _help("cronoq_snapshot_duration_seconds"),
+                            value=took)
+    yield from families(snap)
+
+
 class PrometheusCollector:
     """A prometheus-client collector for one ``cronoq.Scheduler`` or
     ``cronoq.BlockingScheduler``.
@@ -207,17 +222,7 @@ class PrometheusCollector:
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         snap = take_snapshot(self._sched, self.timeout)
-        took = time.perf_counter() - started
-        info = GaugeMetricFamily("cronoq_build_info", _help("cronoq_build_info"), labels=("version",))
-        info.add_metric((__version__,), 1)
-        yield info
-        yield GaugeMetricFamily("cronoq_scheduler_up", _help("cronoq_scheduler_up"),
-                                value=0 if snap is None else 1)
-        if snap is None:
-            return
-        yield GaugeMetricFamily("cronoq_snapshot_duration_seconds", _help("cronoq_snapshot_duration_seconds"),
-                                value=took)
-        yield from families(snap)
+        return scrape_families(snap, time.perf_counter() - started)
 
 
 def metrics_registry(scheduler: Scheduler | BlockingScheduler, *, timeout: float = 5.0) -> CollectorRegistry:

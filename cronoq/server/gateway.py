@@ -1,0 +1,622 @@
+"""The HTTP/JSON gateway: the Tasks service (without Watch) and the read-only
+Admin calls as JSON routes, /metrics, the probes, and the OpenAPI document.
+
+A thin transport over the service layer, like the gRPC services: each route
+authenticates the caller (bearer token, or a client certificate's DNS
+names), validates the query and the JSON body with the definitions of
+``schema.py`` (the same ones ``openapi.py`` documents), maps them onto the
+cronoq.v1 request message, and calls the ``Service`` method the gRPC API
+calls, which holds the one admission path and the one authorization check.
+Its ``ServiceError`` becomes ``{"error": ..., "code": ...}`` with the status
+of its code (docs/server.md, Status codes). ``ROUTES`` is the table of
+routes; docs/server.md documents it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterator
+from urllib.parse import parse_qsl, unquote_to_bytes
+
+from .._proto import cronoq_pb2 as pb
+from ..core.snapshot import TOTAL_FIELDS
+from .auth import Authenticator, Principal
+from .codec import JSON, TEXT
+from .errors import ServiceError
+from .http import Request, Response, loopback_host, reason_code
+from .schema import (
+    BATCH, BATCH_OUT, CANCEL_OUT, INFO, PRIORITIES, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT, SUBMIT_OUT,
+    TASKS_OUT, WORKERS_OUT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text, invalid,
+)
+from .schema import Integer as IntegerField
+from .service import Service, status_enum, status_name
+
+__all__ = ["Gateway", "Route", "ROUTES", "PATH_PARAMS"]
+
+log = logging.getLogger("cronoq.server")
+
+
+class HttpError(Exception):
+    """A request refused by the gateway itself (not by the service layer)."""
+
+    def __init__(self, status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+@dataclass
+class Call:
+    """One request, validated: the caller, the path parameters, the query, the body."""
+
+    request: Request
+    caller: Principal | None
+    params: dict[str, Any]
+    query: dict[str, Any]
+    body: dict[str, Any] | None
+
+
+Handler = Callable[["Gateway", Call], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: what it takes and answers. ``role`` is the role its service
+    call requires (None: no credentials needed); ``waits``: the request may
+    also wait up to limits.max_wait_s; ``metrics_listener``: also served on
+    server.metrics_addr (without credentials)."""
+
+    method: str
+    path: str
+    operation: str
+    summary: str
+    handler: Handler
+    role: str | None = None
+    body: Obj | None = None
+    query: tuple[tuple[str, Field], ...] = ()
+    response: Obj | None = None
+    media: str = "application/json"
+    statuses: tuple[int, ...] = ()
+    waits: bool = False
+    metrics_listener: bool = False
+    description: str = ""
+
+
+# ---------------------------------------------------------------- JSON in, JSON out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_PRIORITY_IN = {"critical": pb.PRIORITY_CRITICAL, "high": pb.PRIORITY_HIGH, "normal": pb.PRIORITY_NORMAL,
+                "low": pb.PRIORITY_LOW}
+_PRIORITY_OUT = {value: name for name, value in _PRIORITY_IN.items()}
+_MISS_IN = {"run_late": pb.MISS_POLICY_RUN_LATE, "skip": pb.MISS_POLICY_SKIP, "fail": pb.MISS_POLICY_FAIL}
+_COND_IN = {"on_success": pb.EDGE_COND_ON_SUCCESS, "on_failure": pb.EDGE_COND_ON_FAILURE,
+            "on_complete": pb.EDGE_COND_ON_COMPLETE}
+_OVERLAP_OUT = {pb.OVERLAP_UNSPECIFIED: "skip", pb.OVERLAP_SKIP: "skip", pb.OVERLAP_ALLOW: "allow",
+                pb.OVERLAP_QUEUE: "queue", pb.OVERLAP_QUEUE_ON_SUCCESS: "queue_on_success"}
+_STATUS_OUT = {status_enum(name): name for name in STATUSES}
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_ASCII_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def dumps(value: Any) -> bytes:
+    try:
+        return _ENCODER.encode(value).encode("utf-8")
+    except UnicodeEncodeError:   # a lone surrogate (from a worker's JSON output): escape it
+        return _ASCII_ENCODER.encode(value).encode("ascii")
+
+
+def _payload(fields: dict[str, Any], value: Any) -> None:
+    try:
+        fields["payload"] = _ENCODER.encode(value).encode("utf-8")
+    except (UnicodeEncodeError, ValueError, RecursionError) as exc:
+        raise invalid("payload", f"cannot be sent as JSON ({exc})") from None
+    fields.setdefault("content_type", JSON)
+
+
+def _payload_b64(fields: dict[str, Any], value: bytes) -> None:
+    fields["payload"] = value
+
+
+def _payload_text(fields: dict[str, Any], value: str) -> None:
+    fields["payload"] = value.encode("utf-8")
+    fields.setdefault("content_type", TEXT)
+
+
+def _ref(kind: str, value: Any) -> pb.TaskRef:
+    return pb.TaskRef(id=value) if kind == "id" else pb.TaskRef(key=value)
+
+
+def _after(fields: dict[str, Any], value: list[tuple[str, Any]]) -> None:
+    fields["after"] = [_ref(kind, ref) for kind, ref in value]
+
+
+def _deps(fields: dict[str, Any], value: list[dict[str, Any]]) -> None:
+    fields["deps"] = [pb.Dep(ref=pb.TaskRef(id=d["id"]) if "id" in d else pb.TaskRef(key=d["key"]),
+                             cond=_COND_IN[d.get("cond", "on_success")]) for d in value]
+
+
+def _ignore(fields: dict[str, Any], value: Any) -> None:
+    pass
+
+
+_CONVERT: dict[str, Callable[[dict[str, Any], Any], None]] = {
+    "payload": _payload, "payload_b64": _payload_b64, "payload_text": _payload_text,
+    "priority": lambda fields, value: fields.__setitem__("priority", _PRIORITY_IN[value]),
+    "on_miss": lambda fields, value: fields.__setitem__("on_miss", _MISS_IN[value]),
+    "retry": lambda fields, value: fields.__setitem__("retry", pb.RetryPolicy(**value)),
+    "after": _after, "deps": _deps, "wait": _ignore, "wait_timeout_s": _ignore,
+}
+
+
+def task_spec(task: dict[str, Any]) -> pb.TaskSpec:
+    """The wire task of a validated task object (the other fields keep their names)."""
+    fields: dict[str, Any] = {}
+    convert = _CONVERT
+    for name, value in task.items():
+        how = convert.get(name)
+        if how is None:
+            fields[name] = value
+        else:
+            how(fields, value)
+    return pb.TaskSpec(**fields)
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def result_json(result: pb.TaskResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": str(result.id), "status": _STATUS_OUT[result.status],
+                           "output_available": result.output_available}
+    if result.output_available:
+        content_type = result.content_type or "application/octet-stream"
+        data = result.output
+        out["content_type"] = content_type
+        if _is_json(content_type):
+            try:
+                out["output"] = _DECODER.decode(data.decode("utf-8"))
+            except (ValueError, RecursionError):
+                pass
+        elif content_type.lower().startswith("text/"):
+            try:
+                out["output_text"] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        out["output_b64"] = base64.b64encode(data).decode("ascii")
+    if result.message:
+        out["message"] = result.message
+    return out
+
+
+def info_json(info: pb.TaskInfo) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": str(info.id), "status": _STATUS_OUT[info.status], "pool": info.pool}
+    if info.key:
+        out["key"] = info.key
+    if info.kind:
+        out["kind"] = info.kind
+    out["attempt"] = info.attempt
+    if info.max_attempts:
+        out["max_attempts"] = info.max_attempts
+    if info.priority:
+        out["priority"] = _PRIORITY_OUT.get(info.priority, "normal")
+    if info.tenant:
+        out["tenant"] = info.tenant
+    if info.tags:
+        out["tags"] = dict(info.tags)
+    out["output_available"] = info.output_available
+    if info.message:
+        out["message"] = info.message
+    if info.HasField("created_unix_ns"):
+        out["created_unix_ns"] = str(info.created_unix_ns)
+    if info.HasField("started_unix_ns"):
+        out["started_unix_ns"] = str(info.started_unix_ns)
+    if info.HasField("finished_unix_ns"):
+        out["finished_unix_ns"] = str(info.finished_unix_ns)
+    return out
+
+
+def _totals(totals: Any) -> dict[str, int]:
+    known = [name for name in TOTAL_FIELDS if name in totals]
+    return {name: totals[name] for name in known + sorted(set(totals) - set(known))}
+
+
+def snapshot_json(snap: pb.SnapshotResponse) -> dict[str, Any]:
+    pools = []
+    for p in snap.pools:
+        pools.append({
+            "name": p.name, "capacity": p.capacity, "busy": p.busy, "held": p.held, "desired": p.desired,
+            "pending": p.pending, "pending_by_class": list(p.pending_by_class), "reservations": p.reservations,
+            "dispatched": p.dispatched, "succeeded": p.succeeded, "failed": p.failed,
+            "priority_adherence": p.priority_adherence, "fixed_start_hit_rate": p.fixed_start_hit_rate,
+            "utilization": p.utilization, "schedule_efficiency": p.schedule_efficiency,
+            "wait_p50_s": p.wait_p50_s, "wait_p90_s": p.wait_p90_s, "wait_p99_s": p.wait_p99_s, "cost": p.cost,
+            "workers_connected": p.workers_connected,
+            "groups": [{"labels": dict(g.labels), "capacity": g.capacity, "busy": g.busy} for g in p.groups],
+        })
+    return {"pools": pools, "live_tasks": snap.live_tasks, "running": snap.running, "pending": snap.pending,
+            "workers_connected": snap.workers_connected, "totals": _totals(snap.totals),
+            "at_unix_ns": str(snap.at_unix_ns), "unavailable_shards": list(snap.unavailable_shards)}
+
+
+# ---------------------------------------------------------------- the gateway
+
+
+METRICS_LISTENER = Principal("metrics", name="the metrics listener (server.metrics_addr)")
+_KEY = Text(empty=False)
+_ID = Id()
+PATH_PARAMS: dict[str, Field] = {
+    "id": Id("A task id: decimal digits."),
+    "key": Text("A task key, percent-encoded as one path segment (/ as %2F).", empty=False),
+}
+_TASK_ROUTES = "/v1/tasks/"
+
+
+def _decode_segment(segment: str, what: str) -> str:
+    try:
+        return unquote_to_bytes(segment).decode("utf-8")
+    except UnicodeDecodeError:
+        raise HttpError(400, f"{what}: percent-encoded bytes are not UTF-8") from None
+
+
+class Gateway:
+    """The App of an HttpListener: the routes of ``ROUTES`` (all of them on
+    server.http_addr; with ``metrics_listener``, those marked for
+    server.metrics_addr, without credentials)."""
+
+    def __init__(self, service: Service, auth: Authenticator, *, check_host: bool,
+                 metrics_listener: bool = False) -> None:
+        self.service = service
+        self.auth = auth
+        self.check_host = check_host
+        self.metrics_listener = metrics_listener
+        limits = service.limits
+        self.max_body = limits.max_http_body_bytes if not metrics_listener else 0
+        self.short_limit = limits.request_timeout_s
+        self.long_limit = limits.request_timeout_s + limits.max_wait_s
+        self.routes: dict[str, dict[str, Route]] = {}
+        for route in ROUTES:
+            if metrics_listener and not route.metrics_listener:
+                continue
+            self.routes.setdefault(route.path, {})[route.method] = route
+        self._openapi: bytes | None = None
+
+    # -- what the listener asks
+
+    def time_limit(self, request: Request) -> float:
+        path = request.path
+        if path == "/v1/tasks" or (path.endswith("/result") and path.startswith(_TASK_ROUTES)):
+            return self.long_limit
+        return self.short_limit
+
+    def closing(self) -> bool:
+        """A server that does not serve closes each connection after its answer,
+        so a client behind a load balancer reaches another replica."""
+        return self.service.state != "leader"
+
+    def error(self, status: int, message: str, *, close: bool = False,
+              headers: tuple[tuple[str, str], ...] = ()) -> Response:
+        if status == 401:
+            headers += (("www-authenticate", "Bearer"),)
+        elif status == 503:
+            headers += (("retry-after", "1"),)
+        return Response(status, dumps({"error": message, "code": reason_code(status)}), headers=headers,
+                        close=close)
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            if self.check_host and not loopback_host(request.headers.get("host", "")):
+                raise HttpError(403, "forbidden: authentication is off, so only loopback host names are served "
+                                     "(localhost, *.localhost, 127.x.x.x, [::1])")
+            route, params = self._match(request)
+            caller = None
+            if route.role is not None:
+                caller = (METRICS_LISTENER if self.metrics_listener else
+                          self.auth.authenticate(request.headers.get("authorization"), request.cert_names))
+            query = self._query(route, request.query) if request.query or route.query else {}
+            body = self._body(route, request)
+            return await route.handler(self, Call(request, caller, params, query, body))
+        except ServiceError as exc:
+            headers = (("cronoq-error", exc.kind),) if exc.kind else ()
+            return self.error(exc.code.http_status, exc.message, headers=headers)
+        except HttpError as exc:
+            return self.error(exc.status, exc.message, headers=exc.headers)
+
+    # -- matching and validating
+
+    def _match(self, request: Request) -> tuple[Route, dict[str, Any]]:
+        path = request.path
+        routes = self.routes.get(path)
+        params: dict[str, Any] = {}
+        if routes is None:
+            if not path.startswith(_TASK_ROUTES) or self.metrics_listener:
+                raise HttpError(404, f"no route {path[:200]}; the routes are listed at /v1/openapi.json")
+            template, params = self._task_path(path[len(_TASK_ROUTES):])
+            routes = self.routes[template]
+        route = routes.get(request.method)
+        if route is None:
+            allowed = ", ".join(sorted(routes))
+            raise HttpError(405, f"{request.method} is not allowed on {route_path(routes)}; allowed: {allowed}",
+                            (("allow", allowed),))
+        if "id" in params:
+            text = params["id"]
+            if not (text.isdigit() and text.isascii()):
+                raise HttpError(400, f"{text[:60]!r} is not a task id (decimal digits); look a task up by key "
+                                     f"at /v1/tasks/by-key/{{key}}")
+            params["id"] = _ID.parse(text, "id")
+        elif "key" in params:
+            params["key"] = _KEY.parse(_decode_segment(params["key"], "key"), "key")
+        return route, params
+
+    @staticmethod
+    def _task_path(rest: str) -> tuple[str, dict[str, Any]]:
+        parts = rest.split("/")
+        if parts[0] == "by-key":
+            if len(parts) == 2 and parts[1]:
+                return "/v1/tasks/by-key/{key}", {"key": parts[1]}
+            if len(parts) == 3 and parts[1] and parts[2] == "result":
+                return "/v1/tasks/by-key/{key}/result", {"key": parts[1]}
+            raise HttpError(404, "no route; a key is one path segment: percent-encode / in keys as %2F "
+                                 "(/v1/tasks/by-key/report%2F42)")
+        if len(parts) == 1 and parts[0]:
+            return "/v1/tasks/{id}", {"id": parts[0]}
+        if len(parts) == 2 and parts[0] and parts[1] == "result":
+            return "/v1/tasks/{id}/result", {"id": parts[0]}
+        raise HttpError(404, f"no route /v1/tasks/{rest[:200]}; the routes are listed at /v1/openapi.json")
+
+    @staticmethod
+    def _query(route: Route, text: str) -> dict[str, Any]:
+        try:
+            pairs = parse_qsl(text, keep_blank_values=True, errors="strict")
+        except (UnicodeDecodeError, ValueError):
+            raise HttpError(400, "the query string is not valid (percent-encoded UTF-8)") from None
+        given: dict[str, list[str]] = {}
+        for name, value in pairs:
+            given.setdefault(name, []).append(value)
+        fields = dict(route.query)
+        out: dict[str, Any] = {}
+        for name, values in given.items():
+            field = fields.get(name)
+            if field is None:
+                known = ", ".join(fields) or "none"
+                raise invalid(name, f"unknown query parameter (this route takes: {known})")
+            if "\x00" in "".join(values):
+                raise invalid(name, "must not contain NUL characters")
+            out[name] = field.query(values, name)
+        return out
+
+    def _body(self, route: Route, request: Request) -> dict[str, Any] | None:
+        schema = route.body
+        if schema is None:
+            if request.body:
+                raise HttpError(400, f"{route.method} {route.path} takes no request body")
+            return None
+        content_type = request.headers.get("content-type", "")
+        media, _, params = content_type.partition(";")
+        if media.strip().lower() != "application/json":
+            raise HttpError(415, "request bodies must be JSON: send content-type: application/json"
+                                 + (f" (got {content_type[:80]!r})" if content_type else ""))
+        charset = params.strip().lower()
+        if charset and charset.replace(" ", "") not in ("charset=utf-8", 'charset="utf-8"'):
+            raise HttpError(415, "request bodies must be UTF-8 JSON (charset=utf-8)")
+        try:
+            text = request.body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise HttpError(400, "the body is not UTF-8") from None
+        try:
+            value = _DECODER.decode(text)
+        except (ValueError, RecursionError) as exc:
+            raise HttpError(400, f"the body is not valid JSON: {exc}") from None
+        if type(value) is not dict:
+            raise HttpError(400, f"the body must be a JSON object ({schema.name}), got "
+                                 f"{'an array' if isinstance(value, list) else type(value).__name__}")
+        parsed: dict[str, Any] = schema.parse(value, "")
+        return parsed
+
+    # -- responses
+
+    @staticmethod
+    def json(value: Any) -> Response:
+        return Response(200, dumps(value))
+
+    # -- the routes' handlers
+
+    @staticmethod
+    def _task_ref(params: dict[str, Any]) -> pb.TaskRef:
+        return pb.TaskRef(id=params["id"]) if "id" in params else pb.TaskRef(key=params["key"])
+
+    async def submit(self, call: Call) -> Response:
+        body = call.body
+        assert body is not None and call.caller is not None
+        request = pb.SubmitRequest(task=task_spec(body), wait=body.get("wait", False))
+        if "wait_timeout_s" in body:
+            request.wait_timeout_s = body["wait_timeout_s"]
+        response = await self.service.submit(call.caller, request)
+        out: dict[str, Any] = {"id": str(response.id), "duplicate": response.duplicate}
+        if response.HasField("result"):
+            out["result"] = result_json(response.result)
+        return self.json(out)
+
+    async def submit_batch(self, call: Call) -> Response:
+        assert call.body is not None and call.caller is not None
+        tasks = call.body["tasks"]
+        limit = self.service.limits.max_tasks_per_batch
+        if len(tasks) > limit:   # before converting them all
+            raise invalid("tasks", f"a batch holds at most {limit} tasks (limits), got {len(tasks)}")
+        request = pb.SubmitBatchRequest(tasks=[task_spec(task) for task in tasks])
+        response = await self.service.submit_batch(call.caller, request)
+        return self.json({"tasks": [{"id": str(t.id), "duplicate": t.duplicate} for t in response.tasks]})
+
+    async def get(self, call: Call) -> Response:
+        assert call.caller is not None
+        info = await self.service.get(call.caller, pb.GetRequest(task=self._task_ref(call.params)))
+        return self.json(info_json(info))
+
+    async def result(self, call: Call) -> Response:
+        assert call.caller is not None
+        request = pb.WaitRequest(task=self._task_ref(call.params))
+        if "timeout_s" in call.query:
+            request.timeout_s = call.query["timeout_s"]
+        return self.json(result_json(await self.service.wait(call.caller, request)))
+
+    async def cancel(self, call: Call) -> Response:
+        assert call.caller is not None
+        response = await self.service.cancel(call.caller, pb.CancelRequest(task=self._task_ref(call.params)))
+        return self.json({"cancelled": response.cancelled})
+
+    async def list_tasks(self, call: Call) -> Response:
+        assert call.caller is not None
+        query = call.query
+        request = pb.ListTasksRequest(pools=query.get("pool", ()),
+                                      statuses=[status_enum(s) for s in query.get("status", ())],
+                                      after=query.get("after", 0), limit=query.get("limit", 0))
+        response = await self.service.list_tasks(call.caller, request)
+        out: dict[str, Any] = {"tasks": [info_json(info) for info in response.tasks]}
+        if response.next_after:
+            out["next_after"] = str(response.next_after)
+        return self.json(out)
+
+    async def workers(self, call: Call) -> Response:
+        assert call.caller is not None
+        response = await self.service.list_workers(call.caller, pb.ListWorkersRequest(pools=call.query.get("pool", ())))
+        return self.json({"workers": [
+            {"id": str(w.id), "name": w.name, "pool": w.pool, "labels": dict(w.labels), "slots": w.slots,
+             "busy": w.busy, "connected_unix_ns": str(w.connected_unix_ns)} for w in response.workers]})
+
+    async def recurring(self, call: Call) -> Response:
+        assert call.caller is not None
+        response = await self.service.list_recurring(call.caller, pb.ListRecurringRequest())
+        schedules = []
+        for s in response.schedules:
+            item: dict[str, Any] = {"name": s.name, "cron": s.cron}
+            if s.tz:
+                item["tz"] = s.tz
+            item.update(pool=s.pool, kind=s.kind, overlap=_OVERLAP_OUT[s.overlap])
+            if s.HasField("next_unix_ns"):
+                item["next_unix_ns"] = str(s.next_unix_ns)
+            if s.HasField("last_task_id"):
+                item["last_task_id"] = str(s.last_task_id)
+            schedules.append(item)
+        return self.json({"schedules": schedules})
+
+    async def snapshot(self, call: Call) -> Response:
+        assert call.caller is not None
+        return self.json(snapshot_json(await self.service.snapshot(call.caller, pb.SnapshotRequest())))
+
+    async def metrics(self, call: Call) -> Response:
+        assert call.caller is not None
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+        started = time.perf_counter()
+        snap = await self.service.metrics(call.caller)
+        took = time.perf_counter() - started
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Scrape(snap, took))
+        return Response(200, generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(self, call: Call) -> Response:
+        if self._openapi is None:
+            from .openapi import document
+            self._openapi = dumps(document())
+        return Response(200, self._openapi)
+
+    async def healthz(self, call: Call) -> Response:
+        return Response(200, b"ok\n", "text/plain; charset=utf-8")
+
+    async def readyz(self, call: Call) -> Response:
+        if self.service.state == "leader":
+            return Response(200, b"ready\n", "text/plain; charset=utf-8")
+        return Response(503, b"not the leader (standby or shutting down)\n", "text/plain; charset=utf-8",
+                        headers=(("retry-after", "1"),))
+
+
+def route_path(routes: dict[str, Route]) -> str:
+    return next(iter(routes.values())).path
+
+
+class _Scrape:
+    """One scrape's metric families, from one snapshot (cronoq.telemetry's series)."""
+
+    def __init__(self, snap: Any, took: float) -> None:
+        self.snap = snap
+        self.took = took
+
+    def collect(self) -> Iterator[Any]:
+        from ..telemetry.prometheus import scrape_families
+        return scrape_families(self.snap, self.took)
+
+
+# ---------------------------------------------------------------- the routes
+
+_POOLS = CommaList(Text(empty=False), "Only these pools (repeated, or comma-separated); default: every pool the "
+                                      "caller may use.")
+_TASK_ERRORS = (400, 401, 403, 404, 503)
+_BY_ID = "/v1/tasks/{id}"
+_BY_KEY = "/v1/tasks/by-key/{key}"
+
+ROUTES: tuple[Route, ...] = (
+    Route("POST", "/v1/tasks", "submit", "Submit a task", Gateway.submit, role="client", body=SUBMIT,
+          response=SUBMIT_OUT, statuses=(400, 401, 403, 404, 409, 413, 415, 429, 503, 504), waits=True,
+          description="With wait, answers once the task finished (504 after wait_timeout_s: the task keeps "
+                      "running). With a store, answers after the task is stored."),
+    Route("POST", "/v1/tasks:batch", "submit_batch", "Submit tasks atomically", Gateway.submit_batch, role="client",
+          body=BATCH, response=BATCH_OUT, statuses=(400, 401, 403, 404, 409, 413, 415, 429, 503),
+          description="All or none: an error names the offending task. Tasks may depend on keys defined anywhere "
+                      "in the batch."),
+    Route("GET", "/v1/tasks", "list_tasks", "List tasks", Gateway.list_tasks, role="client", response=TASKS_OUT,
+          query=(("pool", _POOLS),
+                 ("status", CommaList(Choice(STATUSES), "Only these statuses (repeated, or comma-separated).")),
+                 ("after", BigInt("Only tasks with larger ids (the next_after of the previous page).", what="a task id")),
+                 ("limit", IntegerField("Tasks per page: default 100, at most limits.max_list.", minimum=0,
+                                        maximum=2 ** 32 - 1))),
+          statuses=_TASK_ERRORS, waits=True, description="Live and finished tasks in id order."),
+    Route("GET", _BY_ID, "get_task", "A task by id", Gateway.get, role="client", response=INFO,
+          statuses=_TASK_ERRORS),
+    Route("GET", _BY_KEY, "get_task_by_key", "A task by key", Gateway.get, role="client", response=INFO,
+          statuses=_TASK_ERRORS),
+    Route("DELETE", _BY_ID, "cancel_task", "Cancel a task by id", Gateway.cancel, role="client",
+          response=CANCEL_OUT, statuses=_TASK_ERRORS,
+          description="cancelled is false when the task had already finished."),
+    Route("DELETE", _BY_KEY, "cancel_task_by_key", "Cancel a task by key", Gateway.cancel, role="client",
+          response=CANCEL_OUT, statuses=_TASK_ERRORS),
+    Route("GET", _BY_ID + "/result", "task_result", "Wait for a task's result", Gateway.result, role="client",
+          response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True,
+          query=(("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),),
+          description="504 while the task is still running after timeout_s: ask again."),
+    Route("GET", _BY_KEY + "/result", "task_result_by_key", "Wait for a task's result, by key", Gateway.result,
+          role="client", response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True,
+          query=(("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),)),
+    Route("GET", "/v1/workers", "list_workers", "Connected workers", Gateway.workers, role="metrics",
+          response=WORKERS_OUT, query=(("pool", _POOLS),), statuses=_TASK_ERRORS),
+    Route("GET", "/v1/recurring", "list_recurring", "Recurring schedules", Gateway.recurring, role="metrics",
+          response=SCHEDULES_OUT, statuses=(401, 403, 503)),
+    Route("GET", "/v1/snapshot", "snapshot", "The scheduler's state", Gateway.snapshot, role="metrics",
+          response=SNAPSHOT, statuses=(401, 403, 503)),
+    Route("GET", "/metrics", "metrics", "Prometheus metrics", Gateway.metrics, role="metrics",
+          media="text/plain", statuses=(401, 403, 503), metrics_listener=True,
+          description="Prometheus text (the series of docs/metrics.md), of the pools the caller may use. On "
+                      "server.metrics_addr, without credentials."),
+    Route("GET", "/healthz", "healthz", "Liveness", Gateway.healthz, media="text/plain", metrics_listener=True,
+          description="200 ok while the process runs."),
+    Route("HEAD", "/healthz", "healthz_head", "Liveness (no body)", Gateway.healthz, media="text/plain",
+          metrics_listener=True),
+    Route("GET", "/readyz", "readyz", "Readiness", Gateway.readyz, media="text/plain", statuses=(503,),
+          metrics_listener=True, description="200 ready on the serving leader, 503 on a standby or while stopping."),
+    Route("HEAD", "/readyz", "readyz_head", "Readiness (no body)", Gateway.readyz, media="text/plain",
+          statuses=(503,), metrics_listener=True),
+    Route("GET", "/v1/openapi.json", "openapi", "This API, as OpenAPI 3.1", Gateway.openapi,
+          description="Generated from the definitions the gateway validates requests with."),
+)

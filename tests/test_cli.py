@@ -109,6 +109,10 @@ def test_usage_errors_exit_2_before_anything_is_sent(capsys, tmp_path):
         assert code == USAGE and says in message, (args, message)
     code, message = exit_of(capsys, "tasks", "--status", "bogus", "--server", "127.0.0.1:1")
     assert code == USAGE and "unknown status 'bogus'" in message
+    # --after 0 is the default spelled out (the first page): accepted, so this one reaches for the server.
+    code, message = exit_of(capsys, "tasks", "--after", "0", "--server", "127.0.0.1:1", "--retry-for", "0")
+    assert code == UNAVAILABLE, message
+    assert exit_of(capsys, "tasks", "--after", "-1")[0] == USAGE
 
 
 def test_the_demo_runs_as_a_subcommand():
@@ -314,6 +318,35 @@ def test_schedule_add_list_and_remove(server):
     gone = run(server, "schedule", "remove", "nightly")
     assert gone.returncode == NOT_FOUND and "no schedule named 'nightly'" in err(gone)
     assert json.loads(run(server, "schedule", "remove", "hourly", "-o", "json").stdout) == {"removed": True}
+
+
+def test_json_output_is_the_http_apis_document(server, client):
+    import urllib.request
+
+    def http(path: str):
+        request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}{path}",
+                                         headers={"authorization": f"Bearer {ADMIN}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.load(answer)
+
+    def cli(*args: str):
+        result = run(server, *args, "-o", "json")
+        assert result.returncode == OK, err(result)
+        return json.loads(result.stdout)
+
+    task = client.submit({"shape": 1}, key="same-shape", tenant="t1", tags={"a": "b"}, priority="high").id
+    assert client.wait(task, 30).ok
+    assert cli("get", str(task)) == http(f"/v1/tasks/{task}")
+    assert cli("wait", "--key", "same-shape") == http(f"/v1/tasks/{task}/result")
+    assert cli("tasks", "--after", str(task - 1), "--limit", "1") == http(f"/v1/tasks?after={task - 1}&limit=1")
+    assert cli("workers") == http("/v1/workers")
+    assert cli("schedules") == http("/v1/recurring")
+    # A snapshot moves with time (its waits, its at_unix_ns): the same fields, nested alike.
+    def fields(document) -> set[str]:
+        if isinstance(document, dict):
+            return set(document) | {f"{k}.{f}" for k, v in document.items() for f in fields(v)}
+        return fields(document[0]) if isinstance(document, list) and document else set()
+    assert fields(cli("snapshot")) == fields(http("/v1/snapshot"))
 
 
 # ---------------------------------------------------------------- watch

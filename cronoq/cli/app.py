@@ -190,7 +190,8 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
                         f"{', '.join(s for s in STATUS_NAMES.values() if s != 'unspecified')}")
     p.add_argument("--limit", type=_count(1, 100_000), default=100, metavar="N",
                    help="tasks per page (default 100; the server caps it at its limits.max_list)")
-    p.add_argument("--after", type=_task_id, default=0, metavar="ID", help="only tasks with larger ids")
+    p.add_argument("--after", type=_after_id, default=0, metavar="ID",
+                   help="only tasks with larger ids (default 0: from the first)")
     p.add_argument("--all", action="store_true", help="follow every page to the end")
 
     p = command("workers", "list connected workers (metrics role)")
@@ -275,6 +276,11 @@ def _task_id(text: str) -> int:
         raise argparse.ArgumentTypeError(f"a task id is a number from 1 to 2^64-1, got {text!r} "
                                          f"(use --key KEY to name a task by its key)")
     return int(text)
+
+
+def _after_id(text: str) -> int:
+    """A task id, or 0 (before every task: the first page)."""
+    return 0 if text.isascii() and text.isdigit() and int(text) == 0 else _task_id(text)
 
 
 def _pair(text: str) -> tuple[str, str]:

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 from ._version import __version__
 from .core.actions import StatusEvent
 from .core.errors import (
-    AdmissionError, CronoqError, Cycle, EventsLagged, InvalidTask, Permanent, QueueFull,
+    AdmissionError, CheckpointError, CronoqError, Cycle, EventsLagged, InvalidTask, Permanent, QueueFull,
     ReservationConflict, ResourceExceedsCapacity, Retryable, SchedulerError, TaskFailed,
     UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
 )
-from .core.snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
+from .core.snapshot import Checkpoint, GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
 from .core.types import AutoscaleConfig, Dep, Outcome, Priority, RetryPolicy, Status
 from .core.types import ResourceConfig as Resource
 from .core.types import TaskSpec as Task
@@ -34,7 +34,7 @@ __all__ = [
     "Scheduler", "BlockingScheduler", "BlockingHandle", "BlockingEventStream", "Pool", "Task", "Dep", "RetryPolicy", "Priority", "Status", "Outcome", "Resource", "AutoscaleConfig",
     "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock", "SystemClock",
     "SqliteStore", "PostgresStore", "JsonCodec",
-    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "RecurringInfo",
+    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "Checkpoint", "CheckpointError", "RecurringInfo",
     "CronoqError", "SchedulerError", "StoreUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
     "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",

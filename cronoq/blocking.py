@@ -26,6 +26,7 @@ from .core.errors import AdmissionError, SchedulerError
 from .core.snapshot import Snapshot, TaskInfo
 from .core.types import CoreConfig, ResourceConfig, TaskSpec
 from . import realtime
+from .runtime.checkpoints import DEFAULT_MAX_CHECKPOINT_BYTES
 from .runtime.clock import Clock
 from .runtime.events import EventBuffer, EventSink
 from .runtime.handle import TaskHandle
@@ -239,11 +240,12 @@ class BlockingScheduler:
                  emit_transitions: bool = False, *, shutdown_grace: float = 5.0,
                  event_capacity: int = 1024, store: Store | None = None, codec: Codec | None = None,
                  clock: Clock | None = None, max_pending_total: int | None = None, output_cache: int = 1024,
-                 seed: int | None = None, config: CoreConfig | None = None) -> None:
+                 seed: int | None = None, config: CoreConfig | None = None,
+                 max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES) -> None:
         self._sched = Scheduler(pools, resources, emit_transitions, shutdown_grace=shutdown_grace,
                                 event_capacity=event_capacity, store=store, codec=codec, clock=clock,
                                 max_pending_total=max_pending_total, output_cache=output_cache,
-                                seed=seed, config=config)
+                                seed=seed, config=config, max_checkpoint_bytes=max_checkpoint_bytes)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         # The gate guards the state and the calls in flight: a call

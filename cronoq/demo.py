@@ -3,8 +3,10 @@
 Two pools share one scheduler. ``app`` serves interactive clicks (high
 priority, one-second deadlines), reports (normal, with deadlines), nightly
 style re-indexing (low), a fixed-start job, a small DAG whose load step fails
-and triggers its failure handler, and a flaky task that succeeds on its third
-attempt. ``llm`` serves chat turns through a rate-limited API (a token
+and triggers its failure handler, a flaky task that succeeds on its third
+attempt, and a checkpointed ingest (chunk, embed, index) whose index stage
+fails once: its retry resumes after the embed checkpoint and runs only the
+index stage. ``llm`` serves chat turns through a rate-limited API (a token
 bucket). A live view shows the pools while it runs; at the end a table
 reports waits by class, priority adherence, fixed-start hit rate,
 utilization and cost.
@@ -33,6 +35,8 @@ class Recorder:
         self.submitted: dict[int, tuple[float, str, float | None]] = {}
         self.started: dict[int, float] = {}
         self.finished: dict[int, tuple[float, str]] = {}
+        self.stages: list[tuple[int, str]] = []       # (attempt, stage) the ingest ran
+        self.resumed_from: list[str | None] = []       # per ingest attempt
 
     def waits_by_class(self) -> dict[str, list[float]]:
         waits: dict[str, list[float]] = defaultdict(list)
@@ -93,6 +97,8 @@ async def _workload(sched: cronoq.Scheduler, rec: Recorder, seconds: float, rng:
         rec.submitted[handle.id] = (now(), "normal", None)
     await submit({"job": "flaky"}, kind="flaky",
                  retry=cronoq.RetryPolicy(max_attempts=4, initial_backoff=0.2, jitter=False))
+    await submit({"doc": "handbook.pdf"}, kind="ingest", key="ingest:handbook", stages=list(INGEST_STAGES),
+                 retry=cronoq.RetryPolicy(max_attempts=3, initial_backoff=0.2, jitter=False))
 
     while now() - loop_start < seconds:
         await clock.sleep(rng.expovariate(60.0))
@@ -111,6 +117,9 @@ async def _workload(sched: cronoq.Scheduler, rec: Recorder, seconds: float, rng:
                 await submit({"doc": rng.randrange(10**6)}, kind="reindex", priority="low")
 
 
+INGEST_STAGES = ("chunk", "embed", "index")
+
+
 def _executor(rec: Recorder, rng: random.Random, speed: float, clock=None):
     durations = {"click": 0.03, "chat": 0.25, "report": 0.6, "reindex": 0.15, "etl": 0.3,
                  "load": 0.4, "alert": 0.05, "nightly": 1.0, "flaky": 0.1}
@@ -119,6 +128,8 @@ def _executor(rec: Recorder, rng: random.Random, speed: float, clock=None):
     async def run(ctx: cronoq.TaskContext, payload):
         if ctx.attempt == 1:
             rec.started[ctx.id] = clock.now_ns() / 1e9
+        if ctx.kind == "ingest":
+            return await ingest(ctx, payload)
         await clock.sleep(durations.get(ctx.kind, 0.1) * speed * rng.lognormvariate(0, 0.4))
         if ctx.kind == "load":
             raise cronoq.Permanent("the warehouse rejected the load")
@@ -126,6 +137,20 @@ def _executor(rec: Recorder, rng: random.Random, speed: float, clock=None):
             raise cronoq.Retryable(f"upstream 503 on attempt {ctx.attempt}")
         rec.finished[ctx.id] = (clock.now_ns() / 1e9, "succeeded")
         return {"ok": True, "attempt": ctx.attempt}
+
+    async def ingest(ctx: cronoq.TaskContext, payload):
+        # Each stage checkpoints its result; a retry skips what is checkpointed.
+        rec.resumed_from.append(ctx.resumed_from)
+        for stage in INGEST_STAGES:
+            if stage in ctx.checkpoints:
+                continue
+            rec.stages.append((ctx.attempt, stage))
+            await clock.sleep(0.3 * speed)
+            if stage == "index" and ctx.attempt == 1:
+                raise cronoq.Retryable("the search index is read-only for a moment")
+            await ctx.checkpoint(stage, {"stage": stage, "doc": payload["doc"]})
+        rec.finished[ctx.id] = (clock.now_ns() / 1e9, "succeeded")
+        return {"ok": True, "attempt": ctx.attempt, "stages": ctx.completed_stages}
 
     return run
 
@@ -226,6 +251,17 @@ async def _run(sched, rec, console, seconds, seed, rng, speed, live, where) -> N
         f"deadlines met {met}/{total}; submitted {totals['submitted']}, succeeded {totals['succeeded']}, "
         f"failed {totals['failed']} (the pipeline's load step), skipped {totals['skipped']}, "
         f"retries {totals['retries']}; state kept in {where} (leader epoch {sched.epoch})")
+    console.print(_ingest_line(rec))
+
+
+def _ingest_line(rec: Recorder) -> str:
+    """What the checkpointed ingest ran, attempt by attempt."""
+    parts = []
+    for attempt, resumed in enumerate(rec.resumed_from, 1):
+        ran = ", ".join(stage for a, stage in rec.stages if a == attempt) or "nothing"
+        start = f"resumed after {resumed!r}" if resumed else "started fresh"
+        parts.append(f"attempt {attempt} {start}, ran {ran}")
+    return "checkpointed ingest: " + ("; ".join(parts) if parts else "did not run")
 
 
 def run_demo(seconds: float = 20.0, seed: int = 7, speed: float = 1.0, live: bool = True,

@@ -7,7 +7,7 @@ code that prefers ``from cronoq.errors import TaskFailed`` or wants the list.
 from __future__ import annotations
 
 from .core.errors import (
-    AdmissionError, CronoqError, Cycle, EventsLagged, InvalidTask, Permanent, QueueFull,
+    AdmissionError, CheckpointError, CronoqError, Cycle, EventsLagged, InvalidTask, Permanent, QueueFull,
     ReservationConflict, ResourceExceedsCapacity, Retryable, SchedulerError, TaskFailed,
     UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
 )
@@ -15,7 +15,8 @@ from .store.base import Fenced, StoreRejected, StoreUnavailable
 
 __all__ = [
     "CronoqError", "SchedulerError", "StoreUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
-    "Permanent", "EventsLagged", "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle",
+    "Permanent", "EventsLagged", "CheckpointError", "UnknownTask", "AdmissionError", "ReservationConflict",
+    "Cycle",
     "UnknownDependency", "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull",
     "InvalidTask", "Reject", "CancelTask", "ServerError", "AccessDenied",
 ]

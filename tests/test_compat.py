@@ -183,6 +183,31 @@ def test_native_tasks_run_beside_legacy_ones():
         assert sched.native.handle("legacy").result(timeout=10) is None
 
 
+def test_native_tasks_declare_stages_and_a_retry_resumes_from_their_checkpoints():
+    ran: list[tuple[int, str]] = []
+
+    def pipeline(ctx, doc):
+        for stage in ("chunk", "embed", "index"):
+            if stage in ctx.checkpoints:
+                continue
+            ran.append((ctx.attempt, stage))
+            if stage == "index" and ctx.attempt == 1:
+                raise RuntimeError("index failed")
+            ctx.checkpoint_from_thread(stage, f"{stage}:{doc}")
+        return ctx.resumed_from
+
+    retry = cronoq.RetryPolicy(max_attempts=2, initial_backoff=0.01, jitter=False)
+    pool = cronoq.Pool("native", pipeline, max=1, retry=retry)
+    with ElasticPriorityScheduler(initial_workers=1, max_workers=1, native_pools=[pool]) as sched:
+        handle = sched.submit_native("doc-1", stages=["chunk", "embed", "index"])
+        assert handle.result(timeout=10) == "embed"
+        info = sched.native.info(handle.id)
+    assert ran == [(1, "chunk"), (1, "embed"), (1, "index"), (2, "index")]
+    assert info.stages == ["chunk", "embed", "index"]
+    assert [(c.stage, c.data, c.attempt) for c in info.checkpoints] == [
+        ("chunk", "chunk:doc-1", 1), ("embed", "embed:doc-1", 1), ("index", "index:doc-1", 2)]
+
+
 def test_idle_scheduler_arms_no_timer():
     with ElasticPriorityScheduler(initial_workers=1, max_workers=1, min_workers=1) as sched:
         sched.submit(Task(id="x", duration=0.0))

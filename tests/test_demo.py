@@ -41,6 +41,9 @@ def test_short_live_demo_runs_and_reports(capsys):
     assert "succeeded" in out and "retries" in out
     for cls in ("high", "normal", "low"):
         assert cls in out
+    # the checkpointed ingest failed in its index stage, and its retry ran only that stage
+    assert ("checkpointed ingest: attempt 1 started fresh, ran chunk, embed, index; "
+            "attempt 2 resumed after 'embed', ran index") in out
 
 
 def test_simulated_demo_runs(capsys):

@@ -507,7 +507,8 @@ async def test_the_migrated_database_matches_the_metadata(backend):
             names = {row[0] for row in conn.exec_driver_sql(
                 "SELECT name FROM sqlite_master WHERE type = 'table'" if schema is None else
                 f"SELECT tablename FROM pg_tables WHERE schemaname = '{schema}'")}
-            assert names == {"cronoq_tasks", "cronoq_schedules", "cronoq_meta", "cronoq_schema_version"}
+            assert names == {"cronoq_tasks", "cronoq_schedules", "cronoq_meta", "cronoq_schema_version",
+                             "cronoq_checkpoints"}
             assert conn.exec_driver_sql(
                 f"SELECT version_num FROM {backend.table('cronoq_schema_version')}").scalar() == HEAD
     finally:
@@ -534,6 +535,53 @@ async def test_an_older_build_refuses_a_newer_schema(backend):
         await asyncio.wait_for(sched.start(), 10)
     assert "0099_future" in str(caught.value) and repr(HEAD) in str(caught.value)
     assert not sched.running
+
+
+def _checkpoints_revision() -> tuple[str, str]:
+    """(revision, the revision it upgrades) of the migration that adds
+    checkpoints, found by its file, not by its number (revisions may be
+    renumbered when branches merge)."""
+    from alembic.script import ScriptDirectory
+
+    from cronoq.store.migrate import alembic_config
+
+    script = ScriptDirectory.from_config(alembic_config())
+    for rev in script.walk_revisions():
+        if rev.path is not None and rev.path.endswith("_checkpoints.py"):
+            assert isinstance(rev.down_revision, str)
+            return rev.revision, rev.down_revision
+    raise AssertionError("no migration adds the checkpoints")
+
+
+async def test_a_database_before_checkpoints_is_upgraded_to_the_head_with_its_tasks(backend):
+    """A database written by a build without checkpoints gains their table on
+    the next connection (up to the head revision), and keeps its tasks."""
+    from alembic import command
+
+    from cronoq.store.migrate import alembic_config
+
+    _, before = _checkpoints_revision()
+    engine = create_engine(backend.store().url if backend.kind == "postgres" else f"sqlite:///{backend.path}",
+                           poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            if backend.schema is not None:
+                conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{backend.schema}"')
+            command.upgrade(alembic_config(conn, backend.schema), before)
+    finally:
+        engine.dispose()
+    tasks = backend.table("cronoq_tasks")
+    backend.sql(f"INSERT INTO {tasks} (id, pool, kind, priority, key, record, payload, status, attempt, "
+                f"submitted_ns, updated_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (7, "default", "default", 2, "kept", '{"v":1}', b"{}", "ready", 0, 1, 1))
+    with pytest.raises(Exception):   # not there yet
+        backend.sql(f"SELECT count(*) FROM {backend.table('cronoq_checkpoints')}")
+    store = backend.store()
+    await store.prune()   # connects and migrates
+    assert backend.sql(f"SELECT version_num FROM {backend.table('cronoq_schema_version')}") == [(HEAD,)]
+    assert backend.sql(f"SELECT id, key FROM {tasks}") == [(7, "kept")]
+    assert backend.sql(f"SELECT count(*) FROM {backend.table('cronoq_checkpoints')}") == [(0,)]
+    await store.close()
 
 
 async def test_concurrent_first_connections_migrate_once(backend):

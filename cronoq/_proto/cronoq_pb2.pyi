@@ -115,7 +115,7 @@ class RetryPolicy(_message.Message):
     def __init__(self, max_attempts: _Optional[int] = ..., initial_backoff_s: _Optional[float] = ..., multiplier: _Optional[float] = ..., max_backoff_s: _Optional[float] = ..., jitter: _Optional[bool] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
-    __slots__ = ("payload", "content_type", "pool", "kind", "priority", "key", "tenant", "deadline_in_s", "deadline_unix_ns", "start_in_s", "start_unix_ns", "tolerance_s", "on_miss", "timeout_s", "duration_hint_s", "retry", "resources", "after", "deps", "tags", "labels")
+    __slots__ = ("payload", "content_type", "pool", "kind", "priority", "key", "tenant", "deadline_in_s", "deadline_unix_ns", "start_in_s", "start_unix_ns", "tolerance_s", "on_miss", "timeout_s", "duration_hint_s", "retry", "resources", "after", "deps", "tags", "labels", "stages")
     class ResourcesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class TaskSpec(_message.Message):
     DEPS_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
     payload: bytes
     content_type: str
     pool: str
@@ -179,7 +180,8 @@ class TaskSpec(_message.Message):
     deps: _containers.RepeatedCompositeFieldContainer[Dep]
     tags: _containers.ScalarMap[str, str]
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., pool: _Optional[str] = ..., kind: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., key: _Optional[str] = ..., tenant: _Optional[str] = ..., deadline_in_s: _Optional[float] = ..., deadline_unix_ns: _Optional[int] = ..., start_in_s: _Optional[float] = ..., start_unix_ns: _Optional[int] = ..., tolerance_s: _Optional[float] = ..., on_miss: _Optional[_Union[MissPolicy, str]] = ..., timeout_s: _Optional[float] = ..., duration_hint_s: _Optional[float] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., resources: _Optional[_Mapping[str, int]] = ..., after: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., tags: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    stages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., pool: _Optional[str] = ..., kind: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., key: _Optional[str] = ..., tenant: _Optional[str] = ..., deadline_in_s: _Optional[float] = ..., deadline_unix_ns: _Optional[int] = ..., start_in_s: _Optional[float] = ..., start_unix_ns: _Optional[int] = ..., tolerance_s: _Optional[float] = ..., on_miss: _Optional[_Union[MissPolicy, str]] = ..., timeout_s: _Optional[float] = ..., duration_hint_s: _Optional[float] = ..., retry: _Optional[_Union[RetryPolicy, _Mapping]] = ..., resources: _Optional[_Mapping[str, int]] = ..., after: _Optional[_Iterable[_Union[TaskRef, _Mapping]]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., tags: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., stages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TaskResult(_message.Message):
     __slots__ = ("id", "status", "output", "content_type", "message", "output_available")
@@ -236,7 +238,7 @@ class GetRequest(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "max_attempts", "message", "output_available", "created_unix_ns", "started_unix_ns", "finished_unix_ns", "priority", "tenant", "tags")
+    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "max_attempts", "message", "output_available", "created_unix_ns", "started_unix_ns", "finished_unix_ns", "priority", "tenant", "tags", "deps", "attempts", "stages", "checkpoints")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +261,10 @@ class TaskInfo(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
+    DEPS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: TaskStatus
     pool: str
@@ -274,7 +280,39 @@ class TaskInfo(_message.Message):
     priority: Priority
     tenant: str
     tags: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., message: _Optional[str] = ..., output_available: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    deps: _containers.RepeatedCompositeFieldContainer[Dep]
+    attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
+    stages: _containers.RepeatedScalarFieldContainer[str]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[StageCheckpoint]
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., message: _Optional[str] = ..., output_available: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., stages: _Optional[_Iterable[str]] = ..., checkpoints: _Optional[_Iterable[_Union[StageCheckpoint, _Mapping]]] = ...) -> None: ...
+
+class Attempt(_message.Message):
+    __slots__ = ("attempt", "status", "message", "started_unix_ns", "ended_unix_ns")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    status: TaskStatus
+    message: str
+    started_unix_ns: int
+    ended_unix_ns: int
+    def __init__(self, attempt: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., message: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ...) -> None: ...
+
+class StageCheckpoint(_message.Message):
+    __slots__ = ("stage", "data", "content_type", "attempt", "saved_unix_ns")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SAVED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    stage: str
+    data: bytes
+    content_type: str
+    attempt: int
+    saved_unix_ns: int
+    def __init__(self, stage: _Optional[str] = ..., data: _Optional[bytes] = ..., content_type: _Optional[str] = ..., attempt: _Optional[int] = ..., saved_unix_ns: _Optional[int] = ...) -> None: ...
 
 class WaitRequest(_message.Message):
     __slots__ = ("task", "timeout_s")
@@ -325,7 +363,7 @@ class WatchRequest(_message.Message):
     def __init__(self, pools: _Optional[_Iterable[str]] = ..., terminal_only: _Optional[bool] = ...) -> None: ...
 
 class StatusEvent(_message.Message):
-    __slots__ = ("id", "pool", "key", "status", "attempt", "at_unix_ns", "message")
+    __slots__ = ("id", "pool", "key", "status", "attempt", "at_unix_ns", "message", "stage")
     ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +371,7 @@ class StatusEvent(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     id: int
     pool: str
     key: str
@@ -340,10 +379,11 @@ class StatusEvent(_message.Message):
     attempt: int
     at_unix_ns: int
     message: str
-    def __init__(self, id: _Optional[int] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., at_unix_ns: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    stage: str
+    def __init__(self, id: _Optional[int] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., at_unix_ns: _Optional[int] = ..., message: _Optional[str] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("pool", "slots", "worker_name", "protocol_version", "labels", "accept_batches")
+    __slots__ = ("pool", "slots", "worker_name", "protocol_version", "labels", "accept_batches", "accept_checkpoints")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -357,13 +397,15 @@ class Register(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     pool: str
     slots: int
     worker_name: str
     protocol_version: int
     labels: _containers.ScalarMap[str, str]
     accept_batches: bool
-    def __init__(self, pool: _Optional[str] = ..., slots: _Optional[int] = ..., worker_name: _Optional[str] = ..., protocol_version: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., accept_batches: _Optional[bool] = ...) -> None: ...
+    accept_checkpoints: bool
+    def __init__(self, pool: _Optional[str] = ..., slots: _Optional[int] = ..., worker_name: _Optional[str] = ..., protocol_version: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., accept_batches: _Optional[bool] = ..., accept_checkpoints: _Optional[bool] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("lease",)
@@ -415,6 +457,20 @@ class SetSlots(_message.Message):
     slots: int
     def __init__(self, slots: _Optional[int] = ...) -> None: ...
 
+class Checkpoint(_message.Message):
+    __slots__ = ("lease", "stage", "data", "content_type", "seq")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    stage: str
+    data: bytes
+    content_type: str
+    seq: int
+    def __init__(self, lease: _Optional[int] = ..., stage: _Optional[str] = ..., data: _Optional[bytes] = ..., content_type: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
 class WorkerBatch(_message.Message):
     __slots__ = ("messages",)
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -422,7 +478,7 @@ class WorkerBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[WorkerMessage, _Mapping]]] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "complete", "fail", "nack", "cancelled", "set_slots", "batch")
+    __slots__ = ("register", "heartbeat", "complete", "fail", "nack", "cancelled", "set_slots", "batch", "checkpoint")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -431,6 +487,7 @@ class WorkerMessage(_message.Message):
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     SET_SLOTS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
     complete: Complete
@@ -439,24 +496,27 @@ class WorkerMessage(_message.Message):
     cancelled: Cancelled
     set_slots: SetSlots
     batch: WorkerBatch
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., cancelled: _Optional[_Union[Cancelled, _Mapping]] = ..., set_slots: _Optional[_Union[SetSlots, _Mapping]] = ..., batch: _Optional[_Union[WorkerBatch, _Mapping]] = ...) -> None: ...
+    checkpoint: Checkpoint
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., fail: _Optional[_Union[Fail, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., cancelled: _Optional[_Union[Cancelled, _Mapping]] = ..., set_slots: _Optional[_Union[SetSlots, _Mapping]] = ..., batch: _Optional[_Union[WorkerBatch, _Mapping]] = ..., checkpoint: _Optional[_Union[Checkpoint, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("worker_id", "lease_ttl_s", "slots", "protocol_version", "max_message_bytes")
+    __slots__ = ("worker_id", "lease_ttl_s", "slots", "protocol_version", "max_message_bytes", "checkpoints")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     lease_ttl_s: float
     slots: int
     protocol_version: int
     max_message_bytes: int
-    def __init__(self, worker_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., slots: _Optional[int] = ..., protocol_version: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
+    checkpoints: bool
+    def __init__(self, worker_id: _Optional[int] = ..., lease_ttl_s: _Optional[float] = ..., slots: _Optional[int] = ..., protocol_version: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., checkpoints: _Optional[bool] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease", "task_id", "attempt", "pool", "payload", "content_type", "kind", "key", "tags", "timeout_s", "deadline_unix_ns", "priority", "tenant", "labels")
+    __slots__ = ("lease", "task_id", "attempt", "pool", "payload", "content_type", "kind", "key", "tags", "timeout_s", "deadline_unix_ns", "priority", "tenant", "labels", "stages", "checkpoints")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -485,6 +545,8 @@ class Lease(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     lease: int
     task_id: int
     attempt: int
@@ -499,7 +561,9 @@ class Lease(_message.Message):
     priority: Priority
     tenant: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, lease: _Optional[int] = ..., task_id: _Optional[int] = ..., attempt: _Optional[int] = ..., pool: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., kind: _Optional[str] = ..., key: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., timeout_s: _Optional[float] = ..., deadline_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    stages: _containers.RepeatedScalarFieldContainer[str]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[StageCheckpoint]
+    def __init__(self, lease: _Optional[int] = ..., task_id: _Optional[int] = ..., attempt: _Optional[int] = ..., pool: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., kind: _Optional[str] = ..., key: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., timeout_s: _Optional[float] = ..., deadline_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., stages: _Optional[_Iterable[str]] = ..., checkpoints: _Optional[_Iterable[_Union[StageCheckpoint, _Mapping]]] = ...) -> None: ...
 
 class Abort(_message.Message):
     __slots__ = ("lease", "reason")
@@ -517,6 +581,18 @@ class Shutdown(_message.Message):
     not_leader: bool
     def __init__(self, reason: _Optional[str] = ..., not_leader: _Optional[bool] = ...) -> None: ...
 
+class CheckpointSaved(_message.Message):
+    __slots__ = ("lease", "stage", "seq", "error")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    lease: int
+    stage: str
+    seq: int
+    error: str
+    def __init__(self, lease: _Optional[int] = ..., stage: _Optional[str] = ..., seq: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
 class SlotsGranted(_message.Message):
     __slots__ = ("slots",)
     SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -530,20 +606,22 @@ class ServerBatch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ServerMessage, _Mapping]]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("registered", "lease", "abort", "shutdown", "slots_granted", "batch")
+    __slots__ = ("registered", "lease", "abort", "shutdown", "slots_granted", "batch", "checkpoint_saved")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     SLOTS_GRANTED_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SAVED_FIELD_NUMBER: _ClassVar[int]
     registered: Registered
     lease: Lease
     abort: Abort
     shutdown: Shutdown
     slots_granted: SlotsGranted
     batch: ServerBatch
-    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., slots_granted: _Optional[_Union[SlotsGranted, _Mapping]] = ..., batch: _Optional[_Union[ServerBatch, _Mapping]] = ...) -> None: ...
+    checkpoint_saved: CheckpointSaved
+    def __init__(self, registered: _Optional[_Union[Registered, _Mapping]] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., slots_granted: _Optional[_Union[SlotsGranted, _Mapping]] = ..., batch: _Optional[_Union[ServerBatch, _Mapping]] = ..., checkpoint_saved: _Optional[_Union[CheckpointSaved, _Mapping]] = ...) -> None: ...
 
 class ListWorkersRequest(_message.Message):
     __slots__ = ("pools",)

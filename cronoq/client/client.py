@@ -7,7 +7,7 @@ import builtins
 import asyncio
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, TypeVar, cast
 
 import grpc
@@ -15,6 +15,7 @@ import grpc
 from .._proto import cronoq_pb2 as pb
 from .._proto import cronoq_pb2_grpc as pb_grpc
 from ..core.actions import StatusEvent
+from ..core.snapshot import Checkpoint
 from ..core.types import CLASSES, NS, STATUSES, TaskSpec
 from . import wire
 
@@ -101,13 +102,22 @@ class TaskInfo:
     created: float | None
     started: float | None
     finished: float | None
+    stages: list[str] | None = None   # as declared
+    checkpoints: list[Checkpoint] = field(default_factory=list)   # from get() only, in stage order
 
     @classmethod
     def _from(cls, m: pb.TaskInfo) -> TaskInfo:
         return cls(m.id, _status(m.status), m.pool, m.key or None, m.kind, m.attempt, m.max_attempts,
                    m.message or None, m.output_available, _PRIORITIES.get(m.priority, "normal"), m.tenant or None,
                    dict(m.tags), _seconds(m, "created_unix_ns"), _seconds(m, "started_unix_ns"),
-                   _seconds(m, "finished_unix_ns"))
+                   _seconds(m, "finished_unix_ns"), list(m.stages) or None,
+                   [checkpoint_from(c) for c in m.checkpoints])
+
+
+def checkpoint_from(m: pb.StageCheckpoint) -> Checkpoint:
+    """A checkpoint from the wire, its data decoded by its content type (``wire.decode``)."""
+    return Checkpoint(m.stage, wire.decode(bytes(m.data), m.content_type), m.saved_unix_ns / NS, m.attempt,
+                      len(m.data))
 
 
 @dataclass(frozen=True)
@@ -293,7 +303,7 @@ class Client:
         try:
             async for m in call:
                 yield StatusEvent(m.id, m.pool, m.key or None, _status(m.status), m.attempt, m.at_unix_ns / NS,
-                                  m.message or None)
+                                  m.message or None, m.stage or None)
         except grpc.aio.AioRpcError as exc:
             raise wire.error_from(exc) from None
         finally:

@@ -15,7 +15,8 @@ from ..errors import AccessDenied, ServerError
 from .._proto import cronoq_pb2 as pb
 from ..core.types import CLASSES, NS, Dep, Priority, RetryPolicy, TaskSpec
 
-__all__ = ["encode", "task_message", "error_from", "ServerError", "AccessDenied", "channel", "OCTETS", "JSON",
+__all__ = ["encode", "decode", "task_message", "error_from", "ServerError", "AccessDenied", "channel",
+           "OCTETS", "JSON",
            "TEXT"]
 
 OCTETS = "application/octet-stream"
@@ -68,6 +69,16 @@ def encode(value: Any, content_type: str | None = None) -> tuple[bytes, str]:
         raise TypeError(f"cannot send a {type(value).__name__} as JSON: {exc} (pass bytes or str instead)") from None
 
 
+def decode(data: bytes, content_type: str) -> Any:
+    """What ``encode`` made: JSON parsed, text as str, anything else as bytes."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "application/json" or kind.endswith("+json"):
+        return json.loads(data)
+    if kind.startswith("text/"):
+        return data.decode("utf-8")
+    return bytes(data)
+
+
 def ref_message(ref: int | str) -> pb.TaskRef:
     if isinstance(ref, bool) or not isinstance(ref, (int, str)):
         raise TypeError(f"a task is named by its id (int) or key (str), got {type(ref).__name__}")
@@ -106,7 +117,7 @@ def task_message(payload: Any = None, *, content_type: str | None = None, pool: 
                  timeout: float | None = None, duration_hint: float | None = None,
                  retry: RetryPolicy | None = None, resources: Mapping[str, int] | None = None,
                  after: Any = None, deps: Iterable[Dep] | None = None, tags: Mapping[str, str] | None = None,
-                 labels: Mapping[str, str] | None = None) -> pb.TaskSpec:
+                 labels: Mapping[str, str] | None = None, stages: Iterable[str] | None = None) -> pb.TaskSpec:
     """A TaskSpec message from ``cronoq.Task``-style options."""
     data, ctype = encode(payload, content_type) if payload is not None or content_type else (b"", "")
     spec = pb.TaskSpec(payload=data, content_type=ctype)
@@ -154,6 +165,10 @@ def task_message(payload: Any = None, *, content_type: str | None = None, pool: 
         spec.tags.update(tags)
     if labels:
         spec.labels.update(labels)
+    if stages is not None:
+        if isinstance(stages, (str, bytes)):
+            raise ValueError(f"stages must be a list of stage names, got {type(stages).__name__}")
+        spec.stages.extend(stages)
     return spec
 
 
@@ -163,7 +178,7 @@ def from_task(task: TaskSpec, content_type: str | None = None) -> pb.TaskSpec:
                         kind=None if task.kind == "default" else task.kind,
                         priority=None if task.priority == 2 else CLASSES[task.priority], key=task.key,
                         tenant=task.tenant, retry=task.retry, resources=task.resources, on_miss=task.on_miss,
-                        tags=task.tags, labels=dict(task.labels) if task.labels else None)
+                        tags=task.tags, labels=dict(task.labels) if task.labels else None, stages=task.stages)
     for field, ns in (("deadline_in_s", task.deadline_in_ns), ("start_in_s", task.start_in_ns),
                       ("tolerance_s", task.tolerance_ns), ("timeout_s", task.timeout_ns),
                       ("duration_hint_s", task.duration_hint_ns)):

@@ -24,6 +24,7 @@ import json
 import logging
 import random
 import threading
+import time
 from typing import Any, Callable, Iterable, Mapping
 
 import grpc
@@ -31,11 +32,13 @@ import grpc
 from .._proto import PROTOCOL_VERSION
 from .._proto import cronoq_pb2 as pb
 from .._proto import cronoq_pb2_grpc as pb_grpc
-from ..core.errors import CronoqError
+from ..core.errors import CheckpointError, CronoqError, SchedulerError
+from ..core.snapshot import Checkpoint
 from ..errors import CancelTask, Reject
 from ..core.types import NS
 from ..runtime.runner import clean_message, outcome_of
 from . import wire
+from .client import checkpoint_from
 
 __all__ = ["Worker", "Lease", "Reject", "CancelTask"]
 
@@ -57,12 +60,18 @@ class Lease:
     ``deadline`` (Unix seconds) are None when the task has none;
     ``lease_ttl`` is the heartbeat horizon the worker keeps; ``cancelled``
     (an ``asyncio.Event``) is set when the server aborts the attempt.
+
+    Checkpointed stages: ``stages`` (as declared, or None), the checkpoints
+    earlier attempts saved (``checkpoints``, ``completed_stages``,
+    ``resumed_from``), and ``await checkpoint(stage, data)``, which returns
+    once the server stored it (``checkpoint_from_thread`` in a plain handler).
     """
 
     __slots__ = ("id", "task_id", "attempt", "pool", "payload", "content_type", "kind", "key", "tags", "labels",
-                 "priority", "tenant", "timeout", "deadline", "lease_ttl", "cancelled")
+                 "priority", "tenant", "timeout", "deadline", "lease_ttl", "cancelled", "stages", "_saved",
+                 "_session", "_loop")
 
-    def __init__(self, m: pb.Lease, lease_ttl: float) -> None:
+    def __init__(self, m: pb.Lease, lease_ttl: float, session: _Session | None = None) -> None:
         self.id: int = m.lease
         self.task_id: int = m.task_id
         self.attempt: int = m.attempt
@@ -79,6 +88,79 @@ class Lease:
         self.deadline: float | None = m.deadline_unix_ns / NS if m.HasField("deadline_unix_ns") else None
         self.lease_ttl = lease_ttl
         self.cancelled = asyncio.Event()
+        self.stages: tuple[str, ...] | None = tuple(m.stages) or None
+        self._saved: dict[str, Checkpoint] = {c.stage: checkpoint_from(c) for c in m.checkpoints}
+        self._session = session
+        self._loop = asyncio.get_running_loop() if session is not None else None
+
+    # -- checkpointed stages
+
+    def _ordered(self) -> list[Checkpoint]:
+        saved = dict(self._saved)
+        if self.stages is None:
+            return list(saved.values())
+        return [saved[s] for s in self.stages if s in saved]
+
+    @property
+    def checkpoints(self) -> dict[str, Any]:
+        """Stage -> the data of its latest checkpoint, in stage order (bytes,
+        str or JSON values, by the content type it was saved with)."""
+        return {c.stage: c.data for c in self._ordered()}
+
+    def checkpoint_info(self, stage: str) -> Checkpoint | None:
+        """The latest checkpoint of ``stage`` (with its time and attempt), or None."""
+        return self._saved.get(stage)
+
+    @property
+    def completed_stages(self) -> list[str]:
+        return [c.stage for c in self._ordered()]
+
+    @property
+    def resumed_from(self) -> str | None:
+        """The last stage earlier attempts completed, or None."""
+        earlier = [c.stage for c in self._ordered() if c.attempt < self.attempt]
+        return earlier[-1] if earlier else None
+
+    async def checkpoint(self, stage: str, data: Any = None, content_type: str | None = None) -> Checkpoint:
+        """Save ``data`` (bytes, str, or anything JSON can hold) as the
+        checkpoint of ``stage``; returns once the server stored it.
+        ``CheckpointError`` says why the server refused it."""
+        session = self._session
+        if session is None or not session.checkpoints:
+            raise SchedulerError("the server does not keep checkpoints for this worker (it did not accept "
+                                 "accept_checkpoints: upgrade the server)")
+        if not isinstance(stage, str) or not stage:
+            raise CheckpointError("stage must be a non-empty string")
+        try:
+            encoded, ctype = wire.encode(data, content_type)
+        except TypeError as exc:
+            raise CheckpointError(f"the checkpoint of stage {stage!r}: {exc}") from None
+        if session.ended:
+            raise SchedulerError("the worker's stream ended: the checkpoint was not saved")
+        session.seq += 1
+        seq = session.seq
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        session.saving[seq] = future
+        session.out.put_nowait(pb.WorkerMessage(checkpoint=pb.Checkpoint(
+            lease=self.id, stage=stage, data=encoded, content_type=ctype, seq=seq)))
+        try:
+            error = await future
+        finally:
+            session.saving.pop(seq, None)
+        if error:
+            raise CheckpointError(error)
+        saved = Checkpoint(stage, wire.decode(encoded, ctype), time.time(), self.attempt, len(encoded))
+        self._saved[stage] = saved
+        return saved
+
+    def checkpoint_from_thread(self, stage: str, data: Any = None, content_type: str | None = None,
+                               timeout: float | None = None) -> Checkpoint:
+        """``checkpoint`` for a plain handler (it runs on a thread): blocks until stored."""
+        loop = self._loop
+        if loop is None:
+            raise SchedulerError("this lease has no worker stream to send checkpoints on")
+        save = self.checkpoint(stage, data, content_type)
+        return asyncio.run_coroutine_threadsafe(save, loop).result(timeout)
 
     def json(self) -> Any:
         """The payload parsed as JSON."""
@@ -106,6 +188,17 @@ class _Session:
         self.shut = False
         self.registered = False
         self.max_bytes = 4 * 1024 * 1024
+        self.checkpoints = False   # the server keeps checkpoints (Registered.checkpoints)
+        self.seq = 0
+        self.saving: dict[int, asyncio.Future[str]] = {}   # seq -> the answer's error ("" when stored)
+        self.ended = False
+
+    def end(self) -> None:
+        """The stream ended: checkpoints not yet confirmed fail."""
+        self.ended = True
+        for future in self.saving.values():
+            if not future.done():
+                future.set_result("the worker's stream ended before the server confirmed the checkpoint")
 
 
 class Worker:
@@ -229,7 +322,7 @@ class Worker:
         try:
             await call.write(pb.WorkerMessage(register=pb.Register(
                 pool=self.pool, slots=self.slots, worker_name=self.name, protocol_version=PROTOCOL_VERSION,
-                labels=self.labels, accept_batches=True)))
+                labels=self.labels, accept_batches=True, accept_checkpoints=True)))
             first = await call.read()
             if first is grpc.aio.EOF:
                 await self._raise_status(call)
@@ -245,6 +338,7 @@ class Worker:
             self.granted_slots = registered.slots
             self.worker_id = registered.worker_id
             session.max_bytes = registered.max_message_bytes or session.max_bytes
+            session.checkpoints = registered.checkpoints
             self.connected = True
             log.info("worker %d registered for pool %s with %d slots", registered.worker_id, self.pool,
                      registered.slots)
@@ -264,6 +358,7 @@ class Worker:
             elif tasks[1].done() and not tasks[1].cancelled() and tasks[1].exception() is not None:
                 raise tasks[1].exception()  # type: ignore[misc]
         finally:
+            session.end()
             for task in tasks:
                 task.cancel()
             for handler_task, lease in list(session.running.values()):
@@ -294,7 +389,7 @@ class Worker:
         """Act on one message from the server; True at Shutdown."""
         kind = message.WhichOneof("msg")
         if kind == "lease":
-            lease = Lease(message.lease, session.lease_ttl)
+            lease = Lease(message.lease, session.lease_ttl, session)
             task = asyncio.get_running_loop().create_task(self._run_one(lease, session))
             session.running[lease.id] = (task, lease)
         elif kind == "abort":
@@ -303,6 +398,11 @@ class Worker:
                 task, lease = running
                 lease.cancelled.set()
                 task.cancel()
+        elif kind == "checkpoint_saved":
+            saved = message.checkpoint_saved
+            future = session.saving.get(saved.seq)
+            if future is not None and not future.done():
+                future.set_result(saved.error)
         elif kind == "slots_granted":
             self.granted_slots = message.slots_granted.slots
         elif kind == "shutdown":

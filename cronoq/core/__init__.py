@@ -7,11 +7,11 @@ Nothing here reads a clock, starts a thread or performs I/O; every call takes
 from .actions import Abort, Dispatch, Persist, Scale, StatusEvent
 from .engine import Core
 from .errors import (
-    AdmissionError, CronoqError, Cycle, EventsLagged, InvalidTask, Permanent, QueueFull,
+    AdmissionError, CheckpointError, CronoqError, Cycle, EventsLagged, InvalidTask, Permanent, QueueFull,
     ReservationConflict, ResourceExceedsCapacity, Retryable, SchedulerError, TaskFailed,
     UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
 )
-from .snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
+from .snapshot import Checkpoint, GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
 from .types import (
     BLOCKED, CANCELLED, CANCELLED_OUTCOME, CLASSES, DEAD_LETTERED, FAILED, MISSED, NS, PERMANENT,
     READY, RETRYABLE, RETRYING, RUNNING, SCHEDULED, SHED, SHUTDOWN, SKIPPED, STATUSES, SUCCEEDED,
@@ -23,7 +23,7 @@ __all__ = [
     "Core", "CoreConfig", "PoolConfig", "ResourceConfig", "AutoscaleConfig", "PriorityConfig",
     "UrgencyConfig", "TaskSpec", "Dep", "RetryPolicy", "Priority",
     "Dispatch", "Abort", "StatusEvent", "Persist", "Scale",
-    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo",
+    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "Checkpoint", "CheckpointError",
     "CronoqError", "SchedulerError", "TaskFailed", "Retryable", "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
     "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",

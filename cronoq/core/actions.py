@@ -70,12 +70,14 @@ class Abort:
 
 
 class StatusEvent:
-    """A task changed status. ``at`` is Unix seconds."""
+    """A task changed status. ``at`` is Unix seconds. ``stage`` is set on
+    the event of a stage completed (a checkpoint saved; the status stays
+    ``running``)."""
 
-    __slots__ = ("id", "pool", "key", "status", "attempt", "at", "message")
+    __slots__ = ("id", "pool", "key", "status", "attempt", "at", "message", "stage")
 
     def __init__(self, id: int, pool: str, key: str | None, status: str, attempt: int, at: float,
-                 message: str | None = None) -> None:
+                 message: str | None = None, stage: str | None = None) -> None:
         self.id = id
         self.pool = pool
         self.key = key
@@ -83,10 +85,12 @@ class StatusEvent:
         self.attempt = attempt
         self.at = at
         self.message = message
+        self.stage = stage
 
     def __repr__(self) -> str:
+        stage = "" if self.stage is None else f", stage={self.stage!r}"
         return (f"StatusEvent(id={self.id}, pool={self.pool!r}, key={self.key!r}, status={self.status!r}, "
-                f"attempt={self.attempt}, at={self.at}, message={self.message!r})")
+                f"attempt={self.attempt}, at={self.at}, message={self.message!r}{stage})")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, StatusEvent) and all(

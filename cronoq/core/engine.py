@@ -391,7 +391,9 @@ class Core:
         """What is known of a live or retained task; ``UnknownTask`` otherwise."""
         e = self._live(ref)
         if e is not None:
-            return TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None)
+            spec = e.spec
+            stages = list(spec.stages) if spec is not None and spec.stages else None
+            return TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None, stages)
         record = self._retained_record(ref)
         if record is None:
             raise UnknownTask(ref)

@@ -17,6 +17,7 @@ __all__ = [
     "Retryable",
     "Permanent",
     "EventsLagged",
+    "CheckpointError",
     "UnknownTask",
     "AdmissionError",
     "ReservationConflict",
@@ -111,6 +112,12 @@ class EventsLagged(CronoqError):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (type(self), (self.skipped,))
+
+
+class CheckpointError(CronoqError, ValueError):
+    """A checkpoint was refused: an undeclared or invalid stage, data the
+    codec cannot encode or larger than the limit, too many stages, or an
+    attempt that is over. Nothing was saved."""
 
 
 class AdmissionError(CronoqError):

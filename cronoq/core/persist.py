@@ -55,6 +55,8 @@ def spec_record(spec: TaskSpec, submitted_ns: int) -> dict[str, Any]:
         out["labels"] = dict(spec.labels)
     if spec.tags:
         out["tags"] = dict(spec.tags)
+    if spec.stages:
+        out["stages"] = list(spec.stages)
     return out
 
 
@@ -77,6 +79,7 @@ def spec_from_record(record: dict[str, Any], payload: Any) -> TaskSpec:
         "resources": record.get("resources"),
         "labels": record.get("labels"),
         "tags": record.get("tags"),
+        "stages": record.get("stages"),
     }
     if "retry" in record:
         options["retry"] = RetryPolicy(*record["retry"])

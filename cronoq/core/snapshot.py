@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["GroupSnapshot", "PoolSnapshot", "Snapshot", "TaskInfo", "TOTAL_FIELDS"]
+__all__ = ["GroupSnapshot", "PoolSnapshot", "Snapshot", "TaskInfo", "Checkpoint", "TOTAL_FIELDS"]
 
 TOTAL_FIELDS = ("submitted", "dispatched", "succeeded", "failed", "dead_lettered", "cancelled",
                 "skipped", "missed", "shed", "retries", "timeouts", "lease_expiries",
@@ -98,16 +98,20 @@ class PoolSnapshot(_View):
 class Snapshot(_View):
     """The whole scheduler: its pools, totals since start, and task counts."""
 
-    __slots__ = ("pools", "totals", "live_tasks", "running", "pending", "at")
+    __slots__ = ("pools", "totals", "live_tasks", "running", "pending", "at", "checkpoints")
 
     def __init__(self, pools: list[PoolSnapshot], totals: dict[str, int], live_tasks: int,
-                 running: int, pending: int, at: float) -> None:
+                 running: int, pending: int, at: float, checkpoints: dict[str, int] | None = None) -> None:
         self.pools = pools
         self.totals = totals
         self.live_tasks = live_tasks
         self.running = running
         self.pending = pending
         self.at = at
+        # Filled in by the scheduler (checkpoints are runtime data): tasks holding
+        # checkpoints, checkpoints held, saved and attempts resumed since start.
+        self.checkpoints = checkpoints if checkpoints is not None else {
+            "tasks": 0, "held": 0, "saved": 0, "resumed": 0}
 
     def pool(self, name: str) -> PoolSnapshot:
         for pool in self.pools:
@@ -116,13 +120,31 @@ class Snapshot(_View):
         raise KeyError(f"no pool named {name!r}")
 
 
-class TaskInfo(_View):
-    """What the engine knows of one task (live, or retained after it ended)."""
+class Checkpoint(_View):
+    """The checkpoint of one stage of a task: ``data`` as the codec decoded
+    it, ``at`` when it was saved (Unix seconds), ``attempt`` the attempt that
+    saved it and ``size`` its encoded size in bytes."""
 
-    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "message")
+    __slots__ = ("stage", "data", "at", "attempt", "size")
+
+    def __init__(self, stage: str, data: Any, at: float, attempt: int, size: int) -> None:
+        self.stage = stage
+        self.data = data
+        self.at = at
+        self.attempt = attempt
+        self.size = size
+
+
+class TaskInfo(_View):
+    """What the scheduler knows of one task (live, or retained after it
+    ended): ``stages`` as declared (None if none), ``checkpoints`` in stage
+    order."""
+
+    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "message", "stages", "checkpoints")
 
     def __init__(self, id: int, status: str, pool: str, key: str | None, kind: str | None,
-                 attempt: int, message: str | None) -> None:
+                 attempt: int, message: str | None, stages: list[str] | None = None,
+                 checkpoints: list[Checkpoint] | None = None) -> None:
         self.id = id
         self.status = status
         self.pool = pool
@@ -130,3 +152,5 @@ class TaskInfo(_View):
         self.kind = kind
         self.attempt = attempt
         self.message = message
+        self.stages = stages
+        self.checkpoints: list[Checkpoint] = checkpoints if checkpoints is not None else []

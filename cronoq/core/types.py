@@ -166,6 +166,7 @@ def check_name(value: object, field: str, *, error: type[Exception] = InvalidTas
 KEY_LIMIT = 1024      # a task's key, a key a dependency names, a recurring schedule's name
 NAME_LIMIT = 255      # pool, kind, tenant, resource, label and tag names
 VALUE_LIMIT = 1024    # label and tag values
+MAX_STAGES = 64       # stages a task may declare (and checkpoints it may keep)
 # Each occurrence of a recurring schedule gets the key "<key>@YYYY-MM-DDTHH:MM:SSZ".
 RECURRING_KEY_LIMIT = KEY_LIMIT - len("@2000-01-01T00:00:00Z")
 
@@ -204,6 +205,23 @@ def _check_lengths(spec: TaskSpec) -> None:
         for name, value in spec.tags.items():
             check_length(name, "tags name", NAME_LIMIT)
             check_length(value, f"tags[{name!r}]", VALUE_LIMIT)
+
+
+def check_stages(stages: object, *, error: type[Exception] = InvalidTask) -> tuple[str, ...]:
+    """Declared stages: a non-empty sequence of distinct stage names, in order."""
+    if isinstance(stages, (str, bytes)) or not isinstance(stages, Sequence):
+        raise error(f"stages must be a list of stage names, got {type(stages).__name__}")
+    if not stages:
+        raise error("stages must name at least one stage (leave it out for a task without stages)")
+    if len(stages) > MAX_STAGES:
+        raise error(f"stages names {len(stages)} stages; the limit is {MAX_STAGES}")
+    seen: set[str] = set()
+    for i, stage in enumerate(stages):
+        check_length(check_name(stage, f"stages[{i}]", error=error), f"stages[{i}]", NAME_LIMIT, error=error)
+        if stage in seen:
+            raise error(f"stages names {stage!r} twice")
+        seen.add(stage)
+    return tuple(stages)
 
 
 def _check_text(value: object, field: str, error: type[Exception]) -> str:
@@ -434,6 +452,7 @@ class TaskSpec:
     tenant: str | None = None
     labels: frozenset[tuple[str, str]] | None = None
     tags: dict[str, str] | None = None
+    stages: tuple[str, ...] | None = None
     plain = True  # no option beyond pool, kind and priority
 
     def __init__(self, payload: Any = None, **options: Any) -> None:
@@ -469,6 +488,7 @@ class TaskSpec:
         tenant: str | None = None,
         labels: Mapping[str, str] | None = None,
         tags: Mapping[str, str] | None = None,
+        stages: Sequence[str] | None = None,
     ) -> None:
         if pool is not None:
             self.pool = check_name(pool, "pool")
@@ -547,6 +567,9 @@ class TaskSpec:
             plain = False
         if tags:
             self.tags = _string_map(tags, "tags")
+            plain = False
+        if stages is not None:
+            self.stages = check_stages(stages)
             plain = False
         if not plain:
             self.plain = False

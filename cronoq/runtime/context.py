@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import asyncio
+import threading
+from typing import Any, Callable, Coroutine
 
-from .runner import Attempt
+from ..core.errors import SchedulerError
+from ..core.snapshot import Checkpoint
+from .runner import Attempt, Checkpoints
 
 __all__ = ["TaskContext"]
 
@@ -17,13 +21,15 @@ class TaskContext:
     almost nothing.
     """
 
-    __slots__ = ("_attempt", "lease", "attempt", "_heartbeat")
+    __slots__ = ("_attempt", "lease", "attempt", "_heartbeat", "_book")
 
-    def __init__(self, attempt: Attempt, heartbeat: Callable[[int], bool]) -> None:
+    def __init__(self, attempt: Attempt, heartbeat: Callable[[int], bool],
+                 checkpoints: Checkpoints | None = None) -> None:
         self._attempt = attempt
         self.lease = attempt.lease
         self.attempt = attempt.attempt
         self._heartbeat = heartbeat
+        self._book = checkpoints
 
     @property
     def id(self) -> int:
@@ -79,6 +85,78 @@ class TaskContext:
         """True once the scheduler gave up this attempt (cancel, timeout, lost
         lease, shutdown). Long-running sync executors should check it."""
         return self._attempt.cancelled
+
+    # -- checkpointed stages
+
+    @property
+    def stages(self) -> tuple[str, ...] | None:
+        """The stages the task declared (``stages=`` at submission), or None."""
+        return self._attempt.stages
+
+    def _saved(self) -> list[Checkpoint]:
+        book = self._book
+        return [] if book is None else book.of(self._attempt.id, self._attempt.stages)
+
+    @property
+    def checkpoints(self) -> dict[str, Any]:
+        """Stage -> the data of its latest checkpoint (earlier attempts' and
+        this one's), in stage order."""
+        return {c.stage: c.data for c in self._saved()}
+
+    def checkpoint_info(self, stage: str) -> Checkpoint | None:
+        """The latest checkpoint of ``stage`` (with its time and attempt), or None."""
+        for c in self._saved():
+            if c.stage == stage:
+                return c
+        return None
+
+    @property
+    def completed_stages(self) -> list[str]:
+        """The stages with a checkpoint, in stage order."""
+        return [c.stage for c in self._saved()]
+
+    @property
+    def resumed_from(self) -> str | None:
+        """The last stage earlier attempts completed (this attempt resumes
+        after it), or None when no earlier attempt saved a checkpoint."""
+        earlier = [c.stage for c in self._saved() if c.attempt < self.attempt]
+        return earlier[-1] if earlier else None
+
+    def checkpoint(self, stage: str, data: Any = None) -> Coroutine[Any, Any, Checkpoint]:
+        """``await ctx.checkpoint(stage, data)``: save ``data`` as the checkpoint
+        of ``stage`` (replacing an earlier one). With a store it is committed
+        before the await returns. ``CheckpointError`` names what is wrong (an
+        undeclared stage, data too large or not encodable, an attempt that is
+        over). From a plain function's thread, use ``checkpoint_from_thread``."""
+        book = self._book
+        if book is None:
+            raise SchedulerError("checkpoints are not available to this attempt (its runner has none)")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is None or running is not book.loop:
+            raise SchedulerError("ctx.checkpoint() is for async executors on the scheduler's loop; "
+                                 "a plain function calls ctx.checkpoint_from_thread(stage, data)")
+        return book.save(self._attempt, stage, data)
+
+    def checkpoint_from_thread(self, stage: str, data: Any = None,
+                               timeout: float | None = None) -> Checkpoint:
+        """``checkpoint`` for plain functions (executor threads): blocks until
+        the checkpoint is saved (committed, with a store)."""
+        book = self._book
+        if book is None or book.loop is None:
+            raise SchedulerError("checkpoints are not available to this attempt (its runner has none)")
+        if threading.get_ident() == book.loop_thread:
+            raise SchedulerError("checkpoint_from_thread() would block the scheduler's loop: "
+                                 "an async executor uses await ctx.checkpoint(stage, data)")
+        save = book.save(self._attempt, stage, data)
+        try:
+            future = asyncio.run_coroutine_threadsafe(save, book.loop)
+        except RuntimeError:   # the loop is closed: the scheduler is gone
+            save.close()
+            raise SchedulerError("the scheduler stopped: the checkpoint was not saved") from None
+        return future.result(timeout)
 
     def __repr__(self) -> str:
         return f"TaskContext(id={self.id}, attempt={self.attempt}, pool={self.pool!r}, kind={self.kind!r})"

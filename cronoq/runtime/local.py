@@ -122,6 +122,7 @@ class LocalRunner:
         current = self.current
         report = self.link.report
         heartbeat = self.heartbeat
+        book = self.link.checkpoints
         streak = 0
         while True:
             if not queue:
@@ -136,7 +137,7 @@ class LocalRunner:
             if attempt.cancelled:
                 continue
             lease = attempt.lease
-            ctx = TaskContext(attempt, heartbeat)
+            ctx = TaskContext(attempt, heartbeat, book)
             current[lease] = (task, attempt)
             output = None
             message = None

@@ -22,12 +22,15 @@ attempts to workers over the network. A pool takes a runner with
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
 
 from ..core.errors import Permanent, Retryable
 from ..core.types import CLASSES, NS, PERMANENT, RETRYABLE
 
-__all__ = ["Attempt", "Runner", "RunnerLink", "RunnerFactory", "clean_message", "outcome_of"]
+if TYPE_CHECKING:
+    from ..core.snapshot import Checkpoint
+
+__all__ = ["Attempt", "Checkpoints", "Runner", "RunnerLink", "RunnerFactory", "clean_message", "outcome_of"]
 
 _MAX_MESSAGE = 8192
 
@@ -106,6 +109,12 @@ class Attempt:
         return None if deadline is None else deadline / NS
 
     @property
+    def stages(self) -> tuple[str, ...] | None:
+        """The stages the task declared, in order, or None."""
+        spec = self._entry.spec
+        return None if spec is None else spec.stages
+
+    @property
     def submitted(self) -> float:
         """When the task was submitted, in Unix seconds."""
         return float(self._entry.submitted / NS)
@@ -115,6 +124,20 @@ class Attempt:
 
 
 Report = Callable[[Attempt, str, Any, "str | None", "int | None"], None]
+
+
+class Checkpoints(Protocol):
+    """The scheduler's checkpoints, as runners and contexts reach them
+    (implemented by ``cronoq.runtime.checkpoints.CheckpointBook``)."""
+
+    loop: asyncio.AbstractEventLoop | None
+    loop_thread: int | None
+
+    def of(self, task_id: int, stages: tuple[str, ...] | None = None) -> list[Checkpoint]:
+        """A task's checkpoints in stage order."""
+
+    def save(self, attempt: Attempt, stage: str, value: Any) -> Coroutine[Any, Any, Checkpoint]:
+        """Save a checkpoint for ``attempt`` (on the loop; durable on return with a store)."""
 
 
 class RunnerLink:
@@ -129,20 +152,25 @@ class RunnerLink:
     - ``not_started(lease, reason)``: the attempt could not start; it is
       given back to its queue without using an attempt;
     - ``set_capacity(labels, slots)``: the pool now has ``slots`` worker
-      slots with exactly ``labels`` (for runners whose capacity is outside).
+      slots with exactly ``labels`` (for runners whose capacity is outside);
+    - ``checkpoints``: the scheduler's checkpoint book (``Checkpoints``): the checkpoints
+      earlier attempts saved, and ``save(attempt, stage, value)`` (None for
+      a link made without one).
     """
 
-    __slots__ = ("pool", "loop", "report", "heartbeat", "not_started", "set_capacity")
+    __slots__ = ("pool", "loop", "report", "heartbeat", "not_started", "set_capacity", "checkpoints")
 
     def __init__(self, pool: str, loop: asyncio.AbstractEventLoop, report: Report,
                  heartbeat: Callable[[int], bool], not_started: Callable[[int, str], None],
-                 set_capacity: Callable[[dict[str, str], int], None]) -> None:
+                 set_capacity: Callable[[dict[str, str], int], None], *,
+                 checkpoints: Checkpoints | None = None) -> None:
         self.pool = pool
         self.loop = loop
         self.report = report
         self.heartbeat = heartbeat
         self.not_started = not_started
         self.set_capacity = set_capacity
+        self.checkpoints = checkpoints
 
 
 class Runner(Protocol):

@@ -29,14 +29,15 @@ from .. import realtime
 from ..core import actions as act
 from ..core.engine import Core
 from ..core.errors import AdmissionError, InvalidTask, QueueFull, SchedulerError, TaskFailed
-from ..core.snapshot import Snapshot, TaskInfo
+from ..core.snapshot import Checkpoint, Snapshot, TaskInfo
 from ..core.types import (
-    CANCELLED, DEAD_LETTERED, READY, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig, Status,
-    TaskSpec, check_name,
+    CANCELLED, DEAD_LETTERED, READY, RUNNING, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
+    Status, TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
-from ..store.base import STORE_MEMBERS, Store, StoredSchedule, StoredTask
+from ..store.base import STORE_MEMBERS, Fenced, Store, StoredSchedule, StoredTask
 from ..store.codec import Codec, JsonCodec
+from .checkpoints import DEFAULT_MAX_CHECKPOINT_BYTES, CheckpointBook
 from .clock import Cancellable, Clock, SystemClock
 from .durability import DurableHooks, DurableLog, encoded_payload
 from .events import EventSink, EventStream
@@ -117,7 +118,8 @@ class Scheduler:
                  emit_transitions: bool = False, *, shutdown_grace: float = 5.0,
                  event_capacity: int = 1024, store: Store | None = None, codec: Codec | None = None,
                  clock: Clock | None = None, max_pending_total: int | None = None, output_cache: int = 1024,
-                 seed: int | None = None, config: CoreConfig | None = None) -> None:
+                 seed: int | None = None, config: CoreConfig | None = None,
+                 max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES) -> None:
         pools = list(pools)
         if not pools:
             raise ValueError("pools must name at least one Pool")
@@ -147,6 +149,9 @@ class Scheduler:
         if isinstance(output_cache, bool) or not isinstance(output_cache, int) or output_cache < 0:
             raise ValueError(f"output_cache must be an integer >= 0, got {output_cache!r}")
         self._output_limit = output_cache
+        if isinstance(max_checkpoint_bytes, bool) or not isinstance(max_checkpoint_bytes, int) \
+                or max_checkpoint_bytes < 1:
+            raise ValueError(f"max_checkpoint_bytes must be an integer >= 1, got {max_checkpoint_bytes!r}")
         if store is not None and not isinstance(store, Store):
             if isinstance(store, (str, os.PathLike)):
                 raise ValueError(f"store must be a store object, not a path: "
@@ -174,6 +179,9 @@ class Scheduler:
                 raise ValueError(f"{', '.join(beside)} would be ignored beside config=: set "
                                  f"{'it' if len(beside) == 1 else 'them'} in the CoreConfig instead")
         self._config = config
+        self._checkpoints = CheckpointBook(codec=self.codec, max_bytes=max_checkpoint_bytes,
+                                           now_ns=self.clock.now_ns, is_live=self._attempt_live,
+                                           known=self._knows, on_saved=self._stage_completed)
         self._state = _NEW
         self._loop: asyncio.AbstractEventLoop | None = None
         self._core: Core | None = None
@@ -209,6 +217,7 @@ class Scheduler:
         if self._state != _NEW:
             raise SchedulerError(f"the scheduler is {self._state}; create a new one to start again")
         self._loop = asyncio.get_running_loop()
+        self._checkpoints.bind(self._loop)
         self._forks = _process.forks
         self._pid = os.getpid()
         self._state = "starting"
@@ -235,7 +244,8 @@ class Scheduler:
         def set_capacity(labels: dict[str, str], slots: int) -> None:
             self._set_capacity_now(name, labels, slots)
 
-        link = RunnerLink(name, loop, self._report, self._heartbeat, self._not_started, set_capacity)
+        link = RunnerLink(name, loop, self._report, self._heartbeat, self._not_started, set_capacity,
+                          checkpoints=self._checkpoints)
         if pool.runner is not None:
             return pool.runner(link)
         executor = pool.executor
@@ -299,6 +309,11 @@ class Scheduler:
         finally:
             if collecting:
                 gc.enable()
+        restored = self._checkpoints.restore(
+            (c.task_id, c.stage, c.data, c.attempt, c.saved_ns) for c in await store.load_checkpoints())
+        if restored:
+            log.info("recovered %d checkpoints", restored, extra={"action": "recovered", "count": restored})
+        self._checkpoints.durable = self._save_checkpoint
         if quarantined:
             log.warning("%d stored tasks were quarantined at recovery", len(quarantined),
                         extra={"action": "quarantine", "count": len(quarantined)})
@@ -1162,9 +1177,48 @@ class Scheduler:
         return handle
 
     async def info(self, ref: int | str) -> TaskInfo:
-        """What the scheduler knows of a task (status, attempt, message...)."""
+        """What the scheduler knows of a task (status, attempt, message, its
+        declared stages and checkpoints...)."""
         with self._lock:
-            return self._check().info(ref)
+            info = self._check().info(ref)
+        book = self._checkpoints
+        if info.stages is None:
+            stages = book.stages_of(info.id)
+            info.stages = list(stages) if stages is not None else None
+        info.checkpoints = book.of(info.id, tuple(info.stages) if info.stages else None)
+        return info
+
+    # ================================================================ checkpoints
+
+    def _attempt_live(self, attempt: Attempt) -> bool:
+        with self._lock:
+            core = self._core
+            return (not attempt.cancelled and core is not None and self._state in (_RUNNING, _STOPPING)
+                    and attempt.lease in core.running)
+
+    def _knows(self, task_id: int) -> bool:
+        core = self._core
+        return core is not None and (task_id in core.tasks or task_id in core.retained)
+
+    async def _save_checkpoint(self, task_id: int, stage: str, data: bytes, attempt: int, at_ns: int) -> None:
+        """Write a checkpoint to the store, fenced by this leader's epoch."""
+        try:
+            await self.store.save_checkpoint(self.epoch, task_id, stage, data, attempt, at_ns)
+        except Fenced as exc:
+            self._lost(f"fenced: {exc}")
+            raise
+
+    def _stage_completed(self, attempt: Attempt, checkpoint: Checkpoint) -> None:
+        """A stage's checkpoint was saved: tell the subscribers (with every transition)."""
+        if not self._config.emit_transitions:
+            return
+        with self._lock:
+            sinks = list(self._sinks)
+        if sinks:
+            event = act.StatusEvent(attempt.id, attempt.pool, attempt.key, RUNNING, attempt.attempt,
+                                    checkpoint.at, f"stage {checkpoint.stage!r} completed", checkpoint.stage)
+            for sink in sinks:
+                sink.deliver(event)
 
     async def snapshot(self) -> Snapshot:
         """Pools, quality metrics over the window, and totals since start."""
@@ -1196,6 +1250,8 @@ class Scheduler:
         snap = core.snapshot(self.clock.now_ns())
         if pump:
             self._pump()
+            self._checkpoints.sweep(at_most_every=1.0)   # (on the loop: the book is the loop's)
+        snap.checkpoints = self._checkpoints.stats()
         runners = self._runners
         for pool in snap.pools:
             runner = runners.get(pool.name)

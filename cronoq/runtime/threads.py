@@ -80,7 +80,7 @@ class ThreadRunner:
 
     def start(self, attempt: Attempt) -> None:
         lease = attempt.lease
-        job = _Job(attempt, TaskContext(attempt, self.heartbeat))
+        job = _Job(attempt, TaskContext(attempt, self.heartbeat, self.link.checkpoints))
         self.current[lease] = job
         try:
             self._hand_over(job)

@@ -98,7 +98,7 @@ class Server:
                           retention=config.store.retention_s)
         return Scheduler([_pool(p, hub) for p in config.pools], resources, shutdown_grace=config.server.shutdown_grace_s,
                          event_capacity=config.limits.watch_buffer, store=store,
-                         codec=BlobCodec() if store is not None else None,
+                         codec=BlobCodec(),   # payloads, outputs and checkpoints are Blobs, store or not
                          output_cache=config.outputs.cache_entries, config=core)
 
     def _credentials(self) -> grpc.ServerCredentials | None:

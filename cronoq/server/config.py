@@ -66,6 +66,7 @@ class ServerSection:
     shutdown_grace_s: float = 10.0
     standby_close_s: float = 1.0
     insecure_no_auth: bool = False
+    ui: bool = True                     # the web dashboard at /ui on the HTTP listener
     tls: TlsConfig | None = None
 
     @property
@@ -451,6 +452,7 @@ def _server(t: _Table | None) -> ServerSection:
     values["shutdown_grace_s"] = t.seconds("shutdown_grace_s", 10.0)
     values["standby_close_s"] = t.seconds("standby_close_s", 1.0, low=0.1, high=60.0)
     values["insecure_no_auth"] = t.boolean("insecure_no_auth", False)
+    values["ui"] = t.boolean("ui", True)
     tls = t.table("tls")
     if tls is not None:
         cert_path = tls.string("cert", limit=4096)

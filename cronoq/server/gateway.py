@@ -14,23 +14,25 @@ routes; docs/server.md documents it.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from .._proto import cronoq_pb2 as pb
+from .._version import __version__
 from ..core.snapshot import TOTAL_FIELDS
 from .auth import Authenticator, Principal
 from .codec import JSON, TEXT
-from .errors import ServiceError
+from .errors import Code, ServiceError
 from .http import Request, Response, loopback_host, reason_code
 from .schema import (
     BATCH, BATCH_OUT, CANCEL_OUT, INFO, PRIORITIES, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT, SUBMIT_OUT,
-    TASKS_OUT, WORKERS_OUT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text, invalid,
+    TASKS_OUT, WORKERS_OUT, REMOVED_OUT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text, invalid,
 )
 from .schema import Integer as IntegerField
 from .service import Service, status_enum, status_name
@@ -101,6 +103,7 @@ _PRIORITY_OUT = {value: name for name, value in _PRIORITY_IN.items()}
 _MISS_IN = {"run_late": pb.MISS_POLICY_RUN_LATE, "skip": pb.MISS_POLICY_SKIP, "fail": pb.MISS_POLICY_FAIL}
 _COND_IN = {"on_success": pb.EDGE_COND_ON_SUCCESS, "on_failure": pb.EDGE_COND_ON_FAILURE,
             "on_complete": pb.EDGE_COND_ON_COMPLETE}
+_COND_OUT = {value: name for name, value in _COND_IN.items()}
 _OVERLAP_OUT = {pb.OVERLAP_UNSPECIFIED: "skip", pb.OVERLAP_SKIP: "skip", pb.OVERLAP_ALLOW: "allow",
                 pb.OVERLAP_QUEUE: "queue", pb.OVERLAP_QUEUE_ON_SUCCESS: "queue_on_success"}
 _STATUS_OUT = {status_enum(name): name for name in STATUSES}
@@ -225,6 +228,23 @@ def info_json(info: pb.TaskInfo) -> dict[str, Any]:
         out["started_unix_ns"] = str(info.started_unix_ns)
     if info.HasField("finished_unix_ns"):
         out["finished_unix_ns"] = str(info.finished_unix_ns)
+    if info.deps:
+        out["deps"] = [{("id" if d.ref.WhichOneof("ref") == "id" else "key"):
+                        (str(d.ref.id) if d.ref.WhichOneof("ref") == "id" else d.ref.key),
+                        "cond": _COND_OUT[d.cond]} for d in info.deps]
+    if info.attempts:
+        attempts = []
+        for a in info.attempts:
+            item: dict[str, Any] = {"attempt": a.attempt}
+            if a.status:
+                item["status"] = _STATUS_OUT[a.status]
+            if a.message:
+                item["message"] = a.message
+            item["started_unix_ns"] = str(a.started_unix_ns)
+            if a.HasField("ended_unix_ns"):
+                item["ended_unix_ns"] = str(a.ended_unix_ns)
+            attempts.append(item)
+        out["attempts"] = attempts
     return out
 
 
@@ -260,8 +280,10 @@ _ID = Id()
 PATH_PARAMS: dict[str, Field] = {
     "id": Id("A task id: decimal digits."),
     "key": Text("A task key, percent-encoded as one path segment (/ as %2F).", empty=False),
+    "name": Text("A schedule's name, percent-encoded as one path segment (/ as %2F).", empty=False),
 }
 _TASK_ROUTES = "/v1/tasks/"
+_RECURRING_ROUTES = "/v1/recurring/"
 
 
 def _decode_segment(segment: str, what: str) -> str:
@@ -320,6 +342,8 @@ class Gateway:
             if self.check_host and not loopback_host(request.headers.get("host", "")):
                 raise HttpError(403, "forbidden: authentication is off, so only loopback host names are served "
                                      "(localhost, *.localhost, 127.x.x.x, [::1])")
+            if request.path == "/ui" or request.path.startswith("/ui/"):
+                return self._ui(request)
             route, params = self._match(request)
             caller = None
             if route.role is not None:
@@ -334,6 +358,27 @@ class Gateway:
         except HttpError as exc:
             return self.error(exc.status, exc.message, headers=exc.headers)
 
+    # -- the dashboard's static files
+
+    def _ui(self, request: Request) -> Response:
+        """The web dashboard (docs/dashboard.md): static files without data,
+        so they need no credentials; the page sends the token it is given to
+        the API routes. Off with server.ui = false."""
+        if self.metrics_listener or not self.service.config.server.ui:
+            raise HttpError(404, f"no route {request.path[:200]}" + ("" if self.metrics_listener else
+                                                                      " (the dashboard is off: server.ui = false)"))
+        if request.method not in ("GET", "HEAD"):
+            raise HttpError(405, f"{request.method} is not allowed on the dashboard's files; allowed: GET, HEAD",
+                            (("allow", "GET, HEAD"),))
+        if request.path == "/ui":
+            return Response(308, b"", "text/plain; charset=utf-8", headers=(("location", "/ui/"),))
+        name = request.path[len("/ui/"):] or "index.html"
+        found = _ui_file(name)
+        if found is None:
+            raise HttpError(404, f"no dashboard file {name[:100]!r}")
+        data, media = found
+        return Response(200, data, media, headers=_UI_HEADERS)
+
     # -- matching and validating
 
     def _match(self, request: Request) -> tuple[Route, dict[str, Any]]:
@@ -341,9 +386,15 @@ class Gateway:
         routes = self.routes.get(path)
         params: dict[str, Any] = {}
         if routes is None:
-            if not path.startswith(_TASK_ROUTES) or self.metrics_listener:
+            if self.metrics_listener:
                 raise HttpError(404, f"no route {path[:200]}; the routes are listed at /v1/openapi.json")
-            template, params = self._task_path(path[len(_TASK_ROUTES):])
+            if path.startswith(_RECURRING_ROUTES) and "/" not in path[len(_RECURRING_ROUTES):] \
+                    and len(path) > len(_RECURRING_ROUTES):
+                template, params = "/v1/recurring/{name}", {"name": path[len(_RECURRING_ROUTES):]}
+            elif path.startswith(_TASK_ROUTES):
+                template, params = self._task_path(path[len(_TASK_ROUTES):])
+            else:
+                raise HttpError(404, f"no route {path[:200]}; the routes are listed at /v1/openapi.json")
             routes = self.routes[template]
         route = routes.get(request.method)
         if route is None:
@@ -358,6 +409,8 @@ class Gateway:
             params["id"] = _ID.parse(text, "id")
         elif "key" in params:
             params["key"] = _KEY.parse(_decode_segment(params["key"], "key"), "key")
+        elif "name" in params:
+            params["name"] = _KEY.parse(_decode_segment(params["name"], "name"), "name")
         return route, params
 
     @staticmethod
@@ -370,6 +423,8 @@ class Gateway:
                 return "/v1/tasks/by-key/{key}/result", {"key": parts[1]}
             raise HttpError(404, "no route; a key is one path segment: percent-encode / in keys as %2F "
                                  "(/v1/tasks/by-key/report%2F42)")
+        if len(parts) == 1 and parts[0].endswith(":resubmit") and len(parts[0]) > len(":resubmit"):
+            return "/v1/tasks/{id}:resubmit", {"id": parts[0][:-len(":resubmit")]}
         if len(parts) == 1 and parts[0]:
             return "/v1/tasks/{id}", {"id": parts[0]}
         if len(parts) == 2 and parts[0] and parts[1] == "result":
@@ -482,7 +537,8 @@ class Gateway:
         request = pb.ListTasksRequest(pools=query.get("pool", ()),
                                       statuses=[status_enum(s) for s in query.get("status", ())],
                                       after=query.get("after", 0), limit=query.get("limit", 0))
-        response = await self.service.list_tasks(call.caller, request)
+        response = await self.service.list_tasks(call.caller, request, priority=query.get("priority"),
+                                                 tenant=query.get("tenant"))
         out: dict[str, Any] = {"tasks": [info_json(info) for info in response.tasks]}
         if response.next_after:
             out["next_after"] = str(response.next_after)
@@ -515,6 +571,79 @@ class Gateway:
         assert call.caller is not None
         return self.json(snapshot_json(await self.service.snapshot(call.caller, pb.SnapshotRequest())))
 
+    async def resubmit(self, call: Call) -> Response:
+        assert call.caller is not None
+        response = await self.service.resubmit(call.caller, call.params["id"])
+        return self.json({"id": str(response.id), "duplicate": response.duplicate})
+
+    async def remove_recurring(self, call: Call) -> Response:
+        assert call.caller is not None
+        response = await self.service.remove_recurring(call.caller, pb.RemoveRecurringRequest(name=call.params["name"]))
+        return self.json({"removed": response.removed})
+
+    async def events(self, call: Call) -> Response:
+        """Server-Sent Events: status events as they happen (batched), the
+        snapshot every ``snapshot_s`` for callers with the metrics role, a
+        comment line every ``_PING_S`` so proxies keep the connection, and a
+        ``state`` event when this server stops serving (the stream then ends)."""
+        caller = call.caller
+        assert caller is not None
+        roles = {"client", "metrics"} if caller.role == "admin" else {caller.role}
+        if not roles & {"client", "metrics"}:
+            raise ServiceError(Code.PERMISSION_DENIED, f"the event stream needs the client role (status events) or "
+                                                       f"the metrics role (snapshots); the credential has the "
+                                                       f"{caller.role} role")
+        every = call.query.get("snapshot_s", 1.0)
+        snapshots = "metrics" in roles and every > 0
+        sched, feed = self.service.open_feed(caller, call.query.get("pool", ()), events="client" in roles)
+        return Response(200, b"", "text/event-stream; charset=utf-8", headers=(("x-accel-buffering", "no"),),
+                        stream=self._push(caller, sched, feed, max(every, _MIN_SNAPSHOT_S) if snapshots else 0.0))
+
+    async def _push(self, caller: Principal, sched: Any, feed: Any, every: float) -> AsyncIterator[bytes]:
+        service = self.service
+        loop = asyncio.get_running_loop()
+        try:
+            hello = {"state": service.state, "role": caller.role, "snapshot_s": every,
+                     "status_events": caller.role in ("client", "admin"),
+                     "pools": caller.visible(service.pools), "version": __version__}
+            yield _sse("hello", hello) + b"retry: 1000\n\n"
+            next_snapshot = loop.time()
+            next_ping = loop.time() + _PING_S
+            while True:
+                if not service.serves(sched) or feed.ended:
+                    yield _sse("state", {"state": service.state if service.state != "leader" else "standby"})
+                    return
+                now = loop.time()
+                if not feed.events:
+                    wake = min(next_ping, next_snapshot if every else next_ping, now + _STATE_CHECK_S)
+                    try:
+                        await asyncio.wait_for(feed.wake.wait(), max(0.0, wake - now))
+                    except asyncio.TimeoutError:
+                        pass
+                    else:
+                        await asyncio.sleep(_COALESCE_S)   # let a burst gather into one message
+                events, lagged = feed.take()
+                out = []
+                if lagged:
+                    out.append(_sse("lagged", {"skipped": lagged}))
+                if events:
+                    out.append(_sse("status", [_event_json(e) for e in events]))
+                now = loop.time()
+                if every and now >= next_snapshot and service.serves(sched):
+                    next_snapshot = now + every
+                    try:
+                        snap = await service.snapshot(caller, pb.SnapshotRequest())
+                    except ServiceError:
+                        continue   # stopped serving meanwhile: said at the top of the loop
+                    out.append(_sse("snapshot", snapshot_json(snap)))
+                if now >= next_ping:
+                    next_ping = now + _PING_S
+                    out.append(b": ping\n\n")
+                if out:
+                    yield b"".join(out)
+        finally:
+            service.close_feed(sched, feed)
+
     async def metrics(self, call: Call) -> Response:
         assert call.caller is not None
         from prometheus_client import CollectorRegistry, generate_latest
@@ -541,6 +670,55 @@ class Gateway:
             return Response(200, b"ready\n", "text/plain; charset=utf-8")
         return Response(503, b"not the leader (standby or shutting down)\n", "text/plain; charset=utf-8",
                         headers=(("retry-after", "1"),))
+
+
+_UI_MEDIA = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+             ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+# The page runs only its own script and talks only to its own origin; no framing, no referrer.
+_UI_HEADERS = (
+    ("content-security-policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                                "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+    ("x-content-type-options", "nosniff"), ("referrer-policy", "no-referrer"), ("x-frame-options", "DENY"),
+    ("cache-control", "no-cache"),
+)
+_UI_FILES: dict[str, tuple[bytes, str] | None] = {}
+
+
+def _ui_file(name: str) -> tuple[bytes, str] | None:
+    """A file of cronoq/server/ui by its plain name (no directories), read once."""
+    if name in _UI_FILES:
+        return _UI_FILES[name]
+    found = None
+    suffix = "." + name.rpartition(".")[2]
+    if "/" not in name and "\\" not in name and not name.startswith(".") and suffix in _UI_MEDIA:
+        from importlib.resources import files
+        resource = files("cronoq.server").joinpath("ui", name)
+        if resource.is_file():
+            found = (resource.read_bytes(), _UI_MEDIA[suffix])
+    if len(_UI_FILES) < 64:
+        _UI_FILES[name] = found
+    return found
+
+
+_PING_S = 15.0           # a comment line this often keeps proxies from closing an idle stream
+_STATE_CHECK_S = 0.25    # how soon a stream notices that its server stopped serving
+_COALESCE_S = 0.02       # status events arriving this close together go out as one message
+_MIN_SNAPSHOT_S = 0.2
+
+
+def _sse(event: str, data: Any) -> bytes:
+    """One Server-Sent Events message (JSON never holds a newline as we write it)."""
+    return b"event: %s\ndata: %s\n\n" % (event.encode("ascii"), dumps(data))
+
+
+def _event_json(event: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": str(event.id), "pool": event.pool, "status": event.status, "attempt": event.attempt,
+                           "at_unix_ns": str(int(round(event.at * 1e9)))}
+    if event.key is not None:
+        out["key"] = event.key
+    if event.message:
+        out["message"] = event.message
+    return out
 
 
 def route_path(routes: dict[str, Route]) -> str:
@@ -581,8 +759,14 @@ ROUTES: tuple[Route, ...] = (
                  ("status", CommaList(Choice(STATUSES), "Only these statuses (repeated, or comma-separated).")),
                  ("after", BigInt("Only tasks with larger ids (the next_after of the previous page).", what="a task id")),
                  ("limit", IntegerField("Tasks per page: default 100, at most limits.max_list.", minimum=0,
-                                        maximum=2 ** 32 - 1))),
-          statuses=_TASK_ERRORS, waits=True, description="Live and finished tasks in id order."),
+                                        maximum=2 ** 32 - 1)),
+                 ("priority", Choice(PRIORITIES, "Only tasks of this class (from the leader's record of recent "
+                                                 "tasks: outputs.info_entries).")),
+                 ("tenant", Text("Only tasks of this tenant (from the leader's record of recent tasks).",
+                                 empty=False))),
+          statuses=_TASK_ERRORS, waits=True,
+          description="Live and finished tasks in id order. With priority or tenant, one answer scans at most "
+                      "limits.max_list tasks: a page may hold fewer tasks than limit while next_after leads on."),
     Route("GET", _BY_ID, "get_task", "A task by id", Gateway.get, role="client", response=INFO,
           statuses=_TASK_ERRORS),
     Route("GET", _BY_KEY, "get_task_by_key", "A task by key", Gateway.get, role="client", response=INFO,
@@ -599,10 +783,28 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", _BY_KEY + "/result", "task_result_by_key", "Wait for a task's result, by key", Gateway.result,
           role="client", response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True,
           query=(("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),)),
+    Route("POST", _BY_ID + ":resubmit", "resubmit_task", "Submit a dead-lettered task again", Gateway.resubmit,
+          role="admin", response=SUBMIT_OUT, statuses=(400, 401, 403, 404, 409, 429, 503),
+          description="A new task with the dead letter's payload and options, without its key, dependencies or "
+                      "fixed start, tagged resubmitted_from. 409 when the task is not dead-lettered, or when the "
+                      "leader no longer holds its payload (it keeps those of the last 1000 dead letters it saw)."),
     Route("GET", "/v1/workers", "list_workers", "Connected workers", Gateway.workers, role="metrics",
           response=WORKERS_OUT, query=(("pool", _POOLS),), statuses=_TASK_ERRORS),
     Route("GET", "/v1/recurring", "list_recurring", "Recurring schedules", Gateway.recurring, role="metrics",
           response=SCHEDULES_OUT, statuses=(401, 403, 503)),
+    Route("DELETE", "/v1/recurring/{name}", "remove_recurring", "Remove a recurring schedule",
+          Gateway.remove_recurring, role="admin", response=REMOVED_OUT, statuses=(400, 401, 403, 503),
+          description="removed is false when no schedule of that name exists (in the pools the caller may use). "
+                      "An occurrence already created still runs."),
+    Route("GET", "/v1/events", "events", "Live events (Server-Sent Events)", Gateway.events, role="client",
+          media="text/event-stream", query=(("pool", _POOLS), ("snapshot_s", Seconds(
+              "How often a snapshot event comes (metrics role): default 1, at least 0.2; 0 for none."))),
+          statuses=(400, 401, 403, 404, 429, 503),
+          description="Needs the client role (status events) or the metrics role (snapshots); admin gets both. "
+                      "A text/event-stream: hello (state, role, visible pools), status (a JSON array of status "
+                      "events, every transition, batched), snapshot (as /v1/snapshot), "
+                      "lagged (events were dropped: reconcile with the task routes), state (this server stopped "
+                      "serving; the stream ends). Live only: after a reconnection, re-read what you show."),
     Route("GET", "/v1/snapshot", "snapshot", "The scheduler's state", Gateway.snapshot, role="metrics",
           response=SNAPSHOT, statuses=(401, 403, 503)),
     Route("GET", "/metrics", "metrics", "Prometheus metrics", Gateway.metrics, role="metrics",

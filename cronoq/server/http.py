@@ -28,7 +28,7 @@ import logging
 import ssl
 import time
 from email.utils import formatdate
-from typing import Awaitable, Callable, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 __all__ = ["HttpListener", "Request", "Response", "App", "loopback_host", "REASONS", "reason_code"]
 
@@ -41,7 +41,7 @@ _MAX_BUFFERED = 256 * 1024   # pipelined data held while a request is being answ
 
 # Reason phrases (RFC 9110); error bodies carry them lower-case with underscores.
 REASONS = {
-    100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+    100: "Continue", 200: "OK", 308: "Permanent Redirect", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
     405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type",
     429: "Too Many Requests", 431: "Request Header Fields Too Large", 499: "Client Closed Request",
     500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable", 504: "Gateway Timeout",
@@ -92,15 +92,21 @@ class Request:
 
 
 class Response:
-    __slots__ = ("status", "body", "content_type", "headers", "close")
+    """An answer. With ``stream``, ``body`` is ignored: the chunks the stream
+    yields are sent as they come (chunked transfer coding), with no time
+    limit, until it ends or the client goes away (Server-Sent Events)."""
+
+    __slots__ = ("status", "body", "content_type", "headers", "close", "stream")
 
     def __init__(self, status: int, body: bytes, content_type: str = "application/json",
-                 headers: tuple[tuple[str, str], ...] = (), close: bool = False) -> None:
+                 headers: tuple[tuple[str, str], ...] = (), close: bool = False,
+                 stream: AsyncIterator[bytes] | None = None) -> None:
         self.status = status
         self.body = body
         self.content_type = content_type
         self.headers = headers
         self.close = close
+        self.stream = stream
 
 
 class App(Protocol):
@@ -416,7 +422,15 @@ class _Connection(asyncio.Protocol):
             self.handling = None
             return
         close = response.close or not self.keep_alive or self.app.closing()
-        self._write(response, close, head_only=request.method == "HEAD")
+        if response.stream is not None:
+            if request.version == "HTTP/1.0":
+                close = True   # no chunked coding: the end of the stream is the end of the connection
+            await self._stream(response, close, chunked=request.version != "HTTP/1.0")
+            if self.closed:
+                self.handling = None
+                return
+        else:
+            self._write(response, close, head_only=request.method == "HEAD")
         if self.can_write is not None and not self.can_write.done():
             await self.can_write   # a slow reader: answer the next request once this one is out
         self.handling = None
@@ -446,6 +460,38 @@ class _Connection(asyncio.Protocol):
             parts.append(body)
         assert self.transport is not None
         self.transport.write(b"".join(parts))
+
+    async def _stream(self, response: Response, close: bool, *, chunked: bool) -> None:
+        """Send a streamed response: its head, then each chunk as the stream
+        yields it, waiting while the client reads slowly (the stream then
+        falls behind, and decides what to drop)."""
+        assert self.transport is not None and response.stream is not None
+        parts = [b"HTTP/1.1 %d %s\r\ndate: %s\r\ncontent-type: %s\r\ncache-control: no-store\r\n"
+                 % (response.status, REASONS.get(response.status, "Error").encode(), _Date.now(),
+                    response.content_type.encode())]
+        parts.append(b"transfer-encoding: chunked\r\n" if chunked else b"connection: close\r\n")
+        for name, value in response.headers:
+            parts.append(b"%s: %s\r\n" % (name.encode(), value.encode("latin-1", "replace")))
+        if close and chunked:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        self.transport.write(b"".join(parts))
+        stream = response.stream
+        try:
+            async for chunk in stream:
+                if self.closed:
+                    break
+                if chunk:
+                    self.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                if self.can_write is not None and not self.can_write.done():
+                    await self.can_write
+            else:
+                if chunked and not self.closed:
+                    self.transport.write(b"0\r\n\r\n")
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def _fail(self, status: int, message: str) -> None:
         """Answer an unframeable or refused request and close the connection."""

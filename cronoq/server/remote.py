@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from .._proto import PROTOCOL_VERSION
 from .._proto import cronoq_pb2 as pb
+from ..core.errors import CheckpointError
 from ..core.types import CANCELLED_OUTCOME, NS, PERMANENT, RETRYABLE, SUCCESS
 from ..runtime.runner import Attempt, RunnerLink, clean_message
 from .codec import OCTETS, Blob, check_content_type
+from .service import checkpoint_message
 from .errors import Code, ServiceError
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ class WorkerConn:
         self.draining = False     # Shutdown sent: the stream ends shortly
         self.reason = "the server ended the stream"
         self.batches = False      # the worker accepts ServerBatch messages
+        self.checkpoints = False  # the worker registered with accept_checkpoints
 
     @property
     def free(self) -> int:
@@ -143,6 +146,7 @@ class RemotePool:
         self.nacked: dict[int, set[int]] = {}           # lease -> workers that gave it back
         self.closed = False
         self.capacity = 0
+        self.saving: set[asyncio.Task[None]] = set()    # checkpoints being stored
 
     @property
     def stray_threads(self) -> int:
@@ -238,7 +242,45 @@ class RemotePool:
     def _lease(self, conn: WorkerConn, attempt: Attempt) -> None:
         conn.leases[attempt.lease] = attempt
         self.where[attempt.lease] = conn
-        conn.send(pb.ServerMessage(lease=lease_message(attempt)))
+        message = lease_message(attempt)
+        book = self.link.checkpoints
+        if conn.checkpoints and book is not None:   # only to workers that understand them
+            stages = attempt.stages
+            if stages:
+                message.stages.extend(stages)
+            for checkpoint in book.of(attempt.id, stages):
+                message.checkpoints.append(checkpoint_message(checkpoint))
+        conn.send(pb.ServerMessage(lease=message))
+
+    def checkpoint(self, conn: WorkerConn, request: pb.Checkpoint) -> None:
+        """Save a worker's checkpoint; CheckpointSaved answers once it is stored."""
+        attempt = conn.leases.get(request.lease)
+        answer = pb.CheckpointSaved(lease=request.lease, stage=request.stage, seq=request.seq)
+        book = self.link.checkpoints
+        if attempt is None or book is None:
+            answer.error = ("the worker does not hold this lease (aborted, reported or unknown)"
+                            if book is not None else "this pool keeps no checkpoints")
+            conn.send(pb.ServerMessage(checkpoint_saved=answer))
+            return
+        try:
+            content_type = check_content_type(request.content_type) if request.content_type else OCTETS
+        except ValueError as exc:
+            answer.error = f"checkpoint content_type: {exc}"
+            conn.send(pb.ServerMessage(checkpoint_saved=answer))
+            return
+
+        async def save() -> None:
+            try:
+                await book.save(attempt, request.stage, Blob(bytes(request.data), content_type))
+            except CheckpointError as exc:   # refused: the worker is told why
+                answer.error = clean_message(str(exc))
+            except Exception as exc:   # not stored (the store is unavailable, ...)
+                answer.error = clean_message(f"{type(exc).__name__}: {exc}")
+            conn.send(pb.ServerMessage(checkpoint_saved=answer))
+
+        task = asyncio.get_running_loop().create_task(save())
+        self.saving.add(task)
+        task.add_done_callback(self.saving.discard)
 
     def held(self, conn: WorkerConn, lease: int) -> Attempt | None:
         return conn.leases.get(lease)
@@ -359,7 +401,7 @@ class WorkerSession:
         try:
             await write(pb.ServerMessage(registered=pb.Registered(
                 worker_id=conn.id, lease_ttl_s=pool.lease_ttl, slots=conn.slots, protocol_version=PROTOCOL_VERSION,
-                max_message_bytes=limits.max_message_bytes)))
+                max_message_bytes=limits.max_message_bytes, checkpoints=conn.checkpoints)))
         except BaseException:
             self.hub.workers.pop(conn.id, None)
             pool.detach(conn, "the Registered message could not be sent")
@@ -430,6 +472,7 @@ class WorkerSession:
                                f"pool {name!r} already has its max of {pool.max} slots; try again later")
         conn = WorkerConn(self.hub, self.hub.next_id(), worker_name, name, labels, granted)
         conn.batches = reg.accept_batches
+        conn.checkpoints = reg.accept_checkpoints
         return conn, pool
 
     async def _write(self, write: Writer) -> None:
@@ -511,6 +554,11 @@ class WorkerSession:
             cancel = message.cancelled
             pool.report(conn, cancel.lease, CANCELLED_OUTCOME, None,
                         clean_message(cancel.message) if cancel.message else "cancelled by the worker", None)
+        elif kind == "checkpoint":
+            if not conn.checkpoints:
+                raise ServiceError(Code.INVALID_ARGUMENT,
+                                   "a Checkpoint from a worker that did not register with accept_checkpoints")
+            pool.checkpoint(conn, message.checkpoint)
         elif kind == "set_slots":
             granted = pool.set_slots(conn, message.set_slots.slots)
             conn.send(pb.ServerMessage(slots_granted=pb.SlotsGranted(slots=granted)))

@@ -542,6 +542,21 @@ BATCH_OUT = Obj("SubmitBatchResponse", {
     "tasks": Array(SUBMITTED, "In request order."),
 }, "The tasks of a batch, admitted.", required=("tasks",))
 
+DEP_OUT = Obj("TaskDependency", {
+    "id": Id("The task depended on, by id."),
+    "key": Text("The task depended on, by key."),
+    "cond": Choice(CONDITIONS, "When the dependent may run."),
+}, "A dependency as submitted: an id or a key, and its condition.", required=("cond",))
+
+ATTEMPT = Obj("Attempt", {
+    "attempt": Integer("Its number, from 1.", maximum=2 ** 32 - 1),
+    "status": Choice(STATUSES, "How it ended (retrying, succeeded, failed...); absent while it runs, or when "
+                               "it ended without a status of its own (a lease handed to another worker)."),
+    "message": Text("Why it failed, when it did."),
+    "started_unix_ns": UnixNs("When it started."),
+    "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
+}, "One attempt of a task.", required=("attempt", "started_unix_ns"))
+
 INFO = Obj("TaskInfo", {
     "id": Id("The task."),
     "status": Choice(STATUSES, "Its status now (authoritative)."),
@@ -558,6 +573,8 @@ INFO = Obj("TaskInfo", {
     "created_unix_ns": UnixNs("When it was submitted, when known."),
     "started_unix_ns": UnixNs("When its latest attempt started, when known."),
     "finished_unix_ns": UnixNs("When it finished, when known."),
+    "deps": Array(DEP_OUT, "What it depends on (after and deps), when known."),
+    "attempts": Array(ATTEMPT, "Its attempts the leader saw, oldest first (the latest 32)."),
 }, "A task's state. id and status are authoritative; the other fields are best effort (the leader's "
    "info cache, or the store).", required=("id", "status", "pool", "attempt", "output_available"))
 
@@ -569,6 +586,10 @@ TASKS_OUT = Obj("TaskList", {
 CANCEL_OUT = Obj("CancelResponse", {
     "cancelled": Flag("False when the task had already finished."),
 }, "Whether the task was cancelled.", required=("cancelled",))
+
+REMOVED_OUT = Obj("RemoveRecurringResponse", {
+    "removed": Flag("False when no schedule of that name existed."),
+}, "Whether the schedule was removed.", required=("removed",))
 
 WORKER = Obj("Worker", {
     "id": Id("Assigned by the server, per connection."),

@@ -18,14 +18,16 @@ with a tenant submits for it; naming another tenant is PERMISSION_DENIED.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, cast
 
 from .._proto import cronoq_pb2 as pb
 from ..core.errors import EventsLagged, TaskFailed, UnknownTask
+from ..core.snapshot import Checkpoint
 from ..core.types import CLASSES, NS, TERMINAL, Dep, RetryPolicy, TaskSpec
 from .auth import Principal
 from .codec import OCTETS, Blob, check_content_type
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from ..runtime.scheduler import Scheduler
     from .remote import WorkerHub
 
-__all__ = ["Service", "InfoCache", "TaskMeta", "status_enum", "status_name"]
+__all__ = ["Service", "InfoCache", "TaskMeta", "LiveFeed", "status_enum", "status_name"]
 
 log = logging.getLogger("cronoq.server")
 
@@ -46,6 +48,8 @@ _PRIORITY_IN = {pb.PRIORITY_UNSPECIFIED: 2, pb.PRIORITY_CRITICAL: 0, pb.PRIORITY
 _PRIORITY_OUT = (pb.PRIORITY_CRITICAL, pb.PRIORITY_HIGH, pb.PRIORITY_NORMAL, pb.PRIORITY_LOW)
 _EDGE = {pb.EDGE_COND_UNSPECIFIED: "success", pb.EDGE_COND_ON_SUCCESS: "success",
          pb.EDGE_COND_ON_FAILURE: "failure", pb.EDGE_COND_ON_COMPLETE: "complete"}
+_EDGE_OUT = {"success": pb.EDGE_COND_ON_SUCCESS, "failure": pb.EDGE_COND_ON_FAILURE,
+             "complete": pb.EDGE_COND_ON_COMPLETE}
 _MISS = {pb.MISS_POLICY_UNSPECIFIED: None, pb.MISS_POLICY_RUN_LATE: "run_late", pb.MISS_POLICY_SKIP: "skip",
          pb.MISS_POLICY_FAIL: "fail"}
 _OVERLAP_IN = {pb.OVERLAP_UNSPECIFIED: "skip", pb.OVERLAP_SKIP: "skip", pb.OVERLAP_ALLOW: "allow",
@@ -62,20 +66,39 @@ def status_name(value: int) -> str:
     return pb.TaskStatus.Name(value)[len("TASK_STATUS_"):].lower()
 
 
+def checkpoint_message(checkpoint: Checkpoint) -> pb.StageCheckpoint:
+    """A checkpoint on the wire: the data and content type the worker sent."""
+    out = pb.StageCheckpoint(stage=checkpoint.stage, attempt=checkpoint.attempt,
+                             saved_unix_ns=int(round(checkpoint.at * NS)))
+    data = checkpoint.data
+    if isinstance(data, Blob):
+        out.data = data.data
+        out.content_type = data.content_type
+    return out
+
+
 def _now_ns() -> int:
     return time.time_ns()
 
 
 # ---------------------------------------------------------------- the info cache
 
+# Dead-lettered tasks whose payload and options the leader keeps, to submit them again.
+DEAD_LETTERS_KEPT = 1000
+# Attempts of one task that Get reports (the latest ones).
+ATTEMPTS_KEPT = 32
+
 
 class TaskMeta:
     """What the serving leader remembers of a task beyond the engine's record."""
 
     __slots__ = ("pool", "key", "kind", "priority", "tenant", "tags", "max_attempts", "created_ns",
-                 "started_ns", "finished_ns")
+                 "started_ns", "finished_ns", "spec", "edges", "attempts")
 
     def __init__(self, spec: TaskSpec, pool: str, max_attempts: int, created_ns: int) -> None:
+        # The submitted task (the engine holds the same object while the task
+        # lives): kept after it ends only if it was dead-lettered, to submit it again.
+        self.spec: TaskSpec | None = spec
         self.pool = pool
         self.key = spec.key
         self.kind = spec.kind
@@ -86,15 +109,20 @@ class TaskMeta:
         self.created_ns = created_ns
         self.started_ns: int | None = None
         self.finished_ns: int | None = None
+        self.edges = spec.edges
+        # [attempt, how it ended (None while it runs), message, started_ns, ended_ns], oldest first
+        self.attempts: list[list[Any]] | None = None
 
 
 class InfoCache:
     """A bounded record of recent tasks (oldest forgotten first), kept up to
     date by the scheduler's status events."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, dead_letters: int = DEAD_LETTERS_KEPT) -> None:
         self.limit = limit
         self.entries: OrderedDict[int, TaskMeta] = OrderedDict()
+        self.dead_letters = dead_letters
+        self.dead: deque[int] = deque()     # dead-lettered tasks whose spec is kept, oldest first
 
     def put(self, task_id: int, meta: TaskMeta) -> None:
         if not self.limit:
@@ -107,14 +135,73 @@ class InfoCache:
     def get(self, task_id: int) -> TaskMeta | None:
         return self.entries.get(task_id)
 
-    def saw(self, task_id: int, status: str, at_ns: int) -> None:
+    def saw(self, task_id: int, status: str, at_ns: int, attempt: int = 0, message: str | None = None) -> None:
         meta = self.entries.get(task_id)
         if meta is None:
             return
+        attempts = meta.attempts
+        if attempts and attempts[-1][4] is None:   # the attempt running ends with whatever comes next
+            last = attempts[-1]
+            last[4] = at_ns
+            if status != "running":
+                last[1] = status
+                last[2] = message or ""
         if status == "running":
             meta.started_ns = at_ns
+            if attempts is None:
+                attempts = meta.attempts = []
+            attempts.append([attempt, None, "", at_ns, None])
+            if len(attempts) > ATTEMPTS_KEPT:
+                del attempts[0]
         elif status in TERMINAL:
             meta.finished_ns = at_ns
+            if status != "dead_lettered":
+                meta.spec = None
+            elif meta.spec is not None:
+                self.dead.append(task_id)
+                while len(self.dead) > self.dead_letters:
+                    oldest = self.entries.get(self.dead.popleft())
+                    if oldest is not None:
+                        oldest.spec = None
+
+
+# ---------------------------------------------------------------- push streams
+
+
+class LiveFeed:
+    """The status events of one push stream (the gateway's Server-Sent
+    Events): delivered on the scheduler's loop without ever blocking it,
+    buffered up to ``capacity`` (the oldest dropped and counted in
+    ``lagged``), taken in batches by the stream's writer."""
+
+    def __init__(self, capacity: int, pools: frozenset[str] | None) -> None:
+        self.capacity = capacity
+        self.pools = pools
+        self.events: deque[Any] = deque()
+        self.lagged = 0
+        self.ended = False
+        self.wake = asyncio.Event()
+
+    def deliver(self, event: Any) -> None:
+        if self.pools is not None and event.pool not in self.pools:
+            return
+        self.events.append(event)
+        if len(self.events) > self.capacity:
+            self.events.popleft()
+            self.lagged += 1
+        self.wake.set()
+
+    def end(self) -> None:
+        self.ended = True
+        self.wake.set()
+
+    def take(self) -> tuple[list[Any], int]:
+        """Every buffered event, and how many were dropped since the last take."""
+        events, lagged = list(self.events), self.lagged
+        self.events.clear()
+        self.lagged = 0
+        self.wake.clear()
+        return events, lagged
 
 
 # ---------------------------------------------------------------- the service
@@ -167,7 +254,8 @@ class Service:
         try:
             async with sched.events() as events:
                 async for event in events:
-                    self.info.saw(event.id, event.status, int(event.at * NS))
+                    if event.stage is None:   # a stage completed: the attempt started earlier
+                        self.info.saw(event.id, event.status, int(event.at * NS), event.attempt, event.message)
         except asyncio.CancelledError:
             pass
 
@@ -310,6 +398,8 @@ class Service:
                     self._check_text(name, f"{field} name", limits.max_name_bytes)
                     self._check_text(value, f"{field}[{name!r}]", limits.max_value_bytes)
                 options[field] = dict(items)
+        if spec.stages:
+            options["stages"] = list(spec.stages)   # checked by TaskSpec (InvalidTask names the problem)
         return Blob(bytes(spec.payload), content_type), options
 
     @staticmethod
@@ -514,11 +604,25 @@ class Service:
                 out.tenant = meta.tenant
             if meta.tags:
                 out.tags.update(meta.tags)
+            for ref, cond in meta.edges:
+                target = pb.TaskRef(id=ref) if isinstance(ref, int) else pb.TaskRef(key=ref)
+                out.deps.add(ref=target, cond=_EDGE_OUT[cond])
+            for number, ended, message, started_ns, ended_ns in meta.attempts or ():
+                item = out.attempts.add(attempt=number, message=message, started_unix_ns=started_ns)
+                if ended is not None:
+                    item.status = status_enum(ended)
+                if ended_ns is not None:
+                    item.ended_unix_ns = ended_ns
         elif record is not None:
             out.priority = _PRIORITY_OUT[record.priority]
             out.created_unix_ns = record.submitted_ns
             if record.finished_ns is not None:
                 out.finished_unix_ns = record.finished_ns
+        stages = getattr(info, "stages", None)   # (a store's record has neither)
+        if stages:
+            out.stages.extend(stages)
+        for checkpoint in getattr(info, "checkpoints", ()):
+            out.checkpoints.append(checkpoint_message(checkpoint))
         return out
 
     async def wait(self, caller: Principal, request: pb.WaitRequest) -> pb.TaskResult:
@@ -570,7 +674,12 @@ class Service:
             raise from_exception(exc) from None
         return pb.CancelResponse(cancelled=cancelled)
 
-    async def list_tasks(self, caller: Principal, request: pb.ListTasksRequest) -> pb.ListTasksResponse:
+    async def list_tasks(self, caller: Principal, request: pb.ListTasksRequest, *, priority: str | None = None,
+                         tenant: str | None = None) -> pb.ListTasksResponse:
+        """ListTasks; the HTTP gateway also filters by ``priority`` (a class
+        name) and ``tenant``, which it reads from the leader's info cache."""
+        if priority is not None or tenant is not None:
+            return await self._list_filtered(caller, request, priority, tenant)
         caller.require("client")
         sched = self.serving()
         pools = self._pool_filter(caller, request.pools)
@@ -598,6 +707,72 @@ class Service:
         if more:
             response.next_after = infos[limit - 1].id
         return response
+
+    async def _list_filtered(self, caller: Principal, request: pb.ListTasksRequest, priority: str | None,
+                             tenant: str | None) -> pb.ListTasksResponse:
+        """A page of the tasks whose class and tenant match, scanning at most
+        ``limits.max_list`` tasks per call: a page can hold fewer tasks than
+        asked while ``next_after`` still leads on."""
+        wanted_class = None if priority is None else CLASSES.index(priority)
+        limit = min(request.limit or 100, self.limits.max_list)
+        budget = self.limits.max_list
+        after = int(request.after)
+        response = pb.ListTasksResponse()
+        while True:
+            scan = pb.ListTasksRequest(pools=request.pools, statuses=request.statuses, after=after,
+                                       limit=min(budget, max(limit * 4, 100)))
+            page = await self.list_tasks(caller, scan)
+            budget -= len(page.tasks)
+            for info in page.tasks:
+                after = info.id
+                if wanted_class is not None and _PRIORITY_IN[info.priority] != wanted_class:
+                    continue
+                if tenant is not None and info.tenant != tenant:
+                    continue
+                response.tasks.append(info)
+                if len(response.tasks) == limit:
+                    break
+            if len(response.tasks) == limit:
+                if page.next_after or after != page.tasks[-1].id:
+                    response.next_after = after
+                return response
+            if not page.next_after:
+                return response
+            if budget <= 0:
+                response.next_after = after
+                return response
+
+    async def resubmit(self, caller: Principal, ref: int) -> pb.SubmitResponse:
+        """Submit a dead-lettered task again (admin): a new task with its
+        payload and options, without its key, dependencies or fixed start,
+        tagged ``resubmitted_from``. The leader keeps what that needs for the
+        last ``DEAD_LETTERS_KEPT`` dead letters it saw."""
+        caller.require("admin")
+        sched = self.serving()
+        info = await self._lookup(caller, sched, ref)
+        if info.status != "dead_lettered":
+            raise ServiceError(Code.FAILED_PRECONDITION, f"task {ref} is {info.status}: only dead-lettered tasks can "
+                                                         f"be submitted again")
+        meta = self.info.get(info.id)
+        if meta is None or meta.spec is None:
+            raise ServiceError(Code.FAILED_PRECONDITION,
+                               f"task {ref}: this server no longer holds its payload (the leader keeps those of the "
+                               f"last {self.info.dead_letters} dead letters it saw); submit it again yourself")
+        spec = copy.copy(meta.spec)
+        for name in ("key", "edges", "start_in_ns", "start_at_ns", "deadline_at_ns"):
+            spec.__dict__.pop(name, None)
+        spec.tags = {**(meta.spec.tags or {}), "resubmitted_from": str(info.id)}
+        spec.plain = False
+        now = _now_ns()
+        try:
+            handles = await sched.submit_batch([spec])
+        except Exception as exc:
+            raise self._single(exc) from None
+        self._remember(sched, spec, handles[0].id, handles[0].duplicate, now)
+        # An admin's action, rare: worth a line at info (unlike a task's own events).
+        log.info("admin %s submitted dead letter %d again as task %d", caller.name, info.id, handles[0].id,
+                 extra={"action": "resubmit", "task_id": info.id, "new_task_id": handles[0].id})
+        return pb.SubmitResponse(id=handles[0].id, duplicate=False)
 
     async def watch(self, caller: Principal, request: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
         caller.require("client")
@@ -629,11 +804,40 @@ class Service:
                     message.key = event.key
                 if event.message:
                     message.message = event.message
+                if event.stage is not None:
+                    message.stage = event.stage
                 yield message
         finally:
             self.watchers -= 1
             stream.close()
         raise ServiceError(Code.UNAVAILABLE, "the server stopped serving; reconnect (to the new leader)")
+
+    def open_feed(self, caller: Principal, pools: Iterable[str], *, events: bool = True
+                  ) -> tuple[Scheduler, LiveFeed]:
+        """A push stream's feed of status events (the limit of Watch, whose
+        streams it counts among; without ``events``, a feed that stays empty).
+        ``close_feed`` releases it."""
+        sched = self.serving()
+        chosen = self._pool_filter(caller, pools)
+        if self.watchers >= self.limits.max_watchers:
+            raise ServiceError(Code.RESOURCE_EXHAUSTED,
+                               f"the server serves at most {self.limits.max_watchers} Watch streams (limits)")
+        feed = LiveFeed(self.limits.watch_buffer, None if chosen is None else frozenset(chosen))
+        if events:
+            try:
+                sched.subscribe(feed)
+            except Exception as exc:
+                raise from_exception(exc) from None
+        self.watchers += 1
+        return sched, feed
+
+    def close_feed(self, sched: Scheduler, feed: LiveFeed) -> None:
+        self.watchers -= 1
+        sched.unsubscribe(feed)   # (nothing happens if it was never subscribed)
+
+    def serves(self, sched: Scheduler) -> bool:
+        """Whether ``sched`` is still the scheduler this server serves with."""
+        return self.state == "leader" and self.scheduler is sched and sched.running
 
     # -- Admin
 

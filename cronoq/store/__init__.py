@@ -8,7 +8,7 @@ importing cronoq stays light; ``PostgresStore`` needs psycopg 3 (the extra
 from typing import TYPE_CHECKING
 
 from .base import (
-    Batch, Fenced, Recovered, ScheduleRow, StatusRow, Store, StoredSchedule, StoredTask,
+    Batch, Fenced, Recovered, ScheduleRow, StatusRow, Store, StoredCheckpoint, StoredSchedule, StoredTask,
     StoreRejected, StoreUnavailable, TaskRecord,
     TaskRow,
 )
@@ -20,7 +20,7 @@ if TYPE_CHECKING:   # loaded on first use (below); type checkers see them at onc
     from .sqlite import SqliteStore
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
-           "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "Codec", "JsonCodec", "InMemoryStore",
+           "StoredCheckpoint", "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "Codec", "JsonCodec", "InMemoryStore",
            "MemoryDatabase", "SqliteStore", "PostgresStore"]
 
 

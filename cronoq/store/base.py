@@ -17,6 +17,7 @@ from ..core.types import ID_EPOCH_BITS   # task ids carry the leader's epoch abo
 from ..core.errors import SchedulerError
 
 __all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
+           "StoredCheckpoint",
            "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "ID_EPOCH_BITS",
            "LostCallback", "STORE_MEMBERS", "seconds"]
 
@@ -137,6 +138,18 @@ class TaskRecord:
     has_output: bool
 
 
+@dataclass(slots=True)
+class StoredCheckpoint:
+    """The checkpoint of one stage of a task: ``data`` as the codec encoded
+    it, saved by ``attempt`` at ``saved_ns`` (Unix nanoseconds)."""
+
+    task_id: int
+    stage: str
+    data: bytes
+    attempt: int
+    saved_ns: int
+
+
 @dataclass
 class StoredSchedule:
     name: str
@@ -158,7 +171,8 @@ LostCallback = Callable[[str], None]
 
 # Every member of ``Store``, for messages naming what an object lacks.
 STORE_MEMBERS = ("retention_ns", "commit_timeout", "acquire_leadership", "recover", "commit", "load_output",
-                 "release_leadership", "on_lost", "close")
+                 "save_checkpoint", "load_checkpoints", "delete_checkpoints", "release_leadership", "on_lost",
+                 "close")
 
 
 def seconds(value: object, name: str, *, positive: bool = True) -> float:
@@ -203,6 +217,20 @@ class Store(Protocol):
 
     async def load_output(self, task_id: int) -> bytes | None:
         """The stored output of a succeeded task, or None."""
+
+    async def save_checkpoint(self, epoch: int, task_id: int, stage: str, data: bytes, attempt: int,
+                              saved_ns: int) -> None:
+        """Write the checkpoint of ``stage`` of a task (replacing the stage's
+        earlier one) in one transaction that checks ``epoch`` (``Fenced``,
+        ``StoreUnavailable`` as for ``commit``). Checkpoints go when their
+        task's row goes (pruning, withdrawal)."""
+
+    async def load_checkpoints(self, task_id: int | None = None) -> list[StoredCheckpoint]:
+        """The checkpoints of one task, or (None) of every live task; in the
+        order they were saved."""
+
+    async def delete_checkpoints(self, epoch: int, task_id: int) -> int:
+        """Delete a task's checkpoints (fenced by ``epoch``); returns how many."""
 
     async def release_leadership(self) -> None:
         """Step down at once so a standby takes over (clean shutdown)."""

@@ -17,8 +17,8 @@ from typing import Any, Callable
 from .. import realtime
 from ..core.types import TERMINAL
 from .base import (
-    Batch, Fenced, LostCallback, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable,
-    TaskRecord, TaskRow, seconds,
+    Batch, Fenced, LostCallback, Recovered, StoredCheckpoint, StoredSchedule, StoredTask, StoreRejected,
+    StoreUnavailable, TaskRecord, TaskRow, seconds,
 )
 
 __all__ = ["MemoryDatabase", "InMemoryStore"]
@@ -28,6 +28,7 @@ class MemoryDatabase:
     def __init__(self) -> None:
         self.tasks: dict[int, dict[str, Any]] = {}
         self.outputs: dict[int, bytes] = {}
+        self.checkpoints: dict[int, dict[str, StoredCheckpoint]] = {}
         self.schedules: dict[str, tuple[dict[str, Any], bytes]] = {}
         self.epoch = 0
         self.high_water = 0
@@ -130,11 +131,40 @@ class InMemoryStore:
         for task_id in batch.withdrawn:
             db.tasks.pop(task_id, None)
             db.outputs.pop(task_id, None)
+            db.checkpoints.pop(task_id, None)
         db.high_water = max(db.high_water, batch.high_water)
         db.commits += 1
 
     async def load_output(self, task_id: int) -> bytes | None:
         return self._check().outputs.get(task_id)
+
+    def _fence(self, epoch: int) -> MemoryDatabase:
+        db = self._check()
+        if db.epoch != epoch or db.leader is not self:
+            raise Fenced(f"epoch {epoch} was replaced by epoch {db.epoch}")
+        return db
+
+    async def save_checkpoint(self, epoch: int, task_id: int, stage: str, data: bytes, attempt: int,
+                              saved_ns: int) -> None:
+        db = self._fence(epoch)
+        if task_id not in db.tasks:   # as a foreign key would: no checkpoint outlives its task
+            raise StoreRejected(f"the in-memory database has no task {task_id} to checkpoint")
+        stages = db.checkpoints.setdefault(task_id, {})
+        stages.pop(stage, None)   # re-saved: now the newest
+        stages[stage] = StoredCheckpoint(task_id, stage, bytes(data), attempt, saved_ns)
+
+    async def load_checkpoints(self, task_id: int | None = None) -> list[StoredCheckpoint]:
+        db = self._check()
+        if task_id is not None:
+            found = list(db.checkpoints.get(task_id, {}).values())
+        else:
+            found = [c for tid, stages in db.checkpoints.items()
+                     if tid in db.tasks and db.tasks[tid]["status"] not in TERMINAL for c in stages.values()]
+        return sorted(found, key=lambda c: (c.task_id, c.saved_ns))
+
+    async def delete_checkpoints(self, epoch: int, task_id: int) -> int:
+        db = self._fence(epoch)
+        return len(db.checkpoints.pop(task_id, {}))
 
     # -- task records (as SqlStore.list_finished and find_task)
 

@@ -6,6 +6,9 @@
 ``cronoq_schedules``  one row per recurring schedule: its record (next
                      occurrence, last task) as JSON text and the encoded
                      payload of its template.
+``cronoq_checkpoints`` the latest checkpoint of each stage of a task (the data
+                     as the codec encoded it, the attempt and time that saved
+                     it); deleted with the task's row.
 ``cronoq_meta``       one row (id 1): the fencing epoch, the high-water mark of
                      issued task ids, and the leader (with SQLite, a lease:
                      holder identity and expiry on the wall clock, in Unix
@@ -30,7 +33,7 @@ from sqlalchemy import (
 __all__ = ["Tables", "tables", "metadata", "HEAD", "VERSION_TABLE"]
 
 # The newest alembic revision this build knows (a test checks it against the scripts).
-HEAD = "0001"
+HEAD = "0002"
 VERSION_TABLE = "cronoq_schema_version"
 
 NAMING = {"pk": "pk_%(table_name)s"}
@@ -42,6 +45,7 @@ class Tables:
     tasks: Table
     schedules: Table
     meta: Table
+    checkpoints: Table
 
 
 @lru_cache(maxsize=None)
@@ -90,7 +94,15 @@ def tables(schema: str | None = None) -> Tables:
         Column("holder", Text, nullable=True),            # the leader's identity
         Column("lease_expires_ns", BigInteger, nullable=True),   # SQLite lease, wall clock
     )
-    return Tables(md, tasks, schedules, meta)
+    checkpoints = Table(
+        "cronoq_checkpoints", md,
+        Column("task_id", BigInteger, primary_key=True, autoincrement=False),
+        Column("stage", Text, primary_key=True),
+        Column("data", LargeBinary, nullable=False),     # as the codec encoded it
+        Column("attempt", Integer, nullable=False),      # the attempt that saved it
+        Column("saved_ns", BigInteger, nullable=False),
+    )
+    return Tables(md, tasks, schedules, meta, checkpoints)
 
 
 metadata = tables(None).metadata

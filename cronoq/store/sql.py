@@ -36,8 +36,8 @@ from sqlalchemy.pool import PoolProxiedConnection
 from ..core.errors import SchedulerError
 from ..core.types import TERMINAL
 from .base import (
-    Batch, Fenced, LostCallback, Recovered, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable,
-    TaskRecord, seconds,
+    Batch, Fenced, LostCallback, Recovered, StoredCheckpoint, StoredSchedule, StoredTask, StoreRejected,
+    StoreUnavailable, TaskRecord, seconds,
 )
 from .schema import Tables
 
@@ -366,6 +366,15 @@ class SqlStore:
                          f"{sched_col['payload']} = excluded.{sched_col['payload']}")
         s["unschedule"] = f"DELETE FROM {schedules} WHERE {sched_col['name']} = {p}"
         s["withdraw"] = f"DELETE FROM {tasks} WHERE {col['id']} = {p}"
+        checkpoints = q.format_table(t.checkpoints)
+        ck = {name: q.quote(t.checkpoints.c[name].name)
+              for name in ("task_id", "stage", "data", "attempt", "saved_ns")}
+        s["withdraw_checkpoints"] = f"DELETE FROM {checkpoints} WHERE {ck['task_id']} = {p}"
+        s["checkpoint"] = (f"INSERT INTO {checkpoints} ({', '.join(ck.values())}) "
+                           f"VALUES ({p}, {p}, {p}, {p}, {p}) "
+                           f"ON CONFLICT ({ck['task_id']}, {ck['stage']}) DO UPDATE SET "
+                           + ", ".join(f"{ck[n]} = excluded.{ck[n]}" for n in ("data", "attempt", "saved_ns")))
+        s["task_exists"] = f"SELECT 1 FROM {tasks} WHERE {col['id']} = {p}"
         s["fence"] = (f"SELECT {meta_col['epoch']}, {meta_col['holder']} FROM {meta} "
                       f"WHERE {meta_col['id']} = 1{self._fence_suffix}")
 
@@ -539,7 +548,9 @@ class SqlStore:
                 if batch.removed_schedules:
                     cursor.executemany(sql["unschedule"], [(clean_text(n),) for n in batch.removed_schedules])
                 if batch.withdrawn:   # last: a row of a withdrawn task written above goes too
-                    cursor.executemany(sql["withdraw"], [(task_id,) for task_id in batch.withdrawn])
+                    withdrawn = [(task_id,) for task_id in batch.withdrawn]
+                    cursor.executemany(sql["withdraw"], withdrawn)
+                    cursor.executemany(sql["withdraw_checkpoints"], withdrawn)
                 # batch.high_water is the largest id inserted here: the rows carry it, and
                 # pruning folds the ids it deletes into the meta row (see _prune_sync).
             finally:
@@ -592,6 +603,8 @@ class SqlStore:
                     conn.execute(update(meta).where(meta.c.id == 1, meta.c.high_water < top)
                                  .values(high_water=top))
                     conn.execute(delete(tasks).where(tasks.c.id.in_(ids)))
+                    checkpoints = self._t.checkpoints
+                    conn.execute(delete(checkpoints).where(checkpoints.c.task_id.in_(ids)))
             total += len(ids)
             if len(ids) < 5000:
                 break
@@ -697,6 +710,85 @@ class SqlStore:
         with self._begin_read() as conn:
             data = conn.execute(select(tasks.c.output).where(tasks.c.id == task_id)).scalar_one_or_none()
         return None if data is None else bytes(data)
+
+    # ----------------------------------------------------------- checkpoints
+
+    async def save_checkpoint(self, epoch: int, task_id: int, stage: str, data: bytes, attempt: int,
+                              saved_ns: int) -> None:
+        """Upsert the checkpoint of ``stage`` in a transaction fenced by ``epoch``."""
+        if self._closed:
+            raise SchedulerError(f"the {self.dialect} store is closed")
+        try:
+            await self._executor.call(self._save_checkpoint_sync, epoch, task_id, stage, data, attempt,
+                                      saved_ns)
+        except SchedulerError:
+            raise
+        except self._commit_errors() as exc:
+            if self._refuses(exc):
+                raise StoreRejected(f"the {self.dialect} database refused the checkpoint: "
+                                    f"{self._describe(exc)}") from exc
+            raise StoreUnavailable(f"the {self.dialect} store is unavailable: {self._describe(exc)}") from exc
+
+    def _save_checkpoint_sync(self, epoch: int, task_id: int, stage: str, data: bytes, attempt: int,
+                              saved_ns: int) -> None:
+        self._ensure()
+        sql = self._sql
+        conn = self._writer()   # the write path's connection: fenced the same way as commits
+        try:
+            cursor = conn.cursor()
+            try:
+                self._tx_begin(cursor)
+                cursor.execute(sql["fence"])
+                self._check_fence(cursor.fetchone(), epoch)
+                cursor.execute(sql["task_exists"], (task_id,))
+                if cursor.fetchone() is None:   # pruned or withdrawn: no checkpoint outlives its task
+                    raise StoreRejected(f"the {self.dialect} store has no task {task_id} to checkpoint")
+                cursor.execute(sql["checkpoint"], (task_id, clean_text(stage), data, attempt, saved_ns))
+            finally:
+                cursor.close()
+            conn.commit()
+        except BaseException:
+            self._abandon_writer(conn)
+            raise
+
+    async def load_checkpoints(self, task_id: int | None = None) -> list[StoredCheckpoint]:
+        return await self._call(self._load_checkpoints_sync, task_id)
+
+    def _load_checkpoints_sync(self, task_id: int | None) -> list[StoredCheckpoint]:
+        self._ensure()
+        c = self._t.checkpoints.c
+        query = select(c.task_id, c.stage, c.data, c.attempt, c.saved_ns)
+        if task_id is not None:
+            query = query.where(c.task_id == task_id)
+        else:   # those of live tasks
+            tasks = self._t.tasks
+            query = query.join(tasks, tasks.c.id == c.task_id).where(tasks.c.finished_ns.is_(None))
+        with self._begin_read() as conn:
+            rows = conn.execute(query.order_by(c.task_id, c.saved_ns)).all()
+        return [StoredCheckpoint(row[0], row[1], bytes(row[2]), row[3], row[4]) for row in rows]
+
+    async def delete_checkpoints(self, epoch: int, task_id: int) -> int:
+        return await self._call(self._delete_checkpoints_sync, epoch, task_id)
+
+    def _delete_checkpoints_sync(self, epoch: int, task_id: int) -> int:
+        self._ensure()
+        sql = self._sql
+        conn = self._writer()
+        try:
+            cursor = conn.cursor()
+            try:
+                self._tx_begin(cursor)
+                cursor.execute(sql["fence"])
+                self._check_fence(cursor.fetchone(), epoch)
+                cursor.execute(sql["withdraw_checkpoints"], (task_id,))
+                deleted = max(0, cursor.rowcount)
+            finally:
+                cursor.close()
+            conn.commit()
+        except BaseException:
+            self._abandon_writer(conn)
+            raise
+        return int(deleted)
 
     # ----------------------------------------------------------- task records (listings)
 

@@ -68,6 +68,8 @@ _FAMILIES = (
     ("cronoq_running_tasks", "gauge", "Attempts running now."),
     ("cronoq_pending_tasks", "gauge",
      "Tasks waiting to run (including blocked, scheduled and retrying ones)."),
+    ("cronoq_checkpoints_saved", "counter", "Stage checkpoints saved since the scheduler started."),
+    ("cronoq_checkpointed_tasks", "gauge", "Tasks holding stage checkpoints now (live, or ended within retention)."),
     ("cronoq_pool_workers", "gauge", "Capacity of the pool: concurrency slots (workers)."),
     ("cronoq_pool_busy_workers", "gauge", "Slots running an attempt."),
     ("cronoq_pool_held_workers", "gauge", "Free slots held for fixed-start tasks about to begin."),
@@ -114,6 +116,11 @@ def families(snap: Snapshot) -> list[Metric]:
     out.append(GaugeMetricFamily("cronoq_live_tasks", _help("cronoq_live_tasks"), value=snap.live_tasks))
     out.append(GaugeMetricFamily("cronoq_running_tasks", _help("cronoq_running_tasks"), value=snap.running))
     out.append(GaugeMetricFamily("cronoq_pending_tasks", _help("cronoq_pending_tasks"), value=snap.pending))
+    checkpoints = snap.checkpoints
+    out.append(CounterMetricFamily("cronoq_checkpoints_saved", _help("cronoq_checkpoints_saved"),
+                                   value=checkpoints.get("saved", 0)))
+    out.append(GaugeMetricFamily("cronoq_checkpointed_tasks", _help("cronoq_checkpointed_tasks"),
+                                 value=checkpoints.get("tasks", 0)))
 
     pool = ("pool",)
 

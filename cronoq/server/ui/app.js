@@ -1,0 +1,876 @@
+// The cronoq dashboard: one dependency-free script. Everything it shows comes
+// from the server's public HTTP API: /v1/events (Server-Sent Events, read with
+// fetch so the token travels in the authorization header) and the JSON routes.
+"use strict";
+
+const TOKEN_KEY = "cronoq.token";
+const STATUSES = ["blocked", "scheduled", "ready", "running", "retrying", "succeeded", "failed",
+                  "dead_lettered", "cancelled", "skipped", "missed", "shed"];
+const TERMINAL = new Set(["succeeded", "failed", "dead_lettered", "cancelled", "skipped", "missed", "shed"]);
+const CLASSES = ["critical", "high", "normal", "low"];
+const HISTORY = 180;          // snapshots kept per pool for the charts
+const EVENT_ROWS = 500;       // rows the event page keeps
+const SEEN_TASKS = 5000;      // tasks whose recent events the drawer can show
+
+const $ = (selector) => document.querySelector(selector);
+
+const app = {
+  token: null, role: null, pools: [], page: "overview",
+  stream: null, retryTimer: null, retryDelay: 500, watchdog: null,
+  history: new Map(),         // pool -> [{at, capacity, desired, busy, pending}]
+  lastSnapshot: null,
+  taskRows: new Map(),        // id -> row element of the task table
+  seen: new Map(),            // id -> [events], bounded (insertion order)
+  tasks: {filters: {}, after: "0", cursors: [], next: null, refetch: null},
+  events: {paused: false, pending: [], frame: 0, count: 0, since: performance.now()},
+  drawerId: null,
+  pushes: 0,                  // status events applied to rows so far
+};
+
+// ------------------------------------------------------------------ the API
+
+class ApiError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function api(path, options = {}) {
+  const headers = Object.assign({accept: "application/json"}, options.headers || {});
+  if (app.token) headers.authorization = "Bearer " + app.token;
+  let response;
+  try {
+    response = await fetch(path, Object.assign({}, options, {headers, cache: "no-store"}));
+  } catch (err) {
+    throw new ApiError(0, "the server cannot be reached");
+  }
+  const text = await response.text();
+  let body = null;
+  try { body = text ? JSON.parse(text) : null; } catch (err) { body = null; }
+  if (!response.ok) {
+    const message = body && body.error ? body.error : text || response.statusText;
+    throw new ApiError(response.status, `${response.status}: ${message}`);
+  }
+  return body;
+}
+
+function describe(err) {
+  if (err.status === 503) return "this server is not the leader (standby or stopping)";
+  return err.message;
+}
+
+// ------------------------------------------------------------------ the connection
+
+const BANNERS = {
+  standby: "This server is not the leader: it is a standby of a shared store, or it is stopping. The page " +
+           "goes live by itself once this server leads; until then what it shows may be out of date.",
+  disconnected: "The connection to the server is lost; the page reconnects by itself. What it shows may be " +
+                "out of date.",
+};
+
+function setState(state, detail) {
+  const badge = $("#conn");
+  badge.dataset.state = state;
+  badge.textContent = detail ? `${state}: ${detail}` : state;
+  const banner = $("#banner");
+  banner.hidden = !(state in BANNERS);
+  banner.dataset.state = state;
+  banner.textContent = BANNERS[state] || "";
+}
+
+function connect() {
+  clearTimeout(app.retryTimer);
+  if (app.stream) app.stream.abort();
+  const controller = new AbortController();
+  app.stream = controller;
+  setState("connecting");
+  readStream(controller).catch(() => {}).finally(() => {
+    clearTimeout(app.watchdog);
+    if (app.stream !== controller || controller.signal.aborted && !controller.stale) return;
+    if (!app.token && app.token !== "") return;
+    app.retryTimer = setTimeout(connect, app.retryDelay);
+    app.retryDelay = Math.min(app.retryDelay * 2, 5000);
+  });
+}
+
+// No byte for this long (the server sends a comment every 15 s): the connection is dead.
+function armWatchdog(controller) {
+  clearTimeout(app.watchdog);
+  app.watchdog = setTimeout(() => { controller.stale = true; controller.abort(); setState("disconnected", "no data"); },
+                            40000);
+}
+
+async function readStream(controller) {
+  const headers = {accept: "text/event-stream"};
+  if (app.token) headers.authorization = "Bearer " + app.token;
+  let response;
+  try {
+    response = await fetch("/v1/events?snapshot_s=1", {headers, signal: controller.signal, cache: "no-store"});
+  } catch (err) {
+    if (!controller.signal.aborted) setState("disconnected", "the server cannot be reached");
+    return;
+  }
+  if (response.status === 401) {
+    signOut("The token was refused: " + (await errorText(response)));
+    return;
+  }
+  if (response.status === 503) {
+    setState("standby", "this server is not the leader; retrying");
+    app.retryDelay = 1000;
+    return;
+  }
+  if (!response.ok) {
+    setState("disconnected", await errorText(response));
+    return;
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  armWatchdog(controller);
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) break;
+    armWatchdog(controller);
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let event = "message", data = "";
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data += line.slice(5).trim();
+      }
+      if (data) dispatch(event, JSON.parse(data));
+    }
+  }
+  if (!controller.signal.aborted && $("#conn").dataset.state === "live") setState("disconnected", "the stream ended");
+}
+
+async function errorText(response) {
+  try { return (await response.json()).error; } catch (err) { return response.statusText; }
+}
+
+function dispatch(event, data) {
+  if (event === "hello") {
+    app.retryDelay = 500;
+    app.role = data.role;
+    app.pools = data.pools;
+    setState("live");
+    $("#who").textContent = "role " + data.role;
+    document.body.dataset.role = data.role;
+    fillPoolChoices();
+    for (const row of app.taskRows.values()) row.dataset.push = "0";   // missed events: the re-read decides
+    $("#overview-note").textContent = data.snapshot_s ? "" :
+      "The charts need a token with the metrics (or admin) role.";
+    refreshPage();   // reconcile: events before this connection were not seen
+  } else if (event === "status") {
+    onStatus(data);
+  } else if (event === "snapshot") {
+    onSnapshot(data);
+  } else if (event === "lagged") {
+    for (const row of app.taskRows.values()) row.dataset.push = "0";
+    refreshPage();
+  } else if (event === "state") {
+    setState("standby", `the server is ${data.state}; retrying`);
+    app.retryDelay = 1000;
+  }
+}
+
+// ------------------------------------------------------------------ sign in and out
+
+function signIn(token) {
+  app.token = token;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  $("#login").hidden = true;
+  $("#nav").hidden = false;
+  $("#logout").hidden = false;
+  $("#login-error").textContent = "";
+  show(location.hash.slice(1) || "overview");
+  connect();
+}
+
+function signOut(message) {
+  app.token = null;
+  sessionStorage.removeItem(TOKEN_KEY);
+  if (app.stream) app.stream.abort();
+  app.stream = null;
+  clearTimeout(app.retryTimer);
+  setState("signed-out", "");
+  $("#conn").textContent = "signed out";
+  $("#who").textContent = "";
+  $("#nav").hidden = true;
+  $("#logout").hidden = true;
+  for (const page of document.querySelectorAll(".page")) page.hidden = true;
+  closeDrawer();
+  $("#login").hidden = false;
+  $("#login-error").textContent = message || "";
+  $("#token").value = "";
+}
+
+// ------------------------------------------------------------------ pages
+
+function show(page) {
+  if (!document.getElementById(page) || page === "login") page = "overview";
+  app.page = page;
+  for (const section of document.querySelectorAll(".page")) section.hidden = section.id !== page;
+  for (const link of document.querySelectorAll("#nav a")) link.classList.toggle("current", link.dataset.page === page);
+  refreshPage();
+}
+
+function refreshPage() {
+  if (app.token === null) return;
+  if (app.page === "tasks") loadTasks();
+  else if (app.page === "workers") loadWorkers();
+  else if (app.page === "recurring") loadRecurring();
+  else if (app.page === "dead") loadDead(true);
+  else if (app.page === "overview" && app.lastSnapshot) renderOverview(app.lastSnapshot);
+}
+
+function fillPoolChoices() {
+  for (const select of [$("#task-filters [name=pool]"), $("#event-pool")]) {
+    const chosen = select.value;
+    select.replaceChildren(option("", "any"), ...app.pools.map((p) => option(p, p)));
+    select.value = app.pools.includes(chosen) ? chosen : "";
+  }
+}
+
+function option(value, text) {
+  const o = document.createElement("option");
+  o.value = value;
+  o.textContent = text;
+  return o;
+}
+
+function cell(text, className) {
+  const td = document.createElement("td");
+  td.textContent = text === undefined || text === null ? "" : String(text);
+  if (className) td.className = className;
+  return td;
+}
+
+function time(ns) {
+  if (!ns) return "";
+  const d = new Date(Number(BigInt(ns) / 1000000n));
+  return d.toLocaleTimeString([], {hour12: false}) + "." + String(d.getMilliseconds()).padStart(3, "0");
+}
+
+function dateTime(ns) {
+  if (!ns) return "";
+  return new Date(Number(BigInt(ns) / 1000000n)).toISOString().replace("T", " ").slice(0, 19) + "Z";
+}
+
+// ------------------------------------------------------------------ overview
+
+function onSnapshot(snap) {
+  app.lastSnapshot = snap;
+  const at = Number(BigInt(snap.at_unix_ns) / 1000000n);
+  for (const pool of snap.pools) {
+    let series = app.history.get(pool.name);
+    if (!series) app.history.set(pool.name, series = []);
+    series.push({at, capacity: pool.capacity, desired: pool.desired, busy: pool.busy, pending: pool.pending});
+    if (series.length > HISTORY) series.shift();
+  }
+  if (app.page === "overview") renderOverview(snap);
+  if (app.page === "workers" && workersChanged(snap)) loadWorkers();
+}
+
+// The workers page follows the snapshots: it re-reads the list when their figures move.
+function workersChanged(snap) {
+  const key = snap.pools.map((p) => `${p.name}:${p.workers_connected}:${p.capacity}:${p.busy}`).join(",");
+  const changed = key !== app.workersKey;
+  app.workersKey = key;
+  return changed;
+}
+
+function renderOverview(snap) {
+  const totals = $("#totals");
+  const items = [["live tasks", snap.live_tasks], ["running", snap.running], ["pending", snap.pending],
+                 ["workers", snap.workers_connected]];
+  for (const [name, value] of Object.entries(snap.totals)) items.push([name, value]);
+  totals.replaceChildren(...items.map(([name, value]) => {
+    const span = document.createElement("span");
+    span.dataset.total = name;
+    span.append(name + " ");
+    const b = document.createElement("b");
+    b.textContent = value;
+    span.append(b);
+    return span;
+  }));
+  const holder = $("#pools");
+  for (const pool of snap.pools) {
+    let card = holder.querySelector(`[data-pool="${CSS.escape(pool.name)}"]`);
+    if (!card) {
+      card = poolCard(pool.name);
+      holder.append(card);
+    }
+    fillPoolCard(card, pool);
+  }
+}
+
+function poolCard(name) {
+  const card = document.createElement("article");
+  card.className = "pool";
+  card.dataset.pool = name;
+  const title = document.createElement("h2");
+  title.textContent = name;
+  const fields = document.createElement("dl");
+  const legend = document.createElement("div");
+  legend.className = "legend";
+  ["capacity", "desired", "busy", "pending"].forEach((label, i) => {
+    const span = document.createElement("span");
+    const mark = document.createElement("i");
+    mark.className = "s" + i;
+    span.append(mark, label);
+    legend.append(span);
+  });
+  card.append(title, fields, chart(), legend);
+  return card;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function chart() {
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("class", "chart");
+  svg.setAttribute("viewBox", "0 0 400 100");
+  svg.setAttribute("preserveAspectRatio", "none");
+  svg.setAttribute("role", "img");
+  for (let i = 0; i < 4; i++) {
+    const line = document.createElementNS(SVG, "polyline");
+    line.setAttribute("class", "s" + i);
+    svg.append(line);
+  }
+  return svg;
+}
+
+function fillPoolCard(card, pool) {
+  const pct = (x) => (100 * x).toFixed(1) + "%";
+  const secs = (x) => x < 1 ? (1000 * x).toFixed(0) + " ms" : x.toFixed(2) + " s";
+  const fields = [
+    ["capacity", pool.capacity], ["desired", pool.desired], ["busy", pool.busy], ["pending", pool.pending],
+    ...CLASSES.map((c, i) => ["pending " + c, pool.pending_by_class[i]]),
+    ["wait p50", secs(pool.wait_p50_s)], ["wait p90", secs(pool.wait_p90_s)], ["wait p99", secs(pool.wait_p99_s)],
+    ["workers", pool.workers_connected], ["priority adherence", pct(pool.priority_adherence)],
+    ["fixed-start hits", pct(pool.fixed_start_hit_rate)], ["utilization", pct(pool.utilization)],
+    ["cost", pool.cost.toFixed(2)], ["succeeded", pool.succeeded], ["failed", pool.failed],
+  ];
+  const dl = card.querySelector("dl");
+  dl.replaceChildren(...fields.flatMap(([name, value]) => {
+    const dt = document.createElement("dt");
+    dt.textContent = name;
+    const dd = document.createElement("dd");
+    dd.dataset.field = name;
+    dd.textContent = value;
+    return [dt, dd];
+  }));
+  const series = app.history.get(pool.name) || [];
+  const svg = card.querySelector("svg");
+  svg.dataset.samples = series.length;
+  const top = Math.max(1, ...series.map((s) => Math.max(s.capacity, s.desired, s.busy, s.pending)));
+  const step = 400 / Math.max(1, HISTORY - 1);
+  const offset = HISTORY - series.length;
+  ["capacity", "desired", "busy", "pending"].forEach((name, i) => {
+    const points = series.map((s, j) => `${((offset + j) * step).toFixed(1)},${(100 - 96 * s[name] / top).toFixed(1)}`);
+    svg.children[i].setAttribute("points", points.join(" "));
+  });
+}
+
+// ------------------------------------------------------------------ tasks
+
+function pageSize() {
+  return Number(app.tasks.filters.limit || 50);
+}
+
+function taskQuery(after, limit) {
+  const f = app.tasks.filters;
+  const params = new URLSearchParams();
+  if (f.pool) params.set("pool", f.pool);
+  if (f.status) params.set("status", f.status);
+  if (f.priority) params.set("priority", f.priority);
+  if (f.tenant) params.set("tenant", f.tenant);
+  params.set("limit", String(limit || pageSize()));
+  if (after && after !== "0") params.set("after", after);
+  return params.toString();
+}
+
+async function loadTasks() {
+  clearTimeout(app.tasks.refetch);
+  app.tasks.refetch = null;
+  const since = app.pushes;   // rows patched by events after this are newer than the answer
+  const f = app.tasks.filters;
+  $("#tasks-error").textContent = "";
+  try {
+    let tasks, next = null;
+    if (f.key) {
+      try {
+        const task = await api("/v1/tasks/by-key/" + encodeURIComponent(f.key));
+        tasks = matches(task) ? [task] : [];
+      } catch (err) {
+        if (err.status !== 404) throw err;
+        tasks = [];
+      }
+    } else {
+      const page = await api("/v1/tasks?" + taskQuery(app.tasks.after));
+      tasks = page.tasks;
+      next = page.next_after || null;
+    }
+    app.tasks.next = next;
+    renderTasks(tasks, since);
+  } catch (err) {
+    $("#tasks-error").textContent = describe(err);
+  }
+}
+
+// New tasks on the last page: read only those after the last row shown, and append them.
+async function appendTasks() {
+  app.tasks.refetch = null;
+  if (app.tasks.filters.key || app.tasks.next) return loadTasks();
+  const room = pageSize() - app.taskRows.size;
+  if (room <= 0) return loadTasks();   // the page is full: re-read it, which sets "Next page"
+  const ids = [...app.taskRows.keys()];
+  const last = ids.length ? ids[ids.length - 1] : app.tasks.after;
+  const since = app.pushes;
+  try {
+    const page = await api("/v1/tasks?" + taskQuery(last, room));
+    if (app.tasks.next || app.page !== "tasks") return;
+    const body = $("#task-table tbody");
+    const fresh = page.tasks.filter((task) => !app.taskRows.has(task.id)).map((task) => taskRow(task, since));
+    body.append(...fresh);
+    if (page.next_after) {
+      app.tasks.next = ids.concat(fresh.map((row) => row.dataset.id)).pop() || null;
+      $("#next-page").disabled = !app.tasks.next;
+    }
+    showCount();
+  } catch (err) {
+    $("#tasks-error").textContent = describe(err);
+  }
+}
+
+function showCount() {
+  const n = app.taskRows.size;
+  $("#page-info").textContent = `${n} task${n === 1 ? "" : "s"}` +
+    (app.tasks.cursors.length ? `, page ${app.tasks.cursors.length + 1}` : "");
+}
+
+function matches(task) {
+  const f = app.tasks.filters;
+  return (!f.pool || task.pool === f.pool) && (!f.status || task.status === f.status) &&
+         (!f.priority || (task.priority || "normal") === f.priority) && (!f.tenant || task.tenant === f.tenant) &&
+         (!f.key || task.key === f.key);
+}
+
+function renderTasks(tasks, since) {
+  const body = $("#task-table tbody");
+  const before = app.taskRows;
+  app.taskRows = new Map();
+  // Rows already shown are kept: a re-read does not rebuild the table, and it
+  // never overwrites a status that an event set after the read began.
+  const rows = tasks.map((task) => {
+    const row = before.get(task.id);
+    if (!row) return taskRow(task, since);
+    if (row.dataset.status !== task.status && !(Number(row.dataset.push || 0) > since)) {
+      setStatus(row, task.status, task.attempt);
+    }
+    app.taskRows.set(task.id, row);
+    return row;
+  });
+  const same = rows.length === body.children.length && rows.every((row, i) => body.children[i] === row);
+  if (!same) body.replaceChildren(...rows);
+  $("#next-page").disabled = !app.tasks.next;
+  showCount();
+}
+
+// A row from an answer read since event number ``since``: an event that came meanwhile is newer.
+function taskRow(task, since) {
+  const row = document.createElement("tr");
+  row.dataset.id = task.id;
+  row.append(cell(task.id), cell(task.pool), cell(task.key), cell(task.kind),
+             cell(task.status, "status status-" + task.status), cell(task.attempt), cell(task.priority || "normal"),
+             cell(task.tenant), cell(dateTime(task.created_unix_ns)));
+  row.dataset.status = task.status;
+  const seen = app.seen.get(task.id);
+  const last = seen && seen[seen.length - 1];
+  if (since !== undefined && last && last.seq > since) {
+    setStatus(row, last.status, last.attempt);
+    row.dataset.push = String(last.seq);
+  }
+  app.taskRows.set(task.id, row);
+  return row;
+}
+
+function setStatus(row, status, attempt) {
+  const cell = row.children[4];
+  cell.textContent = status;
+  cell.className = "status status-" + status;
+  row.children[5].textContent = attempt;
+  row.dataset.status = status;
+}
+
+function onStatus(events) {
+  let unknown = false;
+  for (const e of events) {
+    remember(e);
+    const row = app.taskRows.get(e.id);
+    if (row) {
+      setStatus(row, e.status, e.attempt);
+      row.dataset.push = String(e.seq);
+    } else if ((!app.tasks.filters.pool || e.pool === app.tasks.filters.pool) &&
+               (!app.tasks.filters.status || e.status === app.tasks.filters.status)) {
+      unknown = true;
+    }
+    if (app.drawerId === e.id) drawerEvent(e);
+  }
+  if (app.page === "tasks") {
+    // New tasks (or tasks entering the filter) show up on the last page, read at most every 150 ms.
+    if (unknown && !app.tasks.next && !app.tasks.refetch) app.tasks.refetch = setTimeout(appendTasks, 150);
+  } else if (app.page === "events") {
+    queueEvents(events);
+  } else if (app.page === "dead" && events.some((e) => e.status === "dead_lettered")) {
+    if (!app.deadRefetch) app.deadRefetch = setTimeout(() => { app.deadRefetch = null; loadDead(true); }, 500);
+  }
+}
+
+function remember(e) {
+  let list = app.seen.get(e.id);
+  if (!list) {
+    if (app.seen.size >= SEEN_TASKS) app.seen.delete(app.seen.keys().next().value);
+    app.seen.set(e.id, list = []);
+  }
+  e.seq = ++app.pushes;
+  list.push(e);
+  if (list.length > 50) list.shift();
+}
+
+// ------------------------------------------------------------------ the drawer
+
+async function openDrawer(id) {
+  app.drawerId = id;
+  $("#drawer").hidden = false;
+  $("#drawer-title").textContent = "Task " + id;
+  $("#drawer-message").textContent = "";
+  $("#drawer-attempts").replaceChildren(...(app.seen.get(id) || []).map(eventItem));
+  $("#drawer-deps").replaceChildren();
+  await fillDrawer(id);
+}
+
+async function fillDrawer(id) {
+  try {
+    const task = await api("/v1/tasks/" + id);
+    if (app.drawerId !== id) return;
+    const fields = $("#drawer-fields");
+    const rows = [["status", task.status], ["pool", task.pool], ["key", task.key], ["kind", task.kind],
+                  ["attempt", `${task.attempt}${task.max_attempts ? " of " + task.max_attempts : ""}`],
+                  ["class", task.priority || "normal"], ["tenant", task.tenant],
+                  ["tags", task.tags ? Object.entries(task.tags).map(([k, v]) => `${k}=${v}`).join(", ") : ""],
+                  ["created", dateTime(task.created_unix_ns)], ["started", dateTime(task.started_unix_ns)],
+                  ["finished", dateTime(task.finished_unix_ns)], ["message", task.message]];
+    fields.replaceChildren(...rows.filter(([, v]) => v !== undefined && v !== "").flatMap(([name, value]) => {
+      const dt = document.createElement("dt");
+      dt.textContent = name;
+      const dd = document.createElement("dd");
+      dd.dataset.field = name;
+      dd.textContent = value;
+      return [dt, dd];
+    }));
+    $("#drawer-cancel").disabled = TERMINAL.has(task.status);
+    if (task.attempts) $("#drawer-attempts").replaceChildren(...task.attempts.map(attemptItem));
+    drawDeps(id, task.deps || []);
+    const result = $("#drawer-result");
+    if (TERMINAL.has(task.status)) {
+      const r = await api(`/v1/tasks/${id}/result?timeout_s=0`);
+      if (app.drawerId !== id) return;
+      if ("output" in r) result.textContent = JSON.stringify(r.output, null, 2);
+      else if ("output_text" in r) result.textContent = r.output_text;
+      else if ("output_b64" in r) result.textContent = `${r.content_type}, base64: ${r.output_b64}`;
+      else result.textContent = r.message || (r.output_available ? "" : "(no output kept)");
+    } else {
+      result.textContent = "(not finished)";
+    }
+  } catch (err) {
+    $("#drawer-message").textContent = describe(err);
+  }
+}
+
+// The drawer lists the attempts the server reports; until it has (or when it
+// no longer remembers the task), the transitions this page saw.
+function eventItem(e) {
+  const li = document.createElement("li");
+  li.textContent = `${time(e.at_unix_ns)} attempt ${e.attempt}: ${e.status}${e.message ? " — " + e.message : ""}`;
+  return li;
+}
+
+function attemptItem(a) {
+  const li = document.createElement("li");
+  li.value = a.attempt;
+  li.dataset.status = a.status || (a.ended_unix_ns ? "" : "running");
+  const took = a.ended_unix_ns ? ` (${seconds(a.started_unix_ns, a.ended_unix_ns)})` : "";
+  li.textContent = `${time(a.started_unix_ns)} ${a.status || (a.ended_unix_ns ? "handed over" : "running")}` +
+    `${took}${a.message ? " — " + a.message : ""}`;
+  return li;
+}
+
+function seconds(fromNs, toNs) {
+  const ms = Number((BigInt(toNs) - BigInt(fromNs)) / 1000000n);
+  return ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(2)} s`;
+}
+
+// Its dependencies as a small graph: each one (with its status) -> this task.
+async function drawDeps(id, deps) {
+  const holder = $("#drawer-deps");
+  if (!deps.length) {
+    holder.textContent = "none";
+    return;
+  }
+  const shown = deps.slice(0, 12);
+  const states = await Promise.all(shown.map(async (d) => {
+    try {
+      return await api(d.id ? `/v1/tasks/${d.id}` : `/v1/tasks/by-key/${encodeURIComponent(d.key)}`);
+    } catch (err) {
+      return null;
+    }
+  }));
+  if (app.drawerId !== id) return;
+  const row = 30, height = shown.length * row + 8, width = 460;
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("class", "deps");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("width", "100%");
+  svg.setAttribute("height", String(height));
+  const me = height / 2;
+  shown.forEach((d, i) => {
+    const y = 4 + i * row;
+    const state = states[i];
+    const node = document.createElementNS(SVG, "g");
+    node.setAttribute("class", "dep status-" + (state ? state.status : "unknown"));
+    node.dataset.ref = d.id || d.key;
+    const box = document.createElementNS(SVG, "rect");
+    Object.entries({x: 2, y, width: 250, height: row - 8, rx: 4}).forEach(([k, v]) => box.setAttribute(k, v));
+    const label = document.createElementNS(SVG, "text");
+    label.setAttribute("x", "8");
+    label.setAttribute("y", String(y + (row - 8) / 2));
+    label.textContent = `${d.key || "#" + d.id}: ${state ? state.status : "unknown"}`;
+    const edge = document.createElementNS(SVG, "line");
+    Object.entries({x1: 252, y1: y + (row - 8) / 2, x2: 330, y2: me}).forEach(([k, v]) => edge.setAttribute(k, v));
+    const cond = document.createElementNS(SVG, "title");
+    cond.textContent = d.cond;
+    edge.append(cond);
+    node.append(box, label);
+    if (state) node.addEventListener("click", () => openDrawer(state.id));
+    svg.append(edge, node);
+  });
+  const self = document.createElementNS(SVG, "g");
+  self.setAttribute("class", "dep self");
+  const box = document.createElementNS(SVG, "rect");
+  Object.entries({x: 330, y: me - 11, width: 126, height: 22, rx: 4}).forEach(([k, v]) => box.setAttribute(k, v));
+  const label = document.createElementNS(SVG, "text");
+  label.setAttribute("x", "336");
+  label.setAttribute("y", String(me + 4));
+  label.textContent = "task " + id;
+  self.append(box, label);
+  svg.append(self);
+  holder.replaceChildren(svg);
+  if (deps.length > shown.length) holder.append(` and ${deps.length - shown.length} more`);
+}
+
+function drawerEvent(e) {
+  clearTimeout(app.drawerRefill);
+  app.drawerRefill = setTimeout(() => fillDrawer(e.id), 100);
+}
+
+function closeDrawer() {
+  app.drawerId = null;
+  $("#drawer").hidden = true;
+}
+
+async function cancelTask() {
+  const id = app.drawerId;
+  const message = $("#drawer-message");
+  message.textContent = "";
+  try {
+    const answer = await api("/v1/tasks/" + id, {method: "DELETE"});
+    message.textContent = answer.cancelled ? "cancelled" : "it had already finished";
+    await fillDrawer(id);
+  } catch (err) {
+    message.textContent = describe(err);
+  }
+}
+
+// ------------------------------------------------------------------ events (batched: one render per frame)
+
+function queueEvents(events) {
+  if (app.events.paused) return;
+  const filter = $("#event-pool").value;
+  for (const e of events) if (!filter || e.pool === filter) app.events.pending.push(e);
+  if (app.events.pending.length > EVENT_ROWS) app.events.pending.splice(0, app.events.pending.length - EVENT_ROWS);
+  if (!app.events.frame) app.events.frame = requestAnimationFrame(renderEvents);
+}
+
+function renderEvents() {
+  app.events.frame = 0;
+  const pending = app.events.pending;
+  app.events.pending = [];
+  const body = $("#event-table tbody");
+  const fragment = document.createDocumentFragment();
+  for (let i = pending.length - 1; i >= 0; i--) {
+    const e = pending[i];
+    const row = document.createElement("tr");
+    row.dataset.id = e.id;
+    row.append(cell(time(e.at_unix_ns)), cell(e.id), cell(e.pool), cell(e.key),
+               cell(e.status, "status status-" + e.status), cell(e.attempt), cell(e.message, "message"));
+    fragment.append(row);
+  }
+  body.prepend(fragment);
+  while (body.children.length > EVENT_ROWS) body.lastChild.remove();
+  app.events.count += pending.length;
+  const seconds = (performance.now() - app.events.since) / 1000;
+  if (seconds > 2) {
+    $("#event-rate").textContent = `${(app.events.count / seconds).toFixed(1)} events/s`;
+    app.events.count = 0;
+    app.events.since = performance.now();
+  }
+}
+
+// ------------------------------------------------------------------ workers, recurring, dead letters
+
+async function loadWorkers() {
+  $("#workers-error").textContent = "";
+  try {
+    const answer = await api("/v1/workers");
+    $("#worker-table tbody").replaceChildren(...answer.workers.map((w) => {
+      const row = document.createElement("tr");
+      row.dataset.id = w.id;
+      row.append(cell(w.id), cell(w.name), cell(w.pool),
+                 cell(Object.entries(w.labels).map(([k, v]) => `${k}=${v}`).join(", ")), cell(w.slots), cell(w.busy),
+                 cell(dateTime(w.connected_unix_ns)));
+      return row;
+    }));
+  } catch (err) {
+    $("#workers-error").textContent = describe(err);
+  }
+}
+
+async function loadRecurring() {
+  $("#recurring-error").textContent = "";
+  try {
+    const answer = await api("/v1/recurring");
+    $("#recurring-table tbody").replaceChildren(...answer.schedules.map((s) => {
+      const row = document.createElement("tr");
+      row.dataset.name = s.name;
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.textContent = "Remove";
+      remove.title = "admin role";
+      remove.addEventListener("click", () => removeSchedule(s.name));
+      const actions = cell("");
+      actions.append(remove);
+      row.append(cell(s.name), cell(s.cron), cell(s.tz || "UTC"), cell(s.pool), cell(s.kind), cell(s.overlap),
+                 cell(dateTime(s.next_unix_ns)), cell(s.last_task_id), actions);
+      return row;
+    }));
+  } catch (err) {
+    $("#recurring-error").textContent = describe(err);
+  }
+}
+
+async function removeSchedule(name) {
+  $("#recurring-error").textContent = "";
+  try {
+    await api("/v1/recurring/" + encodeURIComponent(name), {method: "DELETE"});
+    await loadRecurring();
+  } catch (err) {
+    $("#recurring-error").textContent = describe(err);
+  }
+}
+
+app.dead = {after: "0", next: null, again: new Map()};   // again: dead letter -> its new task
+
+async function loadDead(first) {
+  if (first) app.dead.after = "0";
+  $("#dead-error").textContent = "";
+  try {
+    const params = new URLSearchParams({status: "dead_lettered", limit: "50"});
+    if (app.dead.after !== "0") params.set("after", app.dead.after);
+    const page = await api("/v1/tasks?" + params);
+    app.dead.next = page.next_after || null;
+    $("#dead-next").disabled = !app.dead.next;
+    $("#dead-table tbody").replaceChildren(...page.tasks.map((t) => {
+      const row = document.createElement("tr");
+      row.dataset.id = t.id;
+      const again = document.createElement("button");
+      again.type = "button";
+      again.textContent = "Submit again";
+      again.title = "admin role";
+      again.addEventListener("click", () => resubmit(t.id, row));
+      const actions = cell("");
+      if (app.dead.again.has(t.id)) actions.textContent = "submitted again as task " + app.dead.again.get(t.id);
+      else actions.append(again);
+      row.append(cell(t.id), cell(t.pool), cell(t.key), cell(t.kind), cell(t.attempt), cell(t.message, "message"),
+                 cell(dateTime(t.finished_unix_ns)), actions);
+      return row;
+    }));
+  } catch (err) {
+    $("#dead-error").textContent = describe(err);
+  }
+}
+
+async function resubmit(id, row) {
+  $("#dead-error").textContent = "";
+  try {
+    const answer = await api(`/v1/tasks/${id}:resubmit`, {method: "POST"});
+    app.dead.again.set(id, answer.id);
+    row.lastChild.textContent = "submitted again as task " + answer.id;
+  } catch (err) {
+    $("#dead-error").textContent = describe(err);
+  }
+}
+
+// ------------------------------------------------------------------ wiring
+
+function readFilters() {
+  const form = $("#task-filters");
+  const data = new FormData(form);
+  app.tasks.filters = Object.fromEntries([...data.entries()].map(([k, v]) => [k, String(v).trim()]));
+  app.tasks.after = "0";
+  app.tasks.cursors = [];
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const status = $("#task-filters [name=status]");
+  for (const s of STATUSES) status.append(option(s, s));
+  readFilters();
+  $("#login-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    signIn($("#token").value.trim());
+  });
+  $("#logout").addEventListener("click", () => signOut());
+  window.addEventListener("hashchange", () => { if (app.token !== null) show(location.hash.slice(1)); });
+  $("#task-filters").addEventListener("submit", (event) => {
+    event.preventDefault();
+    readFilters();
+    loadTasks();
+  });
+  $("#next-page").addEventListener("click", () => {
+    if (!app.tasks.next) return;
+    app.tasks.cursors.push(app.tasks.after);
+    app.tasks.after = app.tasks.next;
+    loadTasks();
+  });
+  $("#first-page").addEventListener("click", () => {
+    app.tasks.after = "0";
+    app.tasks.cursors = [];
+    loadTasks();
+  });
+  $("#task-table tbody").addEventListener("click", (event) => {
+    const row = event.target.closest("tr");
+    if (row) openDrawer(row.dataset.id);
+  });
+  $("#drawer-close").addEventListener("click", closeDrawer);
+  $("#drawer-cancel").addEventListener("click", cancelTask);
+  $("#event-pause").addEventListener("click", () => {
+    app.events.paused = !app.events.paused;
+    $("#event-pause").textContent = app.events.paused ? "Resume" : "Pause";
+  });
+  $("#dead-next").addEventListener("click", () => {
+    if (app.dead.next) { app.dead.after = app.dead.next; loadDead(false); }
+  });
+  const saved = sessionStorage.getItem(TOKEN_KEY);
+  if (saved !== null) signIn(saved);
+});

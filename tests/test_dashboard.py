@@ -1,0 +1,305 @@
+"""The web dashboard (/ui) in a real headless browser: the distribution's
+Chromium driven by Playwright, against real cronoq-server processes with
+worker processes, all on free 127.0.0.1 ports.
+
+Without a browser the tests skip with the reason; with
+CRONOQ_REQUIRE_BROWSER=1 (.ci/run) they fail instead. Every wait is for
+something the page shows, with a generous timeout that only matters when a
+test fails. With CRONOQ_DASHBOARD_SHOTS=DIR the screenshots (PNG) go to DIR:
+docs/dashboard.md shows those of a run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dashkit import REQUIRE_VARIABLE, DashWorker, find_browser, launch, required, wait_until
+from serverkit import ADMIN, AUTH, CLIENT, LISTEN, METRICS
+
+WAIT_MS = 30_000
+
+CONFIG = LISTEN + AUTH + """
+[[pools]]
+name = "default"
+[[pools]]
+name = "reports"
+[[recurring]]
+name = "nightly-report"
+cron = "0 3 * * *"
+tz = "Europe/Paris"
+pool = "reports"
+kind = "report"
+"""
+
+
+def sqlite_config(path: Path) -> str:
+    return LISTEN + AUTH + f"""
+[store]
+kind = "sqlite"
+path = "{path}"
+lease_ttl_s = 10
+lease_renew_s = 1
+lock_poll_s = 0.1
+full_sync = false
+[[pools]]
+name = "default"
+"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    executable, reason = find_browser()
+    if executable is None:
+        if required():
+            pytest.fail(f"{REQUIRE_VARIABLE} is set but the browser tests cannot run: {reason}")
+        pytest.skip(f"browser tests skipped: {reason}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = launch(playwright, executable)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def shots(tmp_path):
+    """save(page, name): a PNG of the page, in CRONOQ_DASHBOARD_SHOTS when set."""
+    directory = Path(os.environ.get("CRONOQ_DASHBOARD_SHOTS") or tmp_path)
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def save(page, name: str) -> Path:
+        path = directory / f"dashboard-{name}.png"
+        page.screenshot(path=str(path))
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        return path
+
+    return save
+
+
+@pytest.fixture
+def workers():
+    started: list[DashWorker] = []
+
+    def start(target: str, pool: str = "default", slots: int = 1) -> DashWorker:
+        worker = DashWorker(target, pool, slots)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def api(server, token: str) -> httpx.Client:
+    return httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}",
+                        headers={"authorization": f"Bearer {token}"}, timeout=60)
+
+
+def capacity(http: httpx.Client, pool: str = "default") -> int:
+    snap = http.get("/v1/snapshot").json()
+    return next(p["capacity"] for p in snap["pools"] if p["name"] == pool)
+
+
+def open_page(browser, server, token: str | None, page_name: str = "overview", viewport=(1280, 800)):
+    """A fresh page (its own sessionStorage) signed in with ``token``, live."""
+    context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+    page = context.new_page()
+    page.goto(f"http://127.0.0.1:{server.http_port}/ui/#{page_name}")
+    if token is not None:
+        sign_in(page, token)
+    return page
+
+
+def sign_in(page, token: str, state: str = "live"):
+    page.fill("#token", token)
+    page.click("#login-form button[type=submit]")
+    page.wait_for_selector(f'#conn[data-state="{state}"]', timeout=WAIT_MS)
+
+
+def test_a_submitted_task_appears_and_finishes_without_a_reload(browser, servers, workers, shots):
+    server = servers(CONFIG, name="dash")
+    workers(server.target, slots=2)
+    with api(server, ADMIN) as http:
+        wait_until(lambda: capacity(http) == 2, what="the worker connecting")
+        page = open_page(browser, server, None, "tasks")
+        # A wrong token is refused and the page asks again.
+        page.fill("#token", "not-a-token-of-this-server-at-all")
+        page.click("#login-form button[type=submit]")
+        page.wait_for_selector("#login-error:has-text('The token was refused')", timeout=WAIT_MS)
+        assert page.evaluate("sessionStorage.getItem('cronoq.token')") is None
+        sign_in(page, ADMIN)
+        # The token lives in this tab's sessionStorage only: not in the address, not in a cookie.
+        assert page.evaluate("sessionStorage.getItem('cronoq.token')") == ADMIN
+        assert ADMIN not in page.url and page.context.cookies() == []
+        page.evaluate("window.notReloaded = true")
+        sub = http.post("/v1/tasks", json={"payload": {"sleep": 1.0, "fail_until": 2}, "key": "dash/visible",
+                                           "tags": {"team": "web"},
+                                           "retry": {"max_attempts": 3, "initial_backoff_s": 0.01}}).json()
+        row = page.locator(f'#task-table tr[data-id="{sub["id"]}"]')
+        row.wait_for(timeout=WAIT_MS)
+        page.wait_for_selector(f'#task-table tr[data-id="{sub["id"]}"][data-status="succeeded"]', timeout=WAIT_MS)
+        assert row.locator("td").nth(2).inner_text() == "dash/visible"
+        assert page.evaluate("window.notReloaded") is True
+        row.click()
+        page.wait_for_selector("#drawer-result:has-text('slept')", timeout=WAIT_MS)
+        assert page.locator('#drawer-fields dd[data-field="tags"]').inner_text() == "team=web"
+        attempts = page.locator("#drawer-attempts li")
+        assert [attempts.nth(i).get_attribute("data-status") for i in range(attempts.count())] == \
+            ["retrying", "succeeded"]
+        assert "failed as asked" in attempts.nth(0).inner_text()
+        # A dependent task's drawer draws its dependency, with the dependency's status.
+        after = http.post("/v1/tasks", json={"after": ["dash/visible"], "key": "dash/after"}).json()
+        page.locator(f'#task-table tr[data-id="{after["id"]}"]').click()
+        page.wait_for_selector('#drawer-deps g.dep.status-succeeded[data-ref="dash/visible"]', timeout=WAIT_MS)
+        assert "dash/visible: succeeded" in page.locator("#drawer-deps").inner_text()
+        page.wait_for_selector(f'#task-table tr[data-id="{after["id"]}"][data-status="succeeded"]', timeout=WAIT_MS)
+        page.wait_for_selector('#drawer-fields dd[data-field="status"]:text-is("succeeded")', timeout=WAIT_MS)
+        shots(page, "task-deps")
+        page.click('#drawer-deps g[data-ref="dash/visible"]')   # opens the dependency's drawer
+        page.wait_for_selector(f'#drawer-title:text-is("Task {sub["id"]}")', timeout=WAIT_MS)
+        page.wait_for_selector("#drawer-result:has-text('slept')", timeout=WAIT_MS)
+        shots(page, "task-drawer")
+        # The page keeps the session on reload, from sessionStorage.
+        page.reload()
+        page.wait_for_selector('#conn[data-state="live"]', timeout=WAIT_MS)
+        page.context.close()
+
+
+def test_the_overview_charts_move_with_the_pools(browser, servers, workers, shots):
+    from playwright.sync_api import expect
+
+    server = servers(CONFIG, name="dash")
+    workers(server.target, slots=1)
+    with api(server, METRICS) as http:
+        wait_until(lambda: capacity(http) == 1, what="the first worker")
+        page = open_page(browser, server, METRICS)
+        card = page.locator('.pool[data-pool="default"]')
+        card.locator('dd[data-field="capacity"]:text-is("1")').wait_for(timeout=WAIT_MS)
+        expect(card.locator("svg")).to_have_attribute("data-samples", re.compile(r"^([2-9]|\d\d+)$"),
+                                                      timeout=WAIT_MS)
+        before = card.locator("polyline.s0").get_attribute("points")
+        workers(server.target, slots=2)
+        card.locator('dd[data-field="capacity"]:text-is("3")').wait_for(timeout=WAIT_MS)
+        after = card.locator("polyline.s0").get_attribute("points")
+        assert after != before
+        # The capacity line rose: its last point is higher (a smaller y) than its first.
+        ys = [float(point.split(",")[1]) for point in after.split()]
+        assert ys[-1] < ys[0]
+        # A metrics token gets the charts but no status events; the overview says nothing is missing.
+        assert page.locator("#overview-note").inner_text() == ""
+        with api(server, CLIENT) as client_http:
+            for _ in range(6):
+                client_http.post("/v1/tasks", json={"payload": {"sleep": 0.5}, "pool": "default"})
+        card.locator('dd[data-field="succeeded"]:text-is("6")').wait_for(timeout=WAIT_MS)
+        shots(page, "overview")
+        page.context.close()
+
+
+def test_cancelling_a_running_task_from_its_drawer(browser, servers, workers):
+    server = servers(CONFIG, name="dash")
+    workers(server.target)
+    with api(server, CLIENT) as http:
+        page = open_page(browser, server, CLIENT, "tasks")
+        sub = http.post("/v1/tasks", json={"payload": {"sleep": 3600}}).json()
+        page.wait_for_selector(f'#task-table tr[data-id="{sub["id"]}"][data-status="running"]', timeout=WAIT_MS)
+        page.click(f'#task-table tr[data-id="{sub["id"]}"]')
+        page.wait_for_selector('#drawer-fields dd[data-field="status"]:text-is("running")', timeout=WAIT_MS)
+        page.click("#drawer-cancel")
+        page.wait_for_selector("#drawer-message:text-is('cancelled')", timeout=WAIT_MS)
+        page.wait_for_selector(f'#task-table tr[data-id="{sub["id"]}"][data-status="cancelled"]', timeout=WAIT_MS)
+        assert http.get(f"/v1/tasks/{sub['id']}").json()["status"] == "cancelled"
+        assert page.locator("#drawer-cancel").is_disabled()
+        page.context.close()
+
+
+def test_a_client_token_is_refused_the_admin_resubmit_and_an_admin_token_is_not(browser, servers, workers, shots):
+    server = servers(CONFIG, name="dash")
+    workers(server.target)
+    with api(server, CLIENT) as http:
+        dead = http.post("/v1/tasks", json={"payload": {"fail": True}, "retry": {"max_attempts": 1},
+                                            "key": "dash-dead", "wait": True}).json()
+        assert dead["result"]["status"] == "dead_lettered"
+        page = open_page(browser, server, CLIENT, "dead")
+        row = page.locator(f'#dead-table tr[data-id="{dead["id"]}"]')
+        row.wait_for(timeout=WAIT_MS)
+        row.locator("button").click()
+        page.wait_for_selector("#dead-error:has-text('403')", timeout=WAIT_MS)
+        assert "admin role" in page.locator("#dead-error").inner_text()
+        assert [t["id"] for t in http.get("/v1/tasks").json()["tasks"]] == [dead["id"]]   # nothing submitted
+        page.click("#logout")
+        page.wait_for_selector("#login:visible", timeout=WAIT_MS)
+        assert page.evaluate("sessionStorage.getItem('cronoq.token')") is None
+        sign_in(page, ADMIN)
+        row.locator("button").click()
+        page.wait_for_selector(f'#dead-table tr[data-id="{dead["id"]}"]:has-text("submitted again as task")',
+                               timeout=WAIT_MS)
+        tasks = http.get("/v1/tasks").json()["tasks"]
+        assert len(tasks) == 2 and tasks[1]["tags"] == {"resubmitted_from": dead["id"]}
+        page.wait_for_selector(f'#dead-table tr[data-id="{tasks[1]["id"]}"]', timeout=WAIT_MS)   # it failed too
+        # The live re-read keeps what was done.
+        assert row.locator("td").last.inner_text() == f"submitted again as task {tasks[1]['id']}"
+        shots(page, "dead-letters")
+        page.context.close()
+
+
+def test_events_workers_and_recurring_pages(browser, servers, workers, shots):
+    server = servers(CONFIG, name="dash")
+    workers(server.target, "reports", slots=3)
+    with api(server, ADMIN) as http:
+        wait_until(lambda: capacity(http, "reports") == 3, what="the worker connecting")
+        page = open_page(browser, server, ADMIN, "events")
+        sub = http.post("/v1/tasks", json={"pool": "reports", "key": "dash-event", "payload": {"sleep": 0.2}}).json()
+        page.wait_for_selector(f'#event-table tr[data-id="{sub["id"]}"]:has-text("succeeded")', timeout=WAIT_MS)
+        assert page.locator(f'#event-table tr[data-id="{sub["id"]}"]:has-text("running")').count() == 1
+        shots(page, "events")
+        # A burst (600 tasks: about 1,800 events) is drawn in batches and the page keeps the last 500 rows.
+        http.post("/v1/tasks:batch", json={"tasks": [{"pool": "reports", "key": f"burst-{i}"} for i in range(600)]})
+        page.wait_for_selector('#event-table tr:has-text("burst-599"):has-text("succeeded")', timeout=WAIT_MS)
+        assert page.locator("#event-table tbody tr").count() == 500
+        assert page.locator("#event-table tbody tr").first.locator("td").nth(4).inner_text() == "succeeded"
+        page.click("#nav a[data-page=workers]")
+        worker_row = page.locator("#worker-table tbody tr")
+        worker_row.first.wait_for(timeout=WAIT_MS)
+        cells = worker_row.first.locator("td").all_inner_texts()
+        assert cells[1:3] == ["dash-reports", "reports"] and cells[4] == "3"
+        page.click("#nav a[data-page=recurring]")
+        schedule = page.locator('#recurring-table tr[data-name="nightly-report"]')
+        schedule.wait_for(timeout=WAIT_MS)
+        cells = schedule.locator("td").all_inner_texts()
+        assert cells[1:4] == ["0 3 * * *", "Europe/Paris", "reports"] and cells[6].endswith("Z")
+        shots(page, "recurring")
+        schedule.locator("button").click()
+        schedule.wait_for(state="detached", timeout=WAIT_MS)
+        assert http.get("/v1/recurring").json()["schedules"] == []
+        page.context.close()
+
+
+def test_the_page_shows_standby_and_disconnected_and_follows_the_new_leader(browser, servers, tmp_path, shots):
+    config = sqlite_config(tmp_path / "state.db")
+    leader = servers(config, name="a")
+    standby = servers(config, name="b", wait_for="standing by")
+    on_leader = open_page(browser, leader, ADMIN)
+    on_standby = open_page(browser, standby, None)
+    sign_in(on_standby, ADMIN, state="standby")
+    assert "not the leader" in on_standby.locator("#conn").inner_text()
+    assert "goes live by itself" in on_standby.locator("#banner").inner_text()
+    shots(on_standby, "standby")
+    assert leader.stop() == 0
+    on_leader.wait_for_selector('#conn[data-state="disconnected"]', timeout=WAIT_MS)
+    assert "connection to the server is lost" in on_leader.locator("#banner").inner_text()
+    standby.wait_for("serving as the leader", timeout=30)
+    on_standby.wait_for_selector('#conn[data-state="live"]', timeout=WAIT_MS)
+    assert on_standby.locator("#banner").is_hidden()
+    on_standby.click("#nav a[data-page=tasks]")
+    with api(standby, CLIENT) as http:
+        sub = http.post("/v1/tasks", json={"key": "after-failover"}).json()
+    on_standby.wait_for_selector(f'#task-table tr[data-id="{sub["id"]}"]', timeout=WAIT_MS)
+    on_leader.context.close()
+    on_standby.context.close()

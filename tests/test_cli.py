@@ -339,6 +339,11 @@ def test_json_output_is_the_http_apis_document(server, client):
     assert cli("get", str(task)) == http(f"/v1/tasks/{task}")
     assert cli("wait", "--key", "same-shape") == http(f"/v1/tasks/{task}/result")
     assert cli("tasks", "--after", str(task - 1), "--limit", "1") == http(f"/v1/tasks?after={task - 1}&limit=1")
+    # A text output, a dependency and an attempt's history, in the same shapes.
+    text_task = client.submit("plain text", key="same-shape-text", after=[task]).id
+    assert client.wait(text_task, 30).ok
+    assert cli("get", str(text_task)) == http(f"/v1/tasks/{text_task}")
+    assert cli("wait", str(text_task)) == http(f"/v1/tasks/{text_task}/result")
     assert cli("workers") == http("/v1/workers")
     assert cli("schedules") == http("/v1/recurring")
     # A snapshot moves with time (its waits, its at_unix_ns): the same fields, nested alike.

@@ -158,20 +158,47 @@ def _optional_ns(message: Any, field: str, out: dict[str, Any]) -> None:
         out[field] = str(getattr(message, field))
 
 
+_CONDITIONS = {1: "on_success", 2: "on_failure", 3: "on_complete"}
+
+
 def task_json(m: pb.TaskInfo) -> dict[str, Any]:
+    """The task as GET /v1/tasks/{id} answers it (tests/test_cli.py compares the two)."""
     out: dict[str, Any] = {"id": str(m.id), "status": STATUS_NAMES.get(m.status, str(m.status)), "pool": m.pool}
     if m.key:
         out["key"] = m.key
-    out.update(kind=m.kind, priority=PRIORITY_NAMES.get(m.priority, "normal"), attempt=m.attempt,
-               max_attempts=m.max_attempts, output_available=m.output_available)
+    if m.kind:
+        out["kind"] = m.kind
+    out["attempt"] = m.attempt
+    if m.max_attempts:
+        out["max_attempts"] = m.max_attempts
+    if m.priority:
+        out["priority"] = PRIORITY_NAMES.get(m.priority, "normal")
     if m.tenant:
         out["tenant"] = m.tenant
     if m.tags:
         out["tags"] = dict(sorted(m.tags.items()))
+    out["output_available"] = m.output_available
     if m.message:
         out["message"] = m.message
     for field in ("created_unix_ns", "started_unix_ns", "finished_unix_ns"):
         _optional_ns(m, field, out)
+    if m.deps:
+        out["deps"] = [{"id": str(d.ref.id)} if d.ref.WhichOneof("ref") == "id" else {"key": d.ref.key}
+                       for d in m.deps]
+        for item, d in zip(out["deps"], m.deps):
+            item["cond"] = _CONDITIONS.get(d.cond, "on_success")
+    if m.attempts:
+        attempts = []
+        for a in m.attempts:
+            attempt: dict[str, Any] = {"attempt": a.attempt}
+            if a.status:
+                attempt["status"] = STATUS_NAMES.get(a.status, str(a.status))
+            if a.message:
+                attempt["message"] = a.message
+            attempt["started_unix_ns"] = str(a.started_unix_ns)
+            _optional_ns(a, "ended_unix_ns", attempt)
+            attempts.append(attempt)
+        out["attempts"] = attempts
     return out
 
 
@@ -182,8 +209,8 @@ def result_json(m: pb.TaskResult) -> dict[str, Any]:
         content_type = m.content_type or "application/octet-stream"
         out["content_type"] = content_type
         decoded = _decoded(bytes(m.output), content_type)
-        if decoded is not _NOTHING:
-            out["output"] = decoded
+        if decoded is not _NOTHING:   # as GET /v1/tasks/{id}/result: JSON parsed, text as a string
+            out["output_text" if isinstance(decoded, str) and not _is_json(content_type) else "output"] = decoded
         out["output_b64"] = base64.b64encode(m.output).decode("ascii")
     if m.message:
         out["message"] = m.message
@@ -191,6 +218,11 @@ def result_json(m: pb.TaskResult) -> dict[str, Any]:
 
 
 _NOTHING = object()
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def _decoded(data: bytes, content_type: str) -> Any:

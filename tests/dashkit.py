@@ -61,6 +61,9 @@ target, pool, token, slots = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv
 
 async def handle(lease):
     order = lease.json() if lease.payload else {}
+    for stage in order.get("checkpoint", []):
+        if stage not in lease.checkpoints:
+            await lease.checkpoint(stage, {"stage": stage})
     if order.get("fail") or lease.attempt < order.get("fail_until", 0):
         raise cronoq.Retryable("failed as asked", retry_after=0.01)
     await asyncio.sleep(order.get("sleep", 0))
@@ -75,7 +78,8 @@ asyncio.run(Worker(target, pool, handle, slots=slots, token=token, name=f"dash-{
 class DashWorker:
     """A worker process serving ``pool`` with ``slots`` slots: a payload
     ``{"sleep": s}`` sleeps s seconds, ``{"fail": true}`` fails (retryable),
-    ``{"fail_until": n}`` fails the attempts before the n-th."""
+    ``{"fail_until": n}`` fails the attempts before the n-th, ``{"checkpoint":
+    [stages]}`` first checkpoints those of the stages not yet saved."""
 
     def __init__(self, target: str, pool: str = "default", slots: int = 1, token: str = WORKER) -> None:
         self.process = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, target, pool, token, str(slots)],

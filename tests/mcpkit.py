@@ -40,6 +40,9 @@ async def handle(lease):
             raise cronoq.Retryable(data.get("message", "it failed"))
         if data.get("fail") == "permanent":
             raise cronoq.Permanent(data.get("message", "it failed for good"))
+    for stage in lease.stages or ():
+        if stage not in lease.checkpoints:
+            await lease.checkpoint(stage, {"done": stage})
     if data is not None:
         echo = data
     elif lease.content_type.startswith("text/"):
@@ -48,7 +51,8 @@ async def handle(lease):
         echo = base64.b64encode(lease.payload).decode()
     return {"echo": echo, "content_type": lease.content_type, "kind": lease.kind, "key": lease.key,
             "tags": lease.tags, "labels": lease.labels, "priority": lease.priority, "tenant": lease.tenant,
-            "timeout": lease.timeout, "deadline": lease.deadline, "attempt": lease.attempt}
+            "timeout": lease.timeout, "deadline": lease.deadline, "attempt": lease.attempt,
+            "stages": list(lease.stages or ())}
 
 labels = dict(item.split("=", 1) for item in labels.split(",") if item)
 worker = Worker(target, pool, handle, slots=4, token=token, labels=labels, initial_backoff=0.05, max_backoff=0.5,

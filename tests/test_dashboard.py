@@ -172,6 +172,31 @@ def test_a_submitted_task_appears_and_finishes_without_a_reload(browser, servers
         page.context.close()
 
 
+def test_a_tasks_drawer_shows_its_checkpointed_stages(browser, servers, workers):
+    server = servers(CONFIG, name="dash")
+    workers(server.target, slots=1)
+    with api(server, ADMIN) as http:
+        wait_until(lambda: capacity(http) == 1, what="the worker connecting")
+        page = open_page(browser, server, CLIENT, "tasks")
+        # Attempt 1 checkpoints chunk and embed, then fails; attempt 2 finds both saved.
+        sub = http.post("/v1/tasks", json={"payload": {"checkpoint": ["chunk", "embed"], "fail_until": 2},
+                                           "stages": ["chunk", "embed", "index"],
+                                           "retry": {"max_attempts": 3, "initial_backoff_s": 0.01}}).json()
+        page.locator(f'#task-table tr[data-id="{sub["id"]}"][data-status="succeeded"]').wait_for(timeout=WAIT_MS)
+        page.locator(f'#task-table tr[data-id="{sub["id"]}"]').click()
+        page.wait_for_selector('#drawer-stages li[data-stage="embed"][data-state="done"]', timeout=WAIT_MS)
+        stages = page.locator("#drawer-stages li")
+        assert [(stages.nth(i).get_attribute("data-stage"), stages.nth(i).get_attribute("data-state"))
+                for i in range(stages.count())] == [("chunk", "done"), ("embed", "done"), ("index", "open")]
+        assert "checkpointed by attempt 1" in stages.nth(0).inner_text()
+        # A task without stages hides the part.
+        plain = http.post("/v1/tasks", json={"payload": {}}).json()
+        page.locator(f'#task-table tr[data-id="{plain["id"]}"][data-status="succeeded"]').click(timeout=WAIT_MS)
+        page.wait_for_selector(f'#drawer-title:text-is("Task {plain["id"]}")', timeout=WAIT_MS)
+        page.wait_for_selector("#drawer-stages-part", state="hidden", timeout=WAIT_MS)
+        page.context.close()
+
+
 def test_the_overview_charts_move_with_the_pools(browser, servers, workers, shots):
     from playwright.sync_api import expect
 

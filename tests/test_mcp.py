@@ -144,7 +144,7 @@ async def test_stdio_lists_every_tool_resource_and_prompt_and_a_task_runs(server
         submit = tools["submit_task"].input_schema["properties"]
         assert {"payload", "payload_base64", "content_type", "pool", "kind", "priority", "key", "tenant",
                 "deadline_in", "deadline_at", "start_in", "start_at", "tolerance", "on_miss", "timeout",
-                "duration_hint", "retry", "resources", "after", "deps", "tags", "labels", "wait",
+                "duration_hint", "retry", "resources", "after", "deps", "tags", "labels", "stages", "wait",
                 "wait_timeout"} == set(submit)
         assert submit["priority"]["anyOf"][0]["enum"] == ["critical", "high", "normal", "low"]
         assert tools["get_task"].annotations.read_only_hint is True
@@ -419,7 +419,7 @@ async def test_submit_task_sends_every_option_to_the_worker(gateway):
             "payload": {"report": "q3"}, "pool": "default", "kind": "resize", "priority": "high", "key": key,
             "tenant": "acme", "deadline_in": 600, "timeout": 30, "duration_hint": 0.5,
             "retry": {"max_attempts": 5, "initial_backoff": 0.1, "jitter": False}, "resources": {"gpu": 1},
-            "tags": {"team": "data"}, "labels": {"zone": "eu"}})
+            "tags": {"team": "data"}, "labels": {"zone": "eu"}, "stages": ["fetch", "render"]})
         after = time.time()
         output = answer["result"]["output"]
         assert output["echo"] == {"report": "q3"} and output["content_type"] == "application/json"
@@ -432,6 +432,8 @@ async def test_submit_task_sends_every_option_to_the_worker(gateway):
         assert (info["id"], info["status"], info["kind"], info["tenant"]) == (answer["id"], "succeeded", "resize",
                                                                               "acme")
         assert info["max_attempts"] == 5 and info["tags"] == {"team": "data"} and info["priority"] == "high"
+        assert output["stages"] == ["fetch", "render"]
+        assert info["stages"] == info["completed_stages"] == ["fetch", "render"]
 
         # Text and binary payloads, with and without a content type.
         text = await run_task(session, {"payload": "plain words"})

@@ -216,3 +216,38 @@ async def test_a_server_without_a_store_keeps_checkpoints_in_memory(memory_serve
     assert sub.result.text() == "embed"
     assert ran == [(1, "chunk"), (1, "embed"), (1, "index"), (2, "index")]
     assert [(c.stage, c.data) for c in info.checkpoints] == [(s, s) for s in STAGES]
+
+
+async def test_the_http_api_takes_stages_and_shows_checkpoints(server):
+    import httpx
+
+    async def pipeline(lease):
+        for stage in lease.stages or ():
+            if stage in lease.checkpoints:
+                continue
+            if stage == "index" and lease.attempt == 1:
+                raise RuntimeError("index failed")
+            data = "plain words" if stage == "embed" else {"stage": stage}
+            await lease.checkpoint(stage, data)
+        return lease.completed_stages
+
+    worker = Worker(server.target, "default", pipeline, slots=1, initial_backoff=0.05)
+    running = asyncio.create_task(worker.run())
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}", timeout=60) as http:
+            refused = await http.post("/v1/tasks", json={"stages": ["chunk", ""]})
+            assert refused.status_code == 400 and "stages" in refused.text
+            answer = await http.post("/v1/tasks", json={"stages": STAGES, "key": "http/staged", "wait": True,
+                                                         "wait_timeout_s": 30})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["result"]["output"] == STAGES
+            info = (await http.get(f"/v1/tasks/{answer.json()['id']}")).json()
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 30)
+    assert info["stages"] == STAGES
+    checkpoints = info["checkpoints"]
+    assert [(c["stage"], c["attempt"]) for c in checkpoints] == [("chunk", 1), ("embed", 1), ("index", 2)]
+    assert checkpoints[0]["data"] == {"stage": "chunk"}
+    assert checkpoints[1]["data_text"] == "plain words" and "data" not in checkpoints[1]
+    assert all(int(c["saved_unix_ns"]) > 0 and c["data_b64"] for c in checkpoints)

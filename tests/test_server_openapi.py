@@ -187,7 +187,7 @@ EXAMPLES = {
     "duration_hint_s": 0.5, "retry": {"max_attempts": 4, "initial_backoff_s": 0.1, "multiplier": 3,
                                       "max_backoff_s": 2, "jitter": False},
     "resources": {"gpu": 1}, "after": ["oa-dep", {"key": "oa-dep"}], "deps": [{"key": "oa-dep", "cond": "on_complete"}],
-    "tags": {"team": "a"}, "labels": {"zone": "b"}, "wait": False, "wait_timeout_s": 1,
+    "tags": {"team": "a"}, "labels": {"zone": "b"}, "stages": ["fetch", "render"], "wait": False, "wait_timeout_s": 1,
 }
 
 

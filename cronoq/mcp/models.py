@@ -85,6 +85,9 @@ Tags = Annotated[dict[str, str] | None, Field(
     description="Free-form name/value pairs, shown in listings and given to the worker.")]
 Labels = Annotated[dict[str, str] | None, Field(
     description="Only workers registered with all these labels may run the task, e.g. {\"gpu\": \"a100\"}.")]
+Stages = Annotated[list[str] | None, Field(
+    description="The task's pipeline stages, in order, e.g. [\"chunk\", \"embed\", \"index\"]: the worker "
+                "checkpoints each one, and a retry skips the stages earlier attempts checkpointed.")]
 
 
 class RetryInput(BaseModel):
@@ -141,6 +144,7 @@ class TaskInput(BaseModel):
     deps: Deps = None
     tags: Tags = None
     labels: Labels = None
+    stages: Stages = None
 
 
 def payload_bytes(payload_base64: str) -> bytes:
@@ -178,6 +182,10 @@ class TaskView(BaseModel):
     created: _dt.datetime | None
     started: _dt.datetime | None = Field(description="When its latest attempt started.")
     finished: _dt.datetime | None
+    stages: list[str] | None = Field(default=None, description="Its declared pipeline stages, in order.")
+    completed_stages: list[str] | None = Field(
+        default=None, description="The stages checkpointed so far, in stage order (a retry resumes after the "
+                                  "last one); only when the task was looked up on its own.")
 
 
 def task_view(info: TaskInfo) -> TaskView:
@@ -185,7 +193,8 @@ def task_view(info: TaskInfo) -> TaskView:
                     priority=cast(PriorityName, info.priority), tenant=info.tenant, attempt=info.attempt,
                     max_attempts=info.max_attempts, message=info.message, output_available=info.output_available,
                     tags=info.tags, created=unix(info.created), started=unix(info.started),
-                    finished=unix(info.finished))
+                    finished=unix(info.finished), stages=info.stages,
+                    completed_stages=[c.stage for c in info.checkpoints] if info.stages else None)
 
 
 class ResultView(BaseModel):

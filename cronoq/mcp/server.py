@@ -30,7 +30,7 @@ from .explain import WAITING, Memory, Remembered, explain
 from .models import (
     After, BatchAnswer, CancelAnswer, ContentType, DeadLetters, DeadlineAt, DeadlineIn, Deps, DurationHint,
     Explanation, Key, Kind, Labels, OnMiss, OverlapName, Payload, PayloadBase64, PoolDetail, PoolName, Priority,
-    ResultView, Resources, Retry, ScheduleAdded, ScheduleList, ScheduleRemoved, SnapshotView, StartAt, StartIn,
+    ResultView, Resources, Retry, ScheduleAdded, ScheduleList, ScheduleRemoved, SnapshotView, Stages, StartAt, StartIn,
     StatusName, SubmitAnswer, Tags, TaskDetail, TaskInput, TaskPageView, TaskRef, TaskView, Tenant, Timeout, Tolerance,
     WorkerList, payload_bytes, pool_view, result_view, schedule_view, snapshot_view, task_view, worker_view,
 )
@@ -176,7 +176,7 @@ def build_server(client: Client, *, memory: Memory | None = None, name: str = "c
                           start_at: StartAt = None, tolerance: Tolerance = None, on_miss: OnMiss = None,
                           timeout: Timeout = None, duration_hint: DurationHint = None, retry: Retry = None,
                           resources: Resources = None, after: After = None, deps: Deps = None, tags: Tags = None,
-                          labels: Labels = None,
+                          labels: Labels = None, stages: Stages = None,
                           wait: Annotated[bool, Field(description=(
                               "Wait for the task to finish and return its result (see wait_timeout)."))] = False,
                           wait_timeout: WaitTimeout = 30.0) -> SubmitAnswer:

@@ -245,6 +245,31 @@ def info_json(info: pb.TaskInfo) -> dict[str, Any]:
                 item["ended_unix_ns"] = str(a.ended_unix_ns)
             attempts.append(item)
         out["attempts"] = attempts
+    if info.stages:
+        out["stages"] = list(info.stages)
+    if info.checkpoints:
+        out["checkpoints"] = [_checkpoint_json(c) for c in info.checkpoints]
+    return out
+
+
+def _checkpoint_json(checkpoint: pb.StageCheckpoint) -> dict[str, Any]:
+    out: dict[str, Any] = {"stage": checkpoint.stage}
+    content_type = checkpoint.content_type or "application/octet-stream"
+    data = checkpoint.data
+    out["content_type"] = content_type
+    if _is_json(content_type):
+        try:
+            out["data"] = _DECODER.decode(data.decode("utf-8"))
+        except (ValueError, RecursionError):
+            pass
+    elif content_type.lower().startswith("text/"):
+        try:
+            out["data_text"] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    out["data_b64"] = base64.b64encode(data).decode("ascii")
+    out["attempt"] = checkpoint.attempt
+    out["saved_unix_ns"] = str(checkpoint.saved_unix_ns)
     return out
 
 
@@ -718,6 +743,8 @@ def _event_json(event: Any) -> dict[str, Any]:
         out["key"] = event.key
     if event.message:
         out["message"] = event.message
+    if event.stage is not None:
+        out["stage"] = event.stage
     return out
 
 

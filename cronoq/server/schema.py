@@ -498,6 +498,9 @@ TASK_FIELDS: dict[str, Field] = {
     "deps": Array(DEP, "Dependencies with a condition."),
     "tags": Map(Text(), "Free-form name = value pairs, shown to workers and in listings."),
     "labels": Map(Text(), "Labels the worker must carry (name = value)."),
+    "stages": Array(Text("A stage name. " + _name, empty=False),
+                    "Its pipeline stages, in order (distinct, at most 64): a worker that accepts checkpoints "
+                    "saves one per stage, and a retry sees those of earlier attempts."),
 }
 
 TASK = Obj("Task", TASK_FIELDS, "A task to submit. Every field is optional: {} submits an empty payload to "
@@ -557,6 +560,16 @@ ATTEMPT = Obj("Attempt", {
     "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
 }, "One attempt of a task.", required=("attempt", "started_unix_ns"))
 
+STAGE_CHECKPOINT = Obj("StageCheckpoint", {
+    "stage": Text("The stage."),
+    "content_type": Text("The data's content type."),
+    "data": AnyJson("The data as JSON, when its content type is JSON and it parses."),
+    "data_text": Text("The data as text, when its content type is text/* and it is UTF-8."),
+    "data_b64": Base64("The data's bytes, base64."),
+    "attempt": Integer("The attempt that saved it.", maximum=2 ** 32 - 1),
+    "saved_unix_ns": UnixNs("When it was saved."),
+}, "The checkpoint of one stage.", required=("stage", "data_b64", "attempt", "saved_unix_ns"))
+
 INFO = Obj("TaskInfo", {
     "id": Id("The task."),
     "status": Choice(STATUSES, "Its status now (authoritative)."),
@@ -575,6 +588,9 @@ INFO = Obj("TaskInfo", {
     "finished_unix_ns": UnixNs("When it finished, when known."),
     "deps": Array(DEP_OUT, "What it depends on (after and deps), when known."),
     "attempts": Array(ATTEMPT, "Its attempts the leader saw, oldest first (the latest 32)."),
+    "stages": Array(Text(), "Its declared stages, in order."),
+    "checkpoints": Array(STAGE_CHECKPOINT, "The checkpoints saved so far, in stage order (the task's own "
+                                           "lookup only, not listings)."),
 }, "A task's state. id and status are authoritative; the other fields are best effort (the leader's "
    "info cache, or the store).", required=("id", "status", "pool", "attempt", "output_available"))
 

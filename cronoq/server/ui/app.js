@@ -548,6 +548,7 @@ async function openDrawer(id) {
   $("#drawer-message").textContent = "";
   $("#drawer-attempts").replaceChildren(...(app.seen.get(id) || []).map(eventItem));
   $("#drawer-deps").replaceChildren();
+  showStages([], []);
   await fillDrawer(id);
 }
 
@@ -573,6 +574,7 @@ async function fillDrawer(id) {
     $("#drawer-cancel").disabled = TERMINAL.has(task.status);
     if (task.attempts) $("#drawer-attempts").replaceChildren(...task.attempts.map(attemptItem));
     drawDeps(id, task.deps || []);
+    showStages(task.stages || [], task.checkpoints || []);
     const result = $("#drawer-result");
     if (TERMINAL.has(task.status)) {
       const r = await api(`/v1/tasks/${id}/result?timeout_s=0`);
@@ -587,6 +589,21 @@ async function fillDrawer(id) {
   } catch (err) {
     $("#drawer-message").textContent = describe(err);
   }
+}
+
+// Declared stages in order, each with the checkpoint that completed it.
+function showStages(stages, checkpoints) {
+  $("#drawer-stages-part").hidden = !stages.length;
+  const saved = new Map(checkpoints.map((c) => [c.stage, c]));
+  $("#drawer-stages").replaceChildren(...stages.map((stage) => {
+    const li = document.createElement("li");
+    const c = saved.get(stage);
+    li.dataset.stage = stage;
+    li.dataset.state = c ? "done" : "open";
+    li.textContent = c ? `${stage}: checkpointed by attempt ${c.attempt} at ${time(c.saved_unix_ns)}`
+                       : `${stage}: not yet`;
+    return li;
+  }));
 }
 
 // The drawer lists the attempts the server reports; until it has (or when it

@@ -199,6 +199,21 @@ def task_json(m: pb.TaskInfo) -> dict[str, Any]:
             _optional_ns(a, "ended_unix_ns", attempt)
             attempts.append(attempt)
         out["attempts"] = attempts
+    if m.stages:
+        out["stages"] = list(m.stages)
+    if m.checkpoints:
+        out["checkpoints"] = [_checkpoint_json(c) for c in m.checkpoints]
+    return out
+
+
+def _checkpoint_json(m: Any) -> dict[str, Any]:
+    content_type = m.content_type or "application/octet-stream"
+    out: dict[str, Any] = {"stage": m.stage, "content_type": content_type}
+    decoded = _decoded(bytes(m.data), content_type)
+    if decoded is not _NOTHING:
+        out["data_text" if isinstance(decoded, str) and not _is_json(content_type) else "data"] = decoded
+    out.update(data_b64=base64.b64encode(m.data).decode("ascii"), attempt=m.attempt,
+               saved_unix_ns=str(m.saved_unix_ns))
     return out
 
 
@@ -245,6 +260,8 @@ def event_json(m: pb.StatusEvent) -> dict[str, Any]:
     out.update(status=STATUS_NAMES.get(m.status, str(m.status)), attempt=m.attempt, at_unix_ns=str(m.at_unix_ns))
     if m.message:
         out["message"] = m.message
+    if m.stage:   # a stage completed
+        out["stage"] = m.stage
     return out
 
 

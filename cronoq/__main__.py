@@ -1,15 +1,19 @@
-"""``python -m cronoq demo``: see the scheduler at work."""
+"""``python -m cronoq demo``: see the scheduler at work.
+
+``add_parser`` and ``run`` follow the protocol of ``cronoq`` subcommands
+(docs/cli.md), so the ``cronoq`` command line offers the same ``cronoq demo``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cronoq", description="cronoq command line")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser(
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``demo`` subcommand to an argparse ``add_subparsers()`` object."""
+    demo: argparse.ArgumentParser = subparsers.add_parser(
         "demo", help="run a mixed workload through the scheduler and report how it went",
         description="Run a realistic mixed workload through a live scheduler: interactive clicks "
                     "(high priority, deadlines), reports, background re-indexing (low), chat turns "
@@ -33,16 +37,29 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--simulate", action="store_true",
                       help="instead, simulate ten minutes of a similar workload in virtual time "
                            "(deterministic, about a second of real time)")
+    demo.set_defaults(demo_parser=demo)
+    return demo
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo with the parsed arguments of ``add_parser``'s subcommand."""
+    if args.simulate:
+        from .demo_simulated import main as simulate
+        return simulate(seed=args.seed)
+    if not args.seconds > 0 or not args.speed > 0:
+        args.demo_parser.error("--seconds and --speed must be positive")
+    from .demo import run_demo
+    return run_demo(seconds=args.seconds, seed=args.seed, speed=args.speed, live=not args.no_live,
+                    store_path=args.store, record=args.record)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cronoq", description="cronoq command line")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "demo":
-        if args.simulate:
-            from .demo_simulated import main as simulate
-            return simulate(seed=args.seed)
-        if not args.seconds > 0 or not args.speed > 0:
-            parser.error("--seconds and --speed must be positive")
-        from .demo import run_demo
-        return run_demo(seconds=args.seconds, seed=args.seed, speed=args.speed, live=not args.no_live,
-                        store_path=args.store, record=args.record)
+        return run(args)
     return 2
 
 

@@ -1,0 +1,7 @@
+"""``python -m cronoq.cli``: the same as the ``cronoq`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

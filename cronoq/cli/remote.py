@@ -1,0 +1,126 @@
+"""The gRPC side of ``cronoq``: one channel, the Tasks and Admin stubs, and
+calls that retry UNAVAILABLE with backoff and raise cronoq's exceptions
+(the mapping of ``cronoq.client``)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
+
+import grpc
+
+from .._proto import cronoq_pb2 as pb
+from .._proto import cronoq_pb2_grpc as pb_grpc
+from ..client import Client, wire
+from .connection import Settings, channel_options
+
+__all__ = ["Connection", "client_from"]
+
+T = TypeVar("T")
+
+
+class Connection:
+    """A channel to the server. Every call carries the token; ``call`` retries
+    UNAVAILABLE (a standby, a leader change) for ``settings.retry_for`` seconds."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.channel = wire.channel(settings.target, tls=settings.tls, credentials=_credentials(settings),
+                                    options=channel_options())
+        self.metadata = wire.metadata(settings.token)
+        self.tasks = pb_grpc.TasksStub(self.channel)
+        self.admin = pb_grpc.AdminStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def call(self, make: Callable[[], Awaitable[T]], ref: int | str | None = None, *,
+                   retry_for: float | None = None) -> T:
+        """Run a unary call; raise the cronoq exception it stands for."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + (self.settings.retry_for if retry_for is None else retry_for)
+        delay = 0.05
+        while True:
+            try:
+                return await make()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and loop.time() + delay < give_up:
+                    await asyncio.sleep(delay * (0.5 + random.random() / 2))
+                    delay = min(delay * 2, 2.0)
+                    continue
+                raise wire.error_from(exc, ref) from None
+
+    async def watch(self, pools: list[str], terminal_only: bool) -> AsyncIterator[pb.StatusEvent]:
+        """The Watch stream, as raw events; its errors as cronoq exceptions."""
+        call = self.tasks.Watch(pb.WatchRequest(pools=pools, terminal_only=terminal_only), metadata=self.metadata)
+        try:
+            async for event in call:
+                yield event
+        except grpc.aio.AioRpcError as exc:
+            raise wire.error_from(exc) from None
+        finally:
+            call.cancel()
+
+    # -- the calls, as the commands use them
+
+    def ref(self, ref: int | str) -> pb.TaskRef:
+        return wire.ref_message(ref)
+
+    async def submit(self, spec: pb.TaskSpec) -> pb.SubmitResponse:
+        request = pb.SubmitRequest(task=spec)
+        return await self.call(lambda: self.tasks.Submit(request, metadata=self.metadata))
+
+    async def get(self, ref: int | str) -> pb.TaskInfo:
+        request = pb.GetRequest(task=wire.ref_message(ref))
+        return await self.call(lambda: self.tasks.Get(request, metadata=self.metadata), ref)
+
+    async def wait_once(self, ref: int | str, timeout: float | None) -> pb.TaskResult:
+        request = pb.WaitRequest(task=wire.ref_message(ref))
+        if timeout is not None:
+            request.timeout_s = timeout
+        return await self.call(lambda: self.tasks.Wait(request, metadata=self.metadata), ref)
+
+    async def cancel(self, ref: int | str) -> bool:
+        request = pb.CancelRequest(task=wire.ref_message(ref))
+        response = await self.call(lambda: self.tasks.Cancel(request, metadata=self.metadata), ref)
+        return bool(response.cancelled)
+
+    async def list_tasks(self, pools: list[str], statuses: list[pb.TaskStatus], after: int, limit: int, *,
+                         retry_for: float | None = None) -> pb.ListTasksResponse:
+        request = pb.ListTasksRequest(pools=pools, statuses=statuses, after=after, limit=limit)
+        return await self.call(lambda: self.tasks.ListTasks(request, metadata=self.metadata), retry_for=retry_for)
+
+    async def workers(self, pools: list[str], *, retry_for: float | None = None) -> pb.ListWorkersResponse:
+        request = pb.ListWorkersRequest(pools=pools)
+        return await self.call(lambda: self.admin.ListWorkers(request, metadata=self.metadata), retry_for=retry_for)
+
+    async def recurring(self, *, retry_for: float | None = None) -> pb.ListRecurringResponse:
+        return await self.call(lambda: self.admin.ListRecurring(pb.ListRecurringRequest(), metadata=self.metadata),
+                               retry_for=retry_for)
+
+    async def add_recurring(self, request: pb.AddRecurringRequest) -> pb.AddRecurringResponse:
+        return await self.call(lambda: self.admin.AddRecurring(request, metadata=self.metadata))
+
+    async def remove_recurring(self, name: str) -> bool:
+        request = pb.RemoveRecurringRequest(name=name)
+        response = await self.call(lambda: self.admin.RemoveRecurring(request, metadata=self.metadata))
+        return bool(response.removed)
+
+    async def snapshot(self, *, retry_for: float | None = None) -> pb.SnapshotResponse:
+        return await self.call(lambda: self.admin.Snapshot(pb.SnapshotRequest(), metadata=self.metadata),
+                               retry_for=retry_for)
+
+
+def client_from(settings: Settings) -> Client:
+    """A ``cronoq.client.Client`` with these settings (for subcommands that
+    prefer the client's typed results)."""
+    return Client(settings.target, token=settings.token, credentials=_credentials(settings), options=channel_options(),
+                  retry_for=settings.retry_for)
+
+
+def _credentials(settings: Settings) -> grpc.ChannelCredentials | None:
+    if not settings.tls:
+        return None
+    return grpc.ssl_channel_credentials(root_certificates=settings.ca, private_key=settings.key,
+                                        certificate_chain=settings.cert)

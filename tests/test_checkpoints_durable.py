@@ -341,3 +341,117 @@ async def test_a_leader_that_was_replaced_unnoticed_cannot_checkpoint_and_stops(
     assert isinstance(outcome[0], cronoq.Fenced)
     assert database.checkpoints == {}
     assert "fenced" in (sched.lost_reason or "")
+
+
+FOLLOWER = """
+import asyncio, json, sys, cronoq
+STAGES, LOG, STORE, MODE = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+def log(**fields):
+    with open(LOG, "a") as out:
+        out.write(json.dumps(fields) + "\\n")
+def stages_to_run(ctx):
+    log(attempt=ctx.attempt, resumed_from=ctx.resumed_from, completed=ctx.completed_stages)
+    for stage in STAGES:
+        if stage in ctx.checkpoints:
+            continue
+        log(attempt=ctx.attempt, stage=stage)
+        if stage == STAGES[-1] and ctx.attempt == 1:
+            raise RuntimeError(stage + " failed")
+        yield stage
+async def in_the_loop(ctx, payload):
+    for stage in stages_to_run(ctx):
+        await ctx.checkpoint(stage, {"stage": stage, "attempt": ctx.attempt})
+    return sorted(ctx.checkpoints)
+def in_a_thread(ctx, payload):
+    for stage in stages_to_run(ctx):
+        ctx.checkpoint_from_thread(stage, {"stage": stage, "attempt": ctx.attempt}, timeout=30)
+    return sorted(ctx.checkpoints)
+run = in_the_loop if MODE == "async" else in_a_thread
+async def main():
+    retry = cronoq.RetryPolicy(max_attempts=3, initial_backoff=0.01, jitter=False)
+    sched = cronoq.Scheduler([cronoq.Pool("default", run, min=1, max=1, initial=1, autoscale=False,
+                                          retry=retry)], store=eval(STORE))
+    await sched.start()
+    print("started", flush=True)
+    await asyncio.to_thread(sys.stdin.read)   # until the test closes our stdin
+    await sched.shutdown()
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("mode", ["async", "thread"])
+async def test_attempts_on_a_follower_process_checkpoint_and_resume(backend, tmp_path, mode):
+    """The leader places every attempt on the other process (a follower):
+    its checkpoints reach the store through the leader, and its retry sees
+    them and runs only the stage that failed."""
+    import json
+
+    if backend.kind == "sqlite":
+        make = f"cronoq.SqliteStore({backend.path!r}, lease_ttl=1.0, lease_renew=0.2, lock_poll=0.05)"
+    else:
+        make = f"cronoq.PostgresStore({backend.server.url!r}, schema={backend.schema!r}, lock_poll=0.05)"
+    ran_on_the_leader: list[int] = []
+
+    async def never_here(ctx, payload):
+        ran_on_the_leader.append(ctx.attempt)
+        raise RuntimeError("this attempt was meant for the follower")
+
+    leader = cronoq.Scheduler([staged(never_here)], store=backend.store())
+    await leader.start()
+    log = tmp_path / "follower.log"
+    child = None
+    try:
+        deadline = time.monotonic() + 20
+        while not leader.leading:
+            assert time.monotonic() < deadline, "the test's scheduler did not lead"
+            await asyncio.sleep(0.01)
+        cluster = leader._cluster
+        place = cluster.place
+
+        def elsewhere(attempt, runner):   # the leader's own process takes no attempt
+            cluster._serving = False
+            try:
+                return place(attempt, runner)
+            finally:
+                cluster._serving = True
+
+        cluster.place = elsewhere
+        child = subprocess.Popen([sys.executable, "-c", FOLLOWER, json.dumps(STAGES), str(log), make, mode],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 env=child_env(), text=True)
+        line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60)
+        assert line.strip() == "started", child.stderr.read()
+        while not any(m.id != cluster.identity and m.state == "serving" for m in cluster._members.values()):
+            assert time.monotonic() < deadline + 40, "the follower did not join"
+            await asyncio.sleep(0.01)
+        handle = await leader.submit(None, key="doc", stages=STAGES)
+        assert await asyncio.wait_for(handle, 30) == STAGES
+        info = await leader.info(handle.id)
+        follower = next(m.id for m in cluster._members.values() if m.id != cluster.identity)
+        # a save for an attempt that is over (as a late or stale member would send) is refused
+        with pytest.raises(cronoq.CheckpointError, match="attempt 2 of task .* is over"):
+            await leader._save_for_member({"lease": 1, "member": follower, "task": handle.id, "attempt": 2,
+                                           "stage": "index"}, b"null")
+    finally:
+        if child is not None:
+            child.stdin.close()
+            try:
+                child.wait(20)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+                child.stdout.close()
+                child.stderr.close()
+        await leader.shutdown()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert ran_on_the_leader == []
+    assert lines == [
+        {"attempt": 1, "resumed_from": None, "completed": []},
+        {"attempt": 1, "stage": "chunk"}, {"attempt": 1, "stage": "embed"}, {"attempt": 1, "stage": "index"},
+        {"attempt": 2, "resumed_from": "embed", "completed": ["chunk", "embed"]},
+        {"attempt": 2, "stage": "index"}]
+    assert stored(backend, handle.id) == [("chunk", 1), ("embed", 1), ("index", 2)]
+    assert [(c.stage, c.attempt, c.data) for c in info.checkpoints] == [
+        ("chunk", 1, {"stage": "chunk", "attempt": 1}), ("embed", 1, {"stage": "embed", "attempt": 1}),
+        ("index", 2, {"stage": "index", "attempt": 2})]

@@ -91,7 +91,7 @@ class CheckpointBook:
 
     # -- writes (on the loop)
 
-    def _check(self, attempt: Attempt, stage: object, value: Any) -> tuple[str, bytes, Any]:
+    def prepare(self, attempt: Attempt, stage: object, value: Any) -> tuple[str, bytes, Any]:
         """The stage name, the encoded data and its decoded copy, or ``CheckpointError``."""
         stage = check_length(check_name(stage, "stage", error=CheckpointError), "stage", NAME_LIMIT,
                              error=CheckpointError)
@@ -124,7 +124,7 @@ class CheckpointBook:
         if not self._is_live(attempt):
             raise CheckpointError(f"attempt {attempt.attempt} of task {attempt.id} is over (it ended, was "
                                   f"cancelled or given up): stage {stage!r} was not saved")
-        stage, data, decoded = self._check(attempt, stage, value)
+        stage, data, decoded = self.prepare(attempt, stage, value)
         at_ns = self._now_ns()
         if self.durable is not None:
             await self.durable(attempt.id, stage, data, attempt.attempt, at_ns)

@@ -29,15 +29,16 @@ queued since the last cycle, then the reads needed now), and
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import logging
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Coroutine, Iterable
 
 from .. import realtime
 from ..core import errors as _errors
 from ..core.errors import CronoqError, SchedulerError
-from ..core.snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
+from ..core.snapshot import Checkpoint, GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
 from ..core.types import CLASSES, NS, RETRYABLE, SUCCESS
 from ..realtime import real_time_ns
 from ..store.base import LeaderUnavailable, StoreRejected, StoreUnavailable
@@ -47,7 +48,7 @@ from ..store.sql import Worker
 from .handle import TaskHandle
 from .runner import Attempt, Checkpoints, Runner, RunnerLink
 
-__all__ = ["Cluster", "ClusterRunner", "encode_error", "decode_error", "snapshot_from_dict",
+__all__ = ["Cluster", "ClusterRunner", "MemberCheckpoints", "encode_error", "decode_error", "snapshot_from_dict",
            "info_from_dict", "RemoteEntry"]
 
 log = logging.getLogger("cronoq.scheduler")
@@ -124,12 +125,14 @@ class _Labels:
 
 
 class _SpecView:
-    __slots__ = ("tenant", "tags", "labels", "timeout_ns")
+    __slots__ = ("tenant", "tags", "labels", "timeout_ns", "stages")
 
     def __init__(self, record: dict[str, Any]) -> None:
         self.tenant = record.get("tenant")
         self.tags = record.get("tags") or None
         self.labels = record.get("labels") or None
+        stages = record.get("stages")
+        self.stages = tuple(stages) if stages else None
         timeout = record.get("timeout")
         self.timeout_ns = None if timeout is None else round(timeout * NS)
 
@@ -154,14 +157,69 @@ class RemoteEntry:
         self.group = _Labels(record.get("group") or {}) if record.get("group") else None
 
 
-def attempt_record(attempt: Attempt) -> str:
+def attempt_record(attempt: Attempt, saved: Iterable[tuple[str, bytes, int, float]] = ()) -> str:
+    """The JSON an offer carries: the attempt's fields, and ``saved``, the
+    checkpoints of earlier attempts as (stage, encoded data, attempt, at)."""
     record: dict[str, Any] = {"kind": attempt.kind, "key": attempt.key, "priority": attempt.priority,
                               "submitted": attempt.submitted}
-    for name in ("tenant", "tags", "labels", "timeout", "deadline", "group"):
+    for name in ("tenant", "tags", "labels", "timeout", "deadline", "group", "stages"):
         value = getattr(attempt, name)
         if value:
             record[name] = value
+    checkpoints = [[stage, base64.b64encode(data).decode("ascii"), number, at]
+                   for stage, data, number, at in saved]
+    if checkpoints:
+        record["checkpoints"] = checkpoints
     return json.dumps(record, separators=(",", ":"))
+
+
+class MemberCheckpoints:
+    """The checkpoints a member's runners reach (``RunnerLink.checkpoints``).
+
+    An attempt this process's own engine placed here uses the process's
+    book, as without a cluster. An attempt leased by another process's
+    engine (this one follows) reads the checkpoints its offer carried (the
+    leader's book when it placed the attempt: everything earlier attempts
+    saved), and saves through the inbox: the leader checks that the attempt
+    is still live and is this member's, then saves it as its own attempts'
+    (committed, fenced by its epoch) before it answers.
+    """
+
+    def __init__(self, cluster: Cluster, book: Any) -> None:
+        self._cluster = cluster
+        self._book = book
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        loop: asyncio.AbstractEventLoop | None = self._book.loop
+        return loop
+
+    @property
+    def loop_thread(self) -> int | None:
+        thread: int | None = self._book.loop_thread
+        return thread
+
+    def of(self, task_id: int, stages: tuple[str, ...] | None = None) -> list[Checkpoint]:
+        saved = self._cluster.remote_checkpoints(task_id)
+        if saved is None:
+            return list(self._book.of(task_id, stages))
+        if stages is None:
+            return list(saved.values())
+        return [saved[s] for s in stages if s in saved]
+
+    def save(self, attempt: Attempt, stage: str, value: Any) -> Coroutine[Any, Any, Checkpoint]:
+        if not self._cluster.leased_here(attempt):
+            save: Coroutine[Any, Any, Checkpoint] = self._book.save(attempt, stage, value)
+            return save
+        return self._save_through_leader(attempt, stage, value)
+
+    async def _save_through_leader(self, attempt: Attempt, stage: str, value: Any) -> Checkpoint:
+        stage, data, decoded = self._book.prepare(attempt, stage, value)   # the caller's errors, raised here
+        answer = await self._cluster.request("checkpoint", {
+            "lease": attempt.lease, "task": attempt.id, "attempt": attempt.attempt, "stage": stage}, [data])
+        checkpoint = Checkpoint(stage, decoded, float(answer["at"]), attempt.attempt, len(data))
+        self._cluster.remember_checkpoint(attempt, checkpoint)
+        return checkpoint
 
 
 # ---------------------------------------------------------------- the cluster
@@ -243,6 +301,8 @@ class Cluster:
         # Member: runners of this process's executors, and attempts leased to it.
         self._runners: dict[str, Runner] = {}
         self._leased_here: dict[int, Attempt] = {}
+        self._remote_saved: dict[int, dict[str, Checkpoint]] = {}   # task -> checkpoints, of leased_here
+        self.book: Any = None                      # this process's checkpoint book (member_link)
         self._own: dict[int, RunnerLink] = {}      # leases its own leader placed here -> the engine's link
         self._outcomes: list[tuple[int, str, bytes | None, str | None, int | None]] = []
         self._returns: list[int] = []
@@ -305,8 +365,12 @@ class Cluster:
         engine, when it leads)."""
         loop = self._loop
         assert loop is not None
+        reach: Checkpoints | None = None
+        if checkpoints is not None:
+            self.book = checkpoints
+            reach = MemberCheckpoints(self, checkpoints)
         link = RunnerLink(pool, loop, self._member_report, self._member_heartbeat, self._member_not_started,
-                          lambda labels, slots: None, checkpoints=checkpoints)
+                          lambda labels, slots: None, checkpoints=reach)
         runner = make(link)
         self._runners[pool] = runner
         return runner
@@ -324,11 +388,11 @@ class Cluster:
                 await realtime.sleep(min(self.poll, 0.05))
         for runner in self._runners.values():
             for lease in runner.cancel_all():
-                if self._leased_here.pop(lease, None) is not None:
+                if self._release(lease) is not None:
                     self._returns.append(lease)
         await asyncio.sleep(0)    # outcomes already on their way to the loop
         for lease in list(self._leased_here):
-            self._leased_here.pop(lease)
+            self._release(lease)
             self._outcomes.append((lease, RETRYABLE, None, "the process running it shut down", None))
         error = SchedulerError("the scheduler shut down")
         for call in self._calls.values():
@@ -415,7 +479,7 @@ class Cluster:
         if link is not None:
             link.report(attempt, outcome, output, message, retry_after_ns)
             return
-        if self._leased_here.pop(lease, None) is None:
+        if self._release(lease) is None:
             return
         data: bytes | None = None
         if outcome == SUCCESS:
@@ -441,7 +505,7 @@ class Cluster:
         if link is not None:
             link.not_started(lease, reason)
             return
-        if self._leased_here.pop(lease, None) is not None:
+        if self._release(lease) is not None:
             self._returns.append(lease)
             self.wake()
 
@@ -460,16 +524,58 @@ class Cluster:
                 continue
             attempt = Attempt(RemoteEntry(row.task_id, row.pool, record, payload), row.lease, row.attempt)
             self._leased_here[row.lease] = attempt
+            self._remote_saved[row.task_id] = self._carried_checkpoints(record)
             runner.start(attempt)
         for lease in got.cancelled:
-            cancelled = self._leased_here.pop(lease, None)
+            cancelled = self._release(lease)
             if cancelled is not None:
                 runner = self._runners.get(cancelled.pool)
                 if runner is not None:
                     runner.abort(lease)
             self._outcomes.append((lease, "cancelled", None, None, None))
 
+    def _release(self, lease: int) -> Attempt | None:
+        """An attempt leased here is over here: forget it and its checkpoints."""
+        attempt = self._leased_here.pop(lease, None)
+        if attempt is not None:
+            self._remote_saved.pop(attempt.id, None)
+        return attempt
+
+    def _carried_checkpoints(self, record: dict[str, Any]) -> dict[str, Checkpoint]:
+        saved: dict[str, Checkpoint] = {}
+        for stage, text, number, at in record.get("checkpoints") or ():
+            data = base64.b64decode(text)
+            try:
+                decoded = self.codec.decode(data)
+            except Exception:   # as at recovery: an undecodable checkpoint is as if never saved
+                continue
+            saved[stage] = Checkpoint(stage, decoded, float(at), int(number), len(data))
+        return saved
+
+    def leased_here(self, attempt: Attempt) -> bool:
+        """True if ``attempt`` runs here for another process's engine."""
+        return self._leased_here.get(attempt.lease) is attempt
+
+    def remote_checkpoints(self, task_id: int) -> dict[str, Checkpoint] | None:
+        """The checkpoints of a task whose attempt runs here for another
+        process's engine (None if none does). A copy: any thread reads."""
+        saved = self._remote_saved.get(task_id)
+        return None if saved is None else dict(saved)
+
+    def remember_checkpoint(self, attempt: Attempt, checkpoint: Checkpoint) -> None:
+        if self.leased_here(attempt):
+            saved = self._remote_saved.setdefault(attempt.id, {})
+            saved[checkpoint.stage] = checkpoint
+
     # ------------------------------------------------------------ leader
+
+    def leased_attempt(self, lease: int, member: str) -> Attempt | None:
+        """The attempt the leader leased as ``lease`` to ``member``, while it
+        is out there (None once it ended, was taken back or is unknown)."""
+        leased = self._leased.get(lease)
+        if leased is None or leased.member != member or lease in self._dead:
+            return None
+        return leased.attempt
 
     def lead(self, epoch: int, serve: Serve, on_fenced: Callable[[str], None]) -> None:
         """This process leads from now on, in ``epoch``: serve the inbox
@@ -522,8 +628,22 @@ class Cluster:
         self._leased[attempt.lease] = _Leased(member, attempt, runner)
         self._load[member] = self._load.get(member, 0) + 1
         self._offers.append(Offer(attempt.lease, member, attempt.id, attempt.pool, attempt.attempt,
-                                  attempt_record(attempt), payload))
+                                  attempt_record(attempt, self._saved_for(attempt)), payload))
         self.wake()
+
+    def _saved_for(self, attempt: Attempt) -> list[tuple[str, bytes, int, float]]:
+        """The checkpoints earlier attempts saved, encoded for an offer."""
+        book = self.book
+        if book is None:
+            return []
+        out = []
+        for checkpoint in book.of(attempt.id, attempt.stages):
+            try:
+                data = self.codec.encode(checkpoint.data)
+            except Exception:   # it was encoded when saved; if not now, the stage runs again
+                continue
+            out.append((checkpoint.stage, bytes(data), checkpoint.attempt, checkpoint.at))
+        return out
 
     def run_here(self, attempt: Attempt, link: RunnerLink) -> bool:
         runner = self._runners.get(attempt.pool)
@@ -571,7 +691,7 @@ class Cluster:
 
     def returned_here(self, lease: int) -> None:
         """A leased attempt this process's runner never started: give it back."""
-        if self._leased_here.pop(lease, None) is not None:
+        if self._release(lease) is not None:
             self._returns.append(lease)
             self.wake()
 
@@ -658,7 +778,10 @@ class Cluster:
     async def _serve_request(self, serve: Serve, seq: int, member: str, kind: str, body: str,
                              payload: bytes | None) -> None:
         try:
-            value = await serve(kind, json.loads(body), unpack(payload))
+            data = json.loads(body)
+            if kind == "checkpoint":
+                data["member"] = member   # as the store knows the sender, not as it says
+            value = await serve(kind, data, unpack(payload))
             answer: dict[str, Any] = {"ok": value}
         except asyncio.CancelledError:
             return   # leadership lost: the next leader answers it

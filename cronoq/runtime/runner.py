@@ -130,8 +130,13 @@ class Checkpoints(Protocol):
     """The scheduler's checkpoints, as runners and contexts reach them
     (implemented by ``cronoq.runtime.checkpoints.CheckpointBook``)."""
 
-    loop: asyncio.AbstractEventLoop | None
-    loop_thread: int | None
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The scheduler's loop (saves run there)."""
+
+    @property
+    def loop_thread(self) -> int | None:
+        """The thread of that loop."""
 
     def of(self, task_id: int, stages: tuple[str, ...] | None = None) -> list[Checkpoint]:
         """A task's checkpoints in stage order."""

@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable, Hashable, Iterable, Iterator, Seque
 from .. import realtime
 from ..core import actions as act
 from ..core.engine import Core
-from ..core.errors import AdmissionError, InvalidTask, QueueFull, SchedulerError, TaskFailed
+from ..core.errors import AdmissionError, CheckpointError, InvalidTask, QueueFull, SchedulerError, TaskFailed
 from ..core.snapshot import Checkpoint, Snapshot, TaskInfo
 from ..core.types import (
     CANCELLED, DEAD_LETTERED, READY, RUNNING, STATUSES, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, ResourceConfig,
@@ -1308,6 +1308,27 @@ class Scheduler:
             self._lost(f"fenced: {exc}")
             raise
 
+    async def _save_for_member(self, body: dict[str, Any], data: bytes) -> dict[str, Any]:
+        """The leader saves the checkpoint of an attempt it leased to another
+        process, if that attempt is still out there (its lease, task and
+        attempt number match): as its own attempts' checkpoints, committed
+        and fenced by its epoch before the member gets the answer."""
+        cluster = self._cluster
+        assert cluster is not None
+        stage = body["stage"]
+        attempt = cluster.leased_attempt(int(body["lease"]), str(body["member"]))
+        if attempt is None or attempt.id != body["task"] or attempt.attempt != body["attempt"]:
+            raise CheckpointError(f"attempt {body['attempt']} of task {body['task']} is over (it ended, was "
+                                  f"cancelled, given up, or placed by a leader that is gone): stage {stage!r} "
+                                  f"was not saved")
+        try:
+            value = self.codec.decode(data)
+        except Exception as exc:
+            raise CheckpointError(f"the checkpoint of stage {stage!r} cannot be decoded by the leader's codec: "
+                                  f"{type(exc).__name__}: {exc}") from None
+        checkpoint = await self._checkpoints.save(attempt, stage, value)
+        return {"at": checkpoint.at}
+
     def _stage_completed(self, attempt: Attempt, checkpoint: Checkpoint) -> None:
         """A stage's checkpoint was saved: tell the subscribers (with every transition)."""
         if not self._config.emit_transitions:
@@ -1662,6 +1683,8 @@ class Scheduler:
             return None
         if kind == "remove_recurring":
             return await self.remove_recurring(body["name"])
+        if kind == "checkpoint":
+            return await self._save_for_member(body, payloads[0])
         raise SchedulerError(f"unknown request {kind!r} (a process of a newer cronoq?)")
 
     async def _follow_submit(self, specs: list[TaskSpec], batch: bool) -> list[tuple[int, bool]]:

@@ -455,3 +455,38 @@ async def test_attempts_on_a_follower_process_checkpoint_and_resume(backend, tmp
     assert [(c.stage, c.attempt, c.data) for c in info.checkpoints] == [
         ("chunk", 1, {"stage": "chunk", "attempt": 1}), ("embed", 1, {"stage": "embed", "attempt": 1}),
         ("index", 2, {"stage": "index", "attempt": 2})]
+
+
+async def test_a_newer_attempt_claimed_with_the_cancel_of_the_older_keeps_its_checkpoints():
+    """One cycle of a member can bring the cancel of attempt 1 and the offer
+    of attempt 2 of the same task: attempt 2 still reads what its offer carried."""
+    import base64
+    import json
+    import types
+
+    from cronoq.runtime.cluster import Cluster, MemberCheckpoints
+    from cronoq.store.cluster import Claimed, Incoming
+    from cronoq.store.codec import JsonCodec
+
+    class Idle:
+        def start(self, attempt):
+            pass
+
+        def abort(self, lease):
+            return True
+
+    codec = JsonCodec()
+    cluster = Cluster(types.SimpleNamespace(identity="member"), codec, pools=["default"], request_timeout=1.0,
+                      poll=0.1)
+    cluster._runners["default"] = Idle()
+    book = types.SimpleNamespace(of=lambda task_id, stages=None: [], loop=None, loop_thread=None)
+    reach = MemberCheckpoints(cluster, book)
+    carried = [["chunk", base64.b64encode(codec.encode({"n": 1})).decode(), 1, 1.0]]
+    older = Claimed(7, 1, 42, "default", 1, json.dumps({"stages": STAGES}), codec.encode(None))
+    cluster._start_claimed(Incoming(claimed=[older]))
+    newer = Claimed(8, 1, 42, "default", 2, json.dumps({"stages": STAGES, "checkpoints": carried}),
+                    codec.encode(None))
+    cluster._start_claimed(Incoming(claimed=[newer], cancelled=[7]))
+    assert [(c.stage, c.data, c.attempt) for c in reach.of(42, tuple(STAGES))] == [("chunk", {"n": 1}, 1)]
+    cluster._release(8)
+    assert reach.of(42) == []

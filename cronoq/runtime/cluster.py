@@ -301,7 +301,8 @@ class Cluster:
         # Member: runners of this process's executors, and attempts leased to it.
         self._runners: dict[str, Runner] = {}
         self._leased_here: dict[int, Attempt] = {}
-        self._remote_saved: dict[int, dict[str, Checkpoint]] = {}   # task -> checkpoints, of leased_here
+        # task -> (lease, its checkpoints), for the attempts in _leased_here
+        self._remote_saved: dict[int, tuple[int, dict[str, Checkpoint]]] = {}
         self.book: Any = None                      # this process's checkpoint book (member_link)
         self._own: dict[int, RunnerLink] = {}      # leases its own leader placed here -> the engine's link
         self._outcomes: list[tuple[int, str, bytes | None, str | None, int | None]] = []
@@ -524,7 +525,7 @@ class Cluster:
                 continue
             attempt = Attempt(RemoteEntry(row.task_id, row.pool, record, payload), row.lease, row.attempt)
             self._leased_here[row.lease] = attempt
-            self._remote_saved[row.task_id] = self._carried_checkpoints(record)
+            self._remote_saved[row.task_id] = (row.lease, self._carried_checkpoints(record))
             runner.start(attempt)
         for lease in got.cancelled:
             cancelled = self._release(lease)
@@ -537,7 +538,8 @@ class Cluster:
     def _release(self, lease: int) -> Attempt | None:
         """An attempt leased here is over here: forget it and its checkpoints."""
         attempt = self._leased_here.pop(lease, None)
-        if attempt is not None:
+        # (a newer attempt of the task claimed in the same cycle keeps its own)
+        if attempt is not None and self._remote_saved.get(attempt.id, (lease,))[0] == lease:
             self._remote_saved.pop(attempt.id, None)
         return attempt
 
@@ -559,13 +561,14 @@ class Cluster:
     def remote_checkpoints(self, task_id: int) -> dict[str, Checkpoint] | None:
         """The checkpoints of a task whose attempt runs here for another
         process's engine (None if none does). A copy: any thread reads."""
-        saved = self._remote_saved.get(task_id)
-        return None if saved is None else dict(saved)
+        held = self._remote_saved.get(task_id)
+        return None if held is None else dict(held[1])
 
     def remember_checkpoint(self, attempt: Attempt, checkpoint: Checkpoint) -> None:
         if self.leased_here(attempt):
-            saved = self._remote_saved.setdefault(attempt.id, {})
-            saved[checkpoint.stage] = checkpoint
+            held = self._remote_saved.get(attempt.id)
+            if held is not None and held[0] == attempt.lease:
+                held[1][checkpoint.stage] = checkpoint
 
     # ------------------------------------------------------------ leader
 

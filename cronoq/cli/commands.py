@@ -17,8 +17,8 @@ from .._proto import cronoq_pb2 as pb
 from ..client import wire
 from ..errors import SchedulerError, ServerError
 from .exits import CliError, ExitCode
-from .output import (PRIORITY_NAMES, STATUS_NAMES, Output, age, event_json, iso_ns, ordered_totals, result_json,
-                     schedule_json, snapshot_json, task_json, worker_json)
+from .._proto.json_view import info_json as task_json, ordered_totals, result_json, snapshot_json
+from .output import PRIORITY_NAMES, STATUS_NAMES, Output, age, event_json, iso_ns, schedule_json, worker_json
 from .remote import Connection
 
 __all__ = ["submit", "get", "wait", "cancel", "tasks", "workers", "schedules", "schedule", "snapshot", "watch",

@@ -10,7 +10,6 @@ what is shown; redirected output is written unchanged.
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import json
 import re
@@ -19,14 +18,11 @@ from typing import IO, TYPE_CHECKING, Any, Iterable, Sequence
 
 from rich.cells import cell_len
 
-from ..core.snapshot import TOTAL_FIELDS
-
 if TYPE_CHECKING:
     from .._proto import cronoq_pb2 as pb
 
 __all__ = ["escape", "escape_bytes", "Output", "columns", "iso_ns", "age", "STATUS_NAMES", "PRIORITY_NAMES",
-           "OVERLAP_NAMES", "CLASS_NAMES", "task_json", "result_json", "event_json", "worker_json",
-           "schedule_json", "snapshot_json", "ordered_totals"]
+           "OVERLAP_NAMES", "CLASS_NAMES", "event_json", "worker_json", "schedule_json"]
 
 # Unicode's bidirectional embeddings, overrides and isolates: they reorder what follows on screen.
 _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
@@ -142,6 +138,8 @@ def age(seconds: float) -> str:
 
 # ---------------------------------------------------------------- enum names (proto values, stable)
 
+# Literal tables (checked against the proto by tests/test_cli_units.py): parsing
+# the command line must not import protobuf.
 STATUS_NAMES = {0: "unspecified", 1: "blocked", 2: "scheduled", 3: "ready", 4: "running", 5: "retrying",
                 6: "succeeded", 7: "failed", 8: "dead_lettered", 9: "cancelled", 10: "skipped", 11: "missed",
                 12: "shed"}
@@ -151,106 +149,12 @@ CLASS_NAMES = ("critical", "high", "normal", "low")
 
 
 # ---------------------------------------------------------------- JSON like the HTTP API
+# Tasks, results and snapshots: cronoq._proto.json_view, shared with the gateway.
 
 
 def _optional_ns(message: Any, field: str, out: dict[str, Any]) -> None:
     if message.HasField(field):
         out[field] = str(getattr(message, field))
-
-
-_CONDITIONS = {1: "on_success", 2: "on_failure", 3: "on_complete"}
-
-
-def task_json(m: pb.TaskInfo) -> dict[str, Any]:
-    """The task as GET /v1/tasks/{id} answers it (tests/test_cli.py compares the two)."""
-    out: dict[str, Any] = {"id": str(m.id), "status": STATUS_NAMES.get(m.status, str(m.status)), "pool": m.pool}
-    if m.key:
-        out["key"] = m.key
-    if m.kind:
-        out["kind"] = m.kind
-    out["attempt"] = m.attempt
-    if m.max_attempts:
-        out["max_attempts"] = m.max_attempts
-    if m.priority:
-        out["priority"] = PRIORITY_NAMES.get(m.priority, "normal")
-    if m.tenant:
-        out["tenant"] = m.tenant
-    if m.tags:
-        out["tags"] = dict(sorted(m.tags.items()))
-    out["output_available"] = m.output_available
-    if m.message:
-        out["message"] = m.message
-    for field in ("created_unix_ns", "started_unix_ns", "finished_unix_ns"):
-        _optional_ns(m, field, out)
-    if m.deps:
-        out["deps"] = [{"id": str(d.ref.id)} if d.ref.WhichOneof("ref") == "id" else {"key": d.ref.key}
-                       for d in m.deps]
-        for item, d in zip(out["deps"], m.deps):
-            item["cond"] = _CONDITIONS.get(d.cond, "on_success")
-    if m.attempts:
-        attempts = []
-        for a in m.attempts:
-            attempt: dict[str, Any] = {"attempt": a.attempt}
-            if a.status:
-                attempt["status"] = STATUS_NAMES.get(a.status, str(a.status))
-            if a.message:
-                attempt["message"] = a.message
-            attempt["started_unix_ns"] = str(a.started_unix_ns)
-            _optional_ns(a, "ended_unix_ns", attempt)
-            attempts.append(attempt)
-        out["attempts"] = attempts
-    if m.stages:
-        out["stages"] = list(m.stages)
-    if m.checkpoints:
-        out["checkpoints"] = [_checkpoint_json(c) for c in m.checkpoints]
-    return out
-
-
-def _checkpoint_json(m: Any) -> dict[str, Any]:
-    content_type = m.content_type or "application/octet-stream"
-    out: dict[str, Any] = {"stage": m.stage, "content_type": content_type}
-    decoded = _decoded(bytes(m.data), content_type)
-    if decoded is not _NOTHING:
-        out["data_text" if isinstance(decoded, str) and not _is_json(content_type) else "data"] = decoded
-    out.update(data_b64=base64.b64encode(m.data).decode("ascii"), attempt=m.attempt,
-               saved_unix_ns=str(m.saved_unix_ns))
-    return out
-
-
-def result_json(m: pb.TaskResult) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": str(m.id), "status": STATUS_NAMES.get(m.status, str(m.status)),
-                           "output_available": m.output_available}
-    if m.output_available:
-        content_type = m.content_type or "application/octet-stream"
-        out["content_type"] = content_type
-        decoded = _decoded(bytes(m.output), content_type)
-        if decoded is not _NOTHING:   # as GET /v1/tasks/{id}/result: JSON parsed, text as a string
-            out["output_text" if isinstance(decoded, str) and not _is_json(content_type) else "output"] = decoded
-        out["output_b64"] = base64.b64encode(m.output).decode("ascii")
-    if m.message:
-        out["message"] = m.message
-    return out
-
-
-_NOTHING = object()
-
-
-def _is_json(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
-
-
-def _decoded(data: bytes, content_type: str) -> Any:
-    """The output as JSON holds it: parsed when it is JSON, a string when it is text."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    try:
-        if media == "application/json" or media.endswith("+json"):
-            return json.loads(data)
-        if media.startswith("text/"):
-            return data.decode("utf-8")
-    except ValueError:
-        pass
-    return _NOTHING
 
 
 def event_json(m: pb.StatusEvent) -> dict[str, Any]:
@@ -281,25 +185,3 @@ def schedule_json(m: pb.RecurringInfo) -> dict[str, Any]:
     return out
 
 
-_POOL_FIELDS = ("name", "capacity", "busy", "held", "desired", "pending", "pending_by_class", "reservations",
-                "dispatched", "succeeded", "failed", "priority_adherence", "fixed_start_hit_rate", "utilization",
-                "schedule_efficiency", "wait_p50_s", "wait_p90_s", "wait_p99_s", "cost", "workers_connected")
-
-
-def ordered_totals(totals: Any) -> dict[str, int]:
-    """The snapshot's totals in the documented order (a map on the wire has none)."""
-    known = {name: i for i, name in enumerate(TOTAL_FIELDS)}
-    return {name: totals[name] for name in sorted(totals, key=lambda n: (known.get(n, len(known)), n))}
-
-
-def snapshot_json(m: pb.SnapshotResponse) -> dict[str, Any]:
-    pools = []
-    for p in m.pools:
-        pool = {name: getattr(p, name) for name in _POOL_FIELDS}
-        pool["pending_by_class"] = list(p.pending_by_class)
-        pool["groups"] = [{"labels": dict(sorted(g.labels.items())), "capacity": g.capacity, "busy": g.busy}
-                          for g in p.groups]
-        pools.append(pool)
-    return {"live_tasks": m.live_tasks, "running": m.running, "pending": m.pending,
-            "workers_connected": m.workers_connected, "unavailable_shards": list(m.unavailable_shards),
-            "pools": pools, "totals": ordered_totals(m.totals), "at_unix_ns": str(m.at_unix_ns)}

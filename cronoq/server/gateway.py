@@ -15,7 +15,6 @@ routes; docs/server.md documents it.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import time
@@ -24,8 +23,8 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from .._proto import cronoq_pb2 as pb
+from .._proto.json_view import JSON_DECODER, OVERLAP_NAMES, info_json, result_json, snapshot_json
 from .._version import __version__
-from ..core.snapshot import TOTAL_FIELDS
 from .auth import Authenticator, Principal
 from .codec import JSON, TEXT
 from .errors import Code, ServiceError
@@ -35,7 +34,7 @@ from .schema import (
     TASKS_OUT, WORKERS_OUT, REMOVED_OUT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text, invalid,
 )
 from .schema import Integer as IntegerField
-from .service import Service, status_enum, status_name
+from .service import Service, status_enum
 
 __all__ = ["Gateway", "Route", "ROUTES", "PATH_PARAMS"]
 
@@ -92,21 +91,11 @@ class Route:
 # ---------------------------------------------------------------- JSON in, JSON out
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 _PRIORITY_IN = {"critical": pb.PRIORITY_CRITICAL, "high": pb.PRIORITY_HIGH, "normal": pb.PRIORITY_NORMAL,
                 "low": pb.PRIORITY_LOW}
-_PRIORITY_OUT = {value: name for name, value in _PRIORITY_IN.items()}
 _MISS_IN = {"run_late": pb.MISS_POLICY_RUN_LATE, "skip": pb.MISS_POLICY_SKIP, "fail": pb.MISS_POLICY_FAIL}
 _COND_IN = {"on_success": pb.EDGE_COND_ON_SUCCESS, "on_failure": pb.EDGE_COND_ON_FAILURE,
             "on_complete": pb.EDGE_COND_ON_COMPLETE}
-_COND_OUT = {value: name for name, value in _COND_IN.items()}
-_OVERLAP_OUT = {pb.OVERLAP_UNSPECIFIED: "skip", pb.OVERLAP_SKIP: "skip", pb.OVERLAP_ALLOW: "allow",
-                pb.OVERLAP_QUEUE: "queue", pb.OVERLAP_QUEUE_ON_SUCCESS: "queue_on_success"}
-_STATUS_OUT = {status_enum(name): name for name in STATUSES}
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -176,124 +165,6 @@ def task_spec(task: dict[str, Any]) -> pb.TaskSpec:
     return pb.TaskSpec(**fields)
 
 
-def _is_json(content_type: str) -> bool:
-    media = content_type.partition(";")[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
-
-
-def result_json(result: pb.TaskResult) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": str(result.id), "status": _STATUS_OUT[result.status],
-                           "output_available": result.output_available}
-    if result.output_available:
-        content_type = result.content_type or "application/octet-stream"
-        data = result.output
-        out["content_type"] = content_type
-        if _is_json(content_type):
-            try:
-                out["output"] = _DECODER.decode(data.decode("utf-8"))
-            except (ValueError, RecursionError):
-                pass
-        elif content_type.lower().startswith("text/"):
-            try:
-                out["output_text"] = data.decode("utf-8")
-            except UnicodeDecodeError:
-                pass
-        out["output_b64"] = base64.b64encode(data).decode("ascii")
-    if result.message:
-        out["message"] = result.message
-    return out
-
-
-def info_json(info: pb.TaskInfo) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": str(info.id), "status": _STATUS_OUT[info.status], "pool": info.pool}
-    if info.key:
-        out["key"] = info.key
-    if info.kind:
-        out["kind"] = info.kind
-    out["attempt"] = info.attempt
-    if info.max_attempts:
-        out["max_attempts"] = info.max_attempts
-    if info.priority:
-        out["priority"] = _PRIORITY_OUT.get(info.priority, "normal")
-    if info.tenant:
-        out["tenant"] = info.tenant
-    if info.tags:
-        out["tags"] = dict(info.tags)
-    out["output_available"] = info.output_available
-    if info.message:
-        out["message"] = info.message
-    if info.HasField("created_unix_ns"):
-        out["created_unix_ns"] = str(info.created_unix_ns)
-    if info.HasField("started_unix_ns"):
-        out["started_unix_ns"] = str(info.started_unix_ns)
-    if info.HasField("finished_unix_ns"):
-        out["finished_unix_ns"] = str(info.finished_unix_ns)
-    if info.deps:
-        out["deps"] = [{("id" if d.ref.WhichOneof("ref") == "id" else "key"):
-                        (str(d.ref.id) if d.ref.WhichOneof("ref") == "id" else d.ref.key),
-                        "cond": _COND_OUT[d.cond]} for d in info.deps]
-    if info.attempts:
-        attempts = []
-        for a in info.attempts:
-            item: dict[str, Any] = {"attempt": a.attempt}
-            if a.status:
-                item["status"] = _STATUS_OUT[a.status]
-            if a.message:
-                item["message"] = a.message
-            item["started_unix_ns"] = str(a.started_unix_ns)
-            if a.HasField("ended_unix_ns"):
-                item["ended_unix_ns"] = str(a.ended_unix_ns)
-            attempts.append(item)
-        out["attempts"] = attempts
-    if info.stages:
-        out["stages"] = list(info.stages)
-    if info.checkpoints:
-        out["checkpoints"] = [_checkpoint_json(c) for c in info.checkpoints]
-    return out
-
-
-def _checkpoint_json(checkpoint: pb.StageCheckpoint) -> dict[str, Any]:
-    out: dict[str, Any] = {"stage": checkpoint.stage}
-    content_type = checkpoint.content_type or "application/octet-stream"
-    data = checkpoint.data
-    out["content_type"] = content_type
-    if _is_json(content_type):
-        try:
-            out["data"] = _DECODER.decode(data.decode("utf-8"))
-        except (ValueError, RecursionError):
-            pass
-    elif content_type.lower().startswith("text/"):
-        try:
-            out["data_text"] = data.decode("utf-8")
-        except UnicodeDecodeError:
-            pass
-    out["data_b64"] = base64.b64encode(data).decode("ascii")
-    out["attempt"] = checkpoint.attempt
-    out["saved_unix_ns"] = str(checkpoint.saved_unix_ns)
-    return out
-
-
-def _totals(totals: Any) -> dict[str, int]:
-    known = [name for name in TOTAL_FIELDS if name in totals]
-    return {name: totals[name] for name in known + sorted(set(totals) - set(known))}
-
-
-def snapshot_json(snap: pb.SnapshotResponse) -> dict[str, Any]:
-    pools = []
-    for p in snap.pools:
-        pools.append({
-            "name": p.name, "capacity": p.capacity, "busy": p.busy, "held": p.held, "desired": p.desired,
-            "pending": p.pending, "pending_by_class": list(p.pending_by_class), "reservations": p.reservations,
-            "dispatched": p.dispatched, "succeeded": p.succeeded, "failed": p.failed,
-            "priority_adherence": p.priority_adherence, "fixed_start_hit_rate": p.fixed_start_hit_rate,
-            "utilization": p.utilization, "schedule_efficiency": p.schedule_efficiency,
-            "wait_p50_s": p.wait_p50_s, "wait_p90_s": p.wait_p90_s, "wait_p99_s": p.wait_p99_s, "cost": p.cost,
-            "workers_connected": p.workers_connected,
-            "groups": [{"labels": dict(g.labels), "capacity": g.capacity, "busy": g.busy} for g in p.groups],
-        })
-    return {"pools": pools, "live_tasks": snap.live_tasks, "running": snap.running, "pending": snap.pending,
-            "workers_connected": snap.workers_connected, "totals": _totals(snap.totals),
-            "at_unix_ns": str(snap.at_unix_ns), "unavailable_shards": list(snap.unavailable_shards)}
 
 
 # ---------------------------------------------------------------- the gateway
@@ -496,7 +367,7 @@ class Gateway:
         except UnicodeDecodeError:
             raise HttpError(400, "the body is not UTF-8") from None
         try:
-            value = _DECODER.decode(text)
+            value = JSON_DECODER.decode(text)
         except (ValueError, RecursionError) as exc:
             raise HttpError(400, f"the body is not valid JSON: {exc}") from None
         if type(value) is not dict:
@@ -584,7 +455,7 @@ class Gateway:
             item: dict[str, Any] = {"name": s.name, "cron": s.cron}
             if s.tz:
                 item["tz"] = s.tz
-            item.update(pool=s.pool, kind=s.kind, overlap=_OVERLAP_OUT[s.overlap])
+            item.update(pool=s.pool, kind=s.kind, overlap=OVERLAP_NAMES[s.overlap])
             if s.HasField("next_unix_ns"):
                 item["next_unix_ns"] = str(s.next_unix_ns)
             if s.HasField("last_task_id"):

@@ -1,0 +1,154 @@
+"""cronoq.v1 messages as the HTTP API's JSON documents.
+
+One definition for the HTTP gateway (which answers with them) and the
+command line (whose ``-o json`` prints the same documents): ids and
+nanosecond times are strings, enums are their lower-case names, and
+payloads appear parsed when JSON, as text when text, and always as base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from ..core.snapshot import TOTAL_FIELDS
+from . import cronoq_pb2 as pb
+
+
+def _enum_names(enum: Any, prefix: str) -> dict[int, str]:
+    return {value: name[len(prefix):].lower() for name, value in enum.items()}
+
+
+STATUS_NAMES = _enum_names(pb.TaskStatus, "TASK_STATUS_")
+PRIORITY_NAMES = {**_enum_names(pb.Priority, "PRIORITY_"), pb.PRIORITY_UNSPECIFIED: "normal"}
+OVERLAP_NAMES = {**_enum_names(pb.Overlap, "OVERLAP_"), pb.OVERLAP_UNSPECIFIED: "skip"}
+CONDITION_NAMES = _enum_names(pb.EdgeCond, "EDGE_COND_")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+# Strict JSON: NaN and Infinity are not numbers of the API.
+JSON_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def is_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def _bytes_fields(out: dict[str, Any], data: bytes, content_type: str, name: str) -> None:
+    """``name`` (parsed JSON) or ``name_text`` (UTF-8 text) when they apply, and ``name_b64``."""
+    if is_json(content_type):
+        try:
+            out[name] = JSON_DECODER.decode(data.decode("utf-8"))
+        except (ValueError, RecursionError):
+            pass
+    elif content_type.lower().startswith("text/"):
+        try:
+            out[name + "_text"] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    out[name + "_b64"] = base64.b64encode(data).decode("ascii")
+
+
+def _optional_ns(message: Any, field: str, out: dict[str, Any]) -> None:
+    if message.HasField(field):
+        out[field] = str(getattr(message, field))
+
+
+def result_json(result: pb.TaskResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": str(result.id), "status": STATUS_NAMES[result.status],
+                           "output_available": result.output_available}
+    if result.output_available:
+        content_type = result.content_type or "application/octet-stream"
+        out["content_type"] = content_type
+        _bytes_fields(out, result.output, content_type, "output")
+    if result.message:
+        out["message"] = result.message
+    return out
+
+
+def checkpoint_json(checkpoint: pb.StageCheckpoint) -> dict[str, Any]:
+    content_type = checkpoint.content_type or "application/octet-stream"
+    out: dict[str, Any] = {"stage": checkpoint.stage, "content_type": content_type}
+    _bytes_fields(out, checkpoint.data, content_type, "data")
+    out["attempt"] = checkpoint.attempt
+    out["saved_unix_ns"] = str(checkpoint.saved_unix_ns)
+    return out
+
+
+def _attempt_json(attempt: pb.Attempt) -> dict[str, Any]:
+    out: dict[str, Any] = {"attempt": attempt.attempt}
+    if attempt.status:
+        out["status"] = STATUS_NAMES[attempt.status]
+    if attempt.message:
+        out["message"] = attempt.message
+    out["started_unix_ns"] = str(attempt.started_unix_ns)
+    _optional_ns(attempt, "ended_unix_ns", out)
+    return out
+
+
+def info_json(info: pb.TaskInfo) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": str(info.id), "status": STATUS_NAMES[info.status], "pool": info.pool}
+    if info.key:
+        out["key"] = info.key
+    if info.kind:
+        out["kind"] = info.kind
+    out["attempt"] = info.attempt
+    if info.max_attempts:
+        out["max_attempts"] = info.max_attempts
+    if info.priority:
+        out["priority"] = PRIORITY_NAMES.get(info.priority, "normal")
+    if info.tenant:
+        out["tenant"] = info.tenant
+    if info.tags:
+        out["tags"] = dict(info.tags)
+    out["output_available"] = info.output_available
+    if info.message:
+        out["message"] = info.message
+    for field in ("created_unix_ns", "started_unix_ns", "finished_unix_ns"):
+        _optional_ns(info, field, out)
+    if info.deps:
+        out["deps"] = [{"id": str(d.ref.id)} if d.ref.WhichOneof("ref") == "id" else {"key": d.ref.key}
+                       for d in info.deps]
+        for item, dep in zip(out["deps"], info.deps):
+            item["cond"] = CONDITION_NAMES.get(dep.cond, "on_success")
+    if info.attempts:
+        out["attempts"] = [_attempt_json(a) for a in info.attempts]
+    if info.stages:
+        out["stages"] = list(info.stages)
+    if info.checkpoints:
+        out["checkpoints"] = [checkpoint_json(c) for c in info.checkpoints]
+    return out
+
+
+def ordered_totals(totals: Any) -> dict[str, int]:
+    """The snapshot's totals in the documented order (a map on the wire has none), others after by name."""
+    known = [name for name in TOTAL_FIELDS if name in totals]
+    return {name: totals[name] for name in known + sorted(set(totals) - set(known))}
+
+
+_POOL_FIELDS = ("name", "capacity", "busy", "held", "desired", "pending", "pending_by_class", "reservations",
+                "dispatched", "succeeded", "failed", "priority_adherence", "fixed_start_hit_rate", "utilization",
+                "schedule_efficiency", "wait_p50_s", "wait_p90_s", "wait_p99_s", "cost", "workers_connected")
+
+
+def _pool_json(pool: pb.PoolSnapshot) -> dict[str, Any]:
+    out = {name: getattr(pool, name) for name in _POOL_FIELDS}
+    out["pending_by_class"] = list(pool.pending_by_class)
+    out["groups"] = [{"labels": dict(g.labels), "capacity": g.capacity, "busy": g.busy} for g in pool.groups]
+    return out
+
+
+def snapshot_json(snap: pb.SnapshotResponse) -> dict[str, Any]:
+    return {"pools": [_pool_json(p) for p in snap.pools], "live_tasks": snap.live_tasks, "running": snap.running,
+            "pending": snap.pending, "workers_connected": snap.workers_connected,
+            "totals": ordered_totals(snap.totals), "at_unix_ns": str(snap.at_unix_ns),
+            "unavailable_shards": list(snap.unavailable_shards)}
+
+
+__all__ = ["STATUS_NAMES", "PRIORITY_NAMES", "OVERLAP_NAMES", "CONDITION_NAMES", "JSON_DECODER", "is_json",
+           "result_json", "checkpoint_json", "info_json", "ordered_totals", "snapshot_json"]

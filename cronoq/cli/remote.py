@@ -4,8 +4,6 @@ calls that retry UNAVAILABLE with backoff and raise cronoq's exceptions
 
 from __future__ import annotations
 
-import asyncio
-import random
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
@@ -38,18 +36,7 @@ class Connection:
     async def call(self, make: Callable[[], Awaitable[T]], ref: int | str | None = None, *,
                    retry_for: float | None = None) -> T:
         """Run a unary call; raise the cronoq exception it stands for."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + (self.settings.retry_for if retry_for is None else retry_for)
-        delay = 0.05
-        while True:
-            try:
-                return await make()
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAVAILABLE and loop.time() + delay < give_up:
-                    await asyncio.sleep(delay * (0.5 + random.random() / 2))
-                    delay = min(delay * 2, 2.0)
-                    continue
-                raise wire.error_from(exc, ref) from None
+        return await wire.call(make, self.settings.retry_for if retry_for is None else retry_for, ref)
 
     async def watch(self, pools: list[str], terminal_only: bool) -> AsyncIterator[pb.StatusEvent]:
         """The Watch stream, as raw events; its errors as cronoq exceptions."""

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import builtins
 
-import asyncio
 import json
-import random
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, TypeVar, cast
 
@@ -209,18 +207,7 @@ class Client:
 
     async def _call(self, make: Callable[[], Awaitable[T]], ref: int | str | None = None) -> T:
         """Run one unary call, retrying UNAVAILABLE with backoff."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.retry_for
-        delay = 0.05
-        while True:
-            try:
-                return await make()
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAVAILABLE and loop.time() + delay < give_up:
-                    await asyncio.sleep(delay * (0.5 + random.random() / 2))
-                    delay = min(delay * 2, 2.0)
-                    continue
-                raise wire.error_from(exc, ref) from None
+        return await wire.call(make, self.retry_for, ref)
 
     # -- tasks
 

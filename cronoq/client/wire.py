@@ -3,10 +3,12 @@ mapping of gRPC errors to cronoq's exception types (shared by Client and Worker)
 
 from __future__ import annotations
 
+import asyncio
 import datetime as _dt
 import json
 import math
-from typing import Any, Iterable, Mapping
+import random
+from typing import Any, Awaitable, Callable, Iterable, Mapping, TypeVar
 
 import grpc
 
@@ -15,7 +17,7 @@ from ..errors import AccessDenied, ServerError
 from .._proto import cronoq_pb2 as pb
 from ..core.types import CLASSES, NS, Dep, Priority, RetryPolicy, TaskSpec
 
-__all__ = ["encode", "decode", "task_message", "error_from", "ServerError", "AccessDenied", "channel",
+__all__ = ["call", "encode", "decode", "task_message", "error_from", "ServerError", "AccessDenied", "channel",
            "OCTETS", "JSON",
            "TEXT"]
 
@@ -53,6 +55,26 @@ def error_from(exc: grpc.aio.AioRpcError, ref: int | str | None = None) -> Excep
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return _errors.InvalidTask(message)
     return ServerError(code.name, message)
+
+
+T = TypeVar("T")
+
+
+async def call(make: Callable[[], Awaitable[T]], retry_for: float, ref: int | str | None = None) -> T:
+    """Run one unary call, retrying UNAVAILABLE with jittered backoff for up to
+    ``retry_for`` seconds; any other failure raises the cronoq exception it stands for."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + retry_for
+    delay = 0.05
+    while True:
+        try:
+            return await make()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and loop.time() + delay < give_up:
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+                delay = min(delay * 2, 2.0)
+                continue
+            raise error_from(exc, ref) from None
 
 
 def encode(value: Any, content_type: str | None = None) -> tuple[bytes, str]:

@@ -770,19 +770,28 @@ class Scheduler:
             core = self._core
             assert core is not None
             core.stop_dispatching()
-            turns = [t for waiting in self._room.values() for t in waiting]
-            self._room.clear()
+            turns = self._take_room_waiters()
         error = SchedulerError(f"this scheduler lost leadership ({reason}); another one serves now")
+        self._fail_in_flight(turns, error)
+        for runner in self._runners.values():
+            runner.cancel_all()
+        self._finish_shutdown()
+        self.lost_reason = reason
+
+    def _take_room_waiters(self) -> list[_Turn]:
+        turns = [t for waiting in self._room.values() for t in waiting]
+        self._room.clear()
+        return turns
+
+    def _fail_in_flight(self, turns: list[_Turn], error: SchedulerError) -> None:
+        """Leadership is gone: submitters waiting for room and commits not yet
+        acknowledged get ``error``; nothing more is written."""
         for turn in turns:
             if turn.future is not None and not turn.future.done():
                 turn.future.set_exception(error)
         if self._log is not None:
             self._log.fail_all(error)
             self._log.discard_open()
-        for runner in self._runners.values():
-            runner.cancel_all()
-        self._finish_shutdown()
-        self.lost_reason = reason
 
     def _arm(self) -> None:
         core = self._core
@@ -1609,15 +1618,8 @@ class Scheduler:
                   extra={"action": "leader_lost", "epoch": self.epoch})
         self._leading = False
         core.stop_dispatching()
-        turns = [t for waiting in self._room.values() for t in waiting]
-        self._room.clear()
         error = SchedulerError(f"this process lost the lead ({reason}); call again: another process leads")
-        for turn in turns:
-            if turn.future is not None and not turn.future.done():
-                turn.future.set_exception(error)
-        if self._log is not None:
-            self._log.fail_all(error)
-            self._log.discard_open()
+        self._fail_in_flight(self._take_room_waiters(), error)
         for lease in list(core.running):
             for runner in self._runners.values():
                 if runner.abort(lease):

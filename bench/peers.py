@@ -3,8 +3,9 @@
 SQLite, single submits one after another, each returning once it is on disk:
 - huey's ``SqliteHuey`` (its defaults: WAL, synchronous=FULL), ``task(x)``;
 - cronoq, ``await sched.enqueue(x)`` on a ``SqliteStore`` with
-  ``full_sync=True`` (the default: the same fsync per commit), and with
-  ``full_sync=False``.
+  ``full_sync=True`` (the default: the same fsync per commit), with
+  ``full_sync=False``, and with ``inline_commits=False`` (every commit on
+  the store's thread); and ``BlockingScheduler.enqueue(x)`` from a thread.
 
 PostgreSQL (a throwaway server, fsync and synchronous_commit on):
 - procrastinate, ``await task.defer_async(x=...)`` one at a time, and
@@ -65,6 +66,17 @@ async def cronoq_batched(store: cronoq.PostgresStore, batches: int) -> float:
         rate = batches * BATCH / (time.perf_counter() - start)
     await store.close()
     return rate
+
+
+def blocking_single(path: str, n: int, inline: bool = True) -> float:
+    """The same from a plain thread, through ``BlockingScheduler.enqueue``."""
+    store = cronoq.SqliteStore(path, inline_commits=inline)
+    with cronoq.BlockingScheduler([_pool()], store=store) as sched:
+        sched.enqueue(-1)
+        start = time.perf_counter()
+        for i in range(n):
+            sched.enqueue(i)
+        return n / (time.perf_counter() - start)
 
 
 def huey_single(path: str, n: int) -> float:
@@ -133,6 +145,10 @@ def main() -> int:
                     cronoq.SqliteStore(os.path.join(temp, f"c{r}.db")), args.single)))
                 add("SQLite  cronoq full_sync=False, single", asyncio.run(cronoq_single(
                     cronoq.SqliteStore(os.path.join(temp, f"n{r}.db"), full_sync=False), args.single)))
+                add("SQLite  cronoq inline_commits=False, single", asyncio.run(cronoq_single(
+                    cronoq.SqliteStore(os.path.join(temp, f"w{r}.db"), inline_commits=False), args.single)))
+                add("SQLite  cronoq BlockingScheduler, single", blocking_single(
+                    os.path.join(temp, f"b{r}.db"), args.single))
         if args.backend in ("postgres", "all"):
             from pgserver import PgServer, unavailable_reason
 

@@ -102,6 +102,26 @@ class _Waiter:
         self.deferred: SchedulerError | None = None       # given up while its rows were being written
 
 
+# A caller that commits its own batch (``durable``) and so need not wait goes
+# on without suspending; at least this often (seconds) it lets the loop run,
+# which bounds how long I/O that arrived meanwhile waits.
+YIELD_EVERY = 0.001
+
+
+def _idle(loop: asyncio.AbstractEventLoop, own: asyncio.Handle) -> bool:
+    """Whether ``loop`` has nothing to run now but ``own``: no other callback
+    queued, no timer due. Only asyncio's own loops can say; others never
+    count as idle."""
+    ready = getattr(loop, "_ready", None)
+    scheduled = getattr(loop, "_scheduled", None)
+    if ready is None or scheduled is None or len(ready) > 4:
+        return False
+    for handle in ready:
+        if handle is not own and not handle.cancelled():
+            return False
+    return not scheduled or scheduled[0].when() > loop.time()
+
+
 def _effect_task(raw: tuple) -> int | None:
     kind = raw[0]
     if kind == 1:      # DISPATCH (entry, lease, ...)
@@ -172,6 +192,11 @@ class DurableLog:
         self.refused = 0          # changes the database refused (logged, callers told)
         self.deadlines: deque[_Waiter] = deque()
         self.timer: Cancellable | None = None
+        self.starting: asyncio.Handle | None = None   # the commit loop's start, due this loop step
+        # Stores that can commit on this thread at once when it is quick (SQLite).
+        self.commit_now: Callable[[int, Batch], bool] | None = getattr(store, "commit_now", None)
+        self.committed_now = 0
+        self.yielded = 0.0   # when a call that committed itself last let the loop run
 
     # -- filling the open batch (on the loop, inside the pump)
 
@@ -219,6 +244,15 @@ class DurableLog:
         return False
 
     def kick(self) -> None:
+        """Start the commit loop at the end of this loop step (so a call that
+        is about to wait can commit its batch itself; see ``durable``)."""
+        if self.task is None and self.starting is None and self.open:
+            self.starting = asyncio.get_running_loop().call_soon(self._start)
+
+    def _start(self) -> None:
+        if self.starting is not None:
+            self.starting.cancel()
+            self.starting = None
         if self.task is None and self.open:
             self.task = asyncio.get_running_loop().create_task(self._run())
 
@@ -228,13 +262,20 @@ class DurableLog:
         """Return once everything produced so far is committed. ``claims``:
         ids of tasks this call submitted (withdrawn if it fails); ``needs``:
         further ids or schedule names whose refusal fails it."""
+        loop = asyncio.get_running_loop()
         if self.open:
+            if self.starting is not None and self.commit_now is not None and _idle(loop, self.starting) \
+                    and self._commit_open_now():
+                now = realtime.real_monotonic()
+                if now - self.yielded >= YIELD_EVERY:   # let the loop look at its I/O now and then
+                    self.yielded = now
+                    await asyncio.sleep(0)
+                return
             waiters, stage = self.open_waiters, self.open_stage
         elif self.inflight is not None:
             waiters, stage = self.inflight_waiters, self.inflight_stage
         else:
             return
-        loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), claims, claims + needs if needs else claims,
                          realtime.real_monotonic() + self.commit_timeout, stage)
         waiters.append(waiter)
@@ -248,6 +289,31 @@ class DurableLog:
             self.timer = realtime.call_later(deadlines[0].deadline - realtime.real_monotonic(),
                                              self._expire, loop)
         await waiter.future
+
+    def _commit_open_now(self) -> bool:
+        """Commit the open batch on this thread, now (the loop has nothing
+        else to run, so it would only wait for the store's thread). False if
+        the store declines or fails: the commit loop then writes the batch and
+        deals with any failure as usual."""
+        assert self.commit_now is not None
+        batch = self.open
+        try:
+            if not self.commit_now(self.epoch, batch):
+                return False
+        except Exception:   # not written: the commit loop tries again, and reports
+            return False
+        self.open = Batch()
+        effects, self.open_effects = self.open_effects, []
+        waiters, self.open_waiters = self.open_waiters, []
+        self.open_stage += 1
+        self.commits += 1
+        self.committed_now += 1
+        # self.starting stays: it finds nothing to write, or what came since.
+        self.hooks.release(effects)
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+        return True
 
     def _expire(self) -> None:
         self.timer = None
@@ -320,7 +386,7 @@ class DurableLog:
         """Wait until nothing is pending (shutdown); False on timeout."""
         try:
             while self.open or self.inflight is not None:
-                self.kick()
+                self._start()
                 task = self.task
                 if task is None:
                     break
@@ -422,7 +488,7 @@ class DurableLog:
         finally:
             self.task = None
             if self.open and self.hooks.accepting_commits():
-                self.kick()
+                self._start()
 
     def _settle_deferred(self, error: SchedulerError) -> None:
         """The attempt failed: calls that waited for its outcome raise (their

@@ -195,6 +195,7 @@ class Worker:
         self._queue: queue.SimpleQueue[_WorkItem | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._busy = threading.Lock()   # held while a call runs (on the thread, or in run_here)
 
     def _put(self, item: _WorkItem) -> None:
         if self._stopped:
@@ -217,6 +218,23 @@ class Worker:
         self._put((future, fn, args))
         return future
 
+    def run_here(self, fn: Callable[..., bool], *args: Any) -> bool:
+        """Run ``fn(*args)`` on the calling thread if the worker is idle (no
+        call running or queued), so it keeps their order; False, without
+        calling ``fn``, if it is not. Returns what ``fn`` returns."""
+        if self._stopped or not self._busy.acquire(False):
+            return False
+        try:
+            if not self._queue.empty():
+                return False
+            fork_gate.enter()
+            try:
+                return fn(*args)
+            finally:
+                fork_gate.leave()
+        finally:
+            self._busy.release()
+
     def shutdown(self) -> None:
         """Stop the thread once the calls already queued are done."""
         if not self._stopped:
@@ -231,13 +249,14 @@ class Worker:
                 return
             future, fn, args = item
             value: Any
-            fork_gate.enter()
-            try:
-                ok, value = True, fn(*args)
-            except BaseException as exc:
-                ok, value = False, exc
-            finally:
-                fork_gate.leave()
+            with self._busy:
+                fork_gate.enter()
+                try:
+                    ok, value = True, fn(*args)
+                except BaseException as exc:
+                    ok, value = False, exc
+                finally:
+                    fork_gate.leave()
             if isinstance(future, concurrent.futures.Future):
                 if future.set_running_or_notify_cancel():
                     if ok:
@@ -573,6 +592,11 @@ class SqlStore:
         self._drop_writer_later()
 
     def _commit_sync(self, epoch: int, batch: Batch) -> None:
+        self._commit_with(None, epoch, batch)
+
+    def _commit_with(self, begun: Any, epoch: int, batch: Batch) -> None:
+        """The commit, on the writer connection, or on ``begun``: a raw
+        connection whose write transaction is already open."""
         self._ensure()
         inserts: dict[int, list[Any]] = {}
         for t in batch.tasks:   # in INSERT_COLUMNS order
@@ -606,11 +630,12 @@ class SqlStore:
             else:
                 outputs.append((data, task_id))
         sql = self._sql
-        conn = self._writer()
+        conn = self._writer() if begun is None else begun
         try:
             cursor = conn.cursor()
             try:
-                self._tx_begin(cursor)
+                if begun is None:
+                    self._tx_begin(cursor)
                 cursor.execute(sql["fence"])
                 self._check_fence(cursor.fetchone(), epoch)
                 if inserts:
@@ -642,7 +667,8 @@ class SqlStore:
                     exc.cronoq_uncertain = True   # type: ignore[attr-defined]
                 raise
         except BaseException:
-            self._abandon_writer(conn)
+            if begun is None:
+                self._abandon_writer(conn)
             raise
         if self.keep_finished_ns and time.monotonic() - self._last_prune >= self.prune_every:
             self._last_prune = time.monotonic()

@@ -157,20 +157,26 @@ async def test_large_batches_and_a_store_that_opts_out_commit_on_the_worker(sqli
 async def test_a_failing_commit_on_the_loop_is_retried_and_reported_by_the_commit_loop(sqlite_backend):
     store = sqlite_backend.store()
     sched = await started(store)
-    calls = []
+    calls: list[tuple[bool, list[int]]] = []
     original = store._commit_with
 
     def fail_once_on_the_loop(begun, epoch, batch):
-        calls.append(begun is not None)
-        if begun is not None and calls.count(True) == 1:
+        on_loop = begun is not None
+        calls.append((on_loop, [t.id for t in batch.tasks]))
+        if on_loop and sum(1 for here, _ in calls if here) == 1:
             raise sqlite3.OperationalError("disk I/O error")
         original(begun, epoch, batch)
 
     store._commit_with = fail_once_on_the_loop
-    task_id = await sched.enqueue("after a failure", key="retried")
-    # The loop's attempt failed and wrote nothing; the worker wrote the batch.
-    assert calls[:2] == [True, False]
-    assert sqlite_backend.sql("SELECT id FROM cronoq_tasks WHERE key = 'retried'") == [(task_id,)]
+    ids = []
+    while not any(here for here, _ in calls):
+        ids.append(await sched.enqueue(len(ids)))
+        assert len(ids) < 100
+    # The loop's attempt failed and wrote nothing; the worker wrote the same batch.
+    first = next(n for n, (here, _) in enumerate(calls) if here)
+    assert calls[first + 1] == (False, calls[first][1]) and ids[-1] in calls[first][1]
+    on_disk = {row[0] for row in sqlite_backend.sql("SELECT id FROM cronoq_tasks")}
+    assert set(ids) <= on_disk
     await sched.shutdown()
 
 

@@ -108,7 +108,7 @@ class _Waiter:
 YIELD_EVERY = 0.001
 
 
-def _idle(loop: asyncio.AbstractEventLoop, own: asyncio.Handle) -> bool:
+def _idle(loop: asyncio.AbstractEventLoop, own: asyncio.Handle | None) -> bool:
     """Whether ``loop`` has nothing to run now but ``own``: no other callback
     queued, no timer due. Only asyncio's own loops can say; others never
     count as idle."""
@@ -244,12 +244,28 @@ class DurableLog:
         return False
 
     def kick(self) -> None:
-        """Start the commit loop at the end of this loop step (so a call that
-        is about to wait can commit its batch itself; see ``durable``)."""
+        """Start the commit loop; with a store that can commit at once, at the
+        end of this loop step (a call about to wait may commit its batch
+        itself meanwhile: see ``durable``)."""
         if self.task is None and self.starting is None and self.open:
-            self.starting = asyncio.get_running_loop().call_soon(self._start)
+            if self.commit_now is None:
+                self.task = asyncio.get_running_loop().create_task(self._run())
+            else:
+                self.starting = asyncio.get_running_loop().call_soon(self._start_later, False)
+
+    def _start_later(self, deferred: bool) -> None:
+        self.starting = None
+        if self.task is None and self.open:
+            loop = asyncio.get_running_loop()
+            if not deferred and not _idle(loop, None):
+                # Callbacks are waiting: let them run first, once. One may be
+                # a call from a thread about to wait for this very batch.
+                self.starting = loop.call_soon(self._start_later, True)
+                return
+            self.task = loop.create_task(self._run())
 
     def _start(self) -> None:
+        """Start the commit loop now."""
         if self.starting is not None:
             self.starting.cancel()
             self.starting = None

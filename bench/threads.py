@@ -5,6 +5,12 @@ Floors, measured in the same process run:
   no-op work (one thread puts the tasks, then waits for them all);
 - asyncio: an ``asyncio.Queue`` with 8 worker coroutines.
 
+Two references for the asyncio path, to show what its target leaves room
+for: the same queue whose workers resolve a plain asyncio future per item,
+awaited with ``asyncio.gather`` over every future (the cost of gather
+itself), and the engine alone (``bench/engine.py`` (a): submit, dispatch
+and complete, sans-IO).
+
 Paths (50,000 no-op tasks each by default, 8 slots):
 - legacy: one thread calls ``ElasticPriorityScheduler.submit(Task(id,
   duration=0.0))`` for every task, then waits for ``completed_count``;
@@ -33,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import cronoq  # noqa: E402
+from engine import cycles_per_second  # noqa: E402  (bench/engine.py)
 from cronoq_compat import ElasticPriorityScheduler, Priority, Task  # noqa: E402
 
 SLOTS = 8
@@ -79,6 +86,30 @@ async def asyncio_floor(n: int) -> float:
     for i in range(n):
         q.put_nowait(i)
     await q.join()
+    elapsed = time.perf_counter() - start
+    for w in workers:
+        w.cancel()
+    return n / elapsed
+
+
+async def gather_floor(n: int) -> float:
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def worker() -> None:
+        while True:
+            future = await q.get()
+            future.set_result(None)
+            q.task_done()
+
+    workers = [asyncio.create_task(worker()) for _ in range(SLOTS)]
+    start = time.perf_counter()
+    futures = []
+    for _ in range(n):
+        future = loop.create_future()
+        q.put_nowait(future)
+        futures.append(future)
+    await asyncio.gather(*futures)
     elapsed = time.perf_counter() - start
     for w in workers:
         w.cancel()
@@ -214,7 +245,8 @@ def main() -> int:
     args = parser.parse_args()
     n = args.tasks
     runs: dict[str, list[float]] = {k: [] for k in (
-        "thread floor", "asyncio floor", "legacy", "blocking-1", "blocking-8", "asyncio-gather")}
+        "thread floor", "asyncio floor", "legacy", "blocking-1", "blocking-8", "asyncio-gather", "gather floor",
+        "engine")}
     for _ in range(args.repeat):   # interleaved, so noise hits every path alike
         runs["thread floor"].append(thread_floor(n))
         runs["legacy"].append(legacy(n))
@@ -222,6 +254,8 @@ def main() -> int:
         runs["blocking-8"].append(blocking(n, 8))
         runs["asyncio floor"].append(asyncio.run(asyncio_floor(n)))
         runs["asyncio-gather"].append(asyncio.run(asyncio_gather(n)))
+        runs["gather floor"].append(asyncio.run(gather_floor(n)))
+        runs["engine"].append(cycles_per_second(n))
     med = {k: statistics.median(v) for k, v in runs.items()}
     print(f"{n:,} no-op tasks, {SLOTS} slots, median of {args.repeat} interleaved runs\n")
     print(f"  {'path':<38} {'tasks/s':>10} {'ratio':>8}  target")
@@ -234,6 +268,13 @@ def main() -> int:
     print(f"  {'asyncio.Queue + 8 workers (floor)':<38} {med['asyncio floor']:10,.0f}")
     ratio = med["asyncio-gather"] / med["asyncio floor"]
     print(f"  {'Scheduler, batches of 1,000 + gather':<38} {med['asyncio-gather']:10,.0f} {ratio:8.3f}  >= 0.1")
+    print("\n  references for the asyncio path:")
+    for k, label in (("gather floor", "gather over plain futures (8 workers)"),
+                     ("engine", "engine alone (sans-IO cycles)")):
+        print(f"  {label:<38} {med[k]:10,.0f} {med[k] / med['asyncio floor']:8.3f}")
+    bound = 1 / (1 / med["gather floor"] + 1 / med["engine"])
+    print(f"  {'both, one after the other (1/(1/a+1/b))':<38} {bound:10,.0f} {bound / med['asyncio floor']:8.3f}"
+          f"  (a scheduler that adds nothing)")
     if not args.skip_latency:
         print(f"\nstart latency of a critical task behind {BACKLOG:,} low tasks of 1 ms on {LATENCY_SLOTS} slots "
               f"({args.probes} probes)\n")

@@ -172,9 +172,9 @@ async def test_a_failing_commit_on_the_loop_is_retried_and_reported_by_the_commi
     while not any(here for here, _ in calls):
         ids.append(await sched.enqueue(len(ids)))
         assert len(ids) < 100
-    # The loop's attempt failed and wrote nothing; the worker wrote the same batch.
+    # The loop's attempt failed and wrote nothing; the next attempt wrote the same batch.
     first = next(n for n, (here, _) in enumerate(calls) if here)
-    assert calls[first + 1] == (False, calls[first][1]) and ids[-1] in calls[first][1]
+    assert calls[first + 1][1] == calls[first][1] and ids[-1] in calls[first][1]
     on_disk = {row[0] for row in sqlite_backend.sql("SELECT id FROM cronoq_tasks")}
     assert set(ids) <= on_disk
     await sched.shutdown()
@@ -211,3 +211,21 @@ async def test_a_caller_that_commits_itself_still_lets_the_loop_run(sqlite_backe
         wsock.close()
     assert store.inline_committed > 0
     await sched.shutdown()
+
+
+def test_a_threads_submit_is_committed_by_the_loop_not_the_store_thread(tmp_path):
+    store = cronoq.SqliteStore(str(tmp_path / "cronoq.db"))
+    with cronoq.BlockingScheduler([pool(Work(), capacity=0)], store=store) as sched:
+        sched.enqueue("warm")
+        threads = record_commit_threads(store)
+        for i in range(20):
+            sched.enqueue(i, key=f"k{i}")
+        worker = store._executor._thread.ident
+        # The caller waits; the loop, which has nothing else to do, commits.
+        assert set(threads) - {worker, threading.get_ident()}
+        assert threading.get_ident() not in threads
+    conn = sqlite3.connect(str(tmp_path / "cronoq.db"))
+    try:
+        assert conn.execute("SELECT COUNT(*) FROM cronoq_tasks WHERE key LIKE 'k%'").fetchone()[0] == 20
+    finally:
+        conn.close()

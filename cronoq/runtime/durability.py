@@ -109,17 +109,16 @@ YIELD_EVERY = 0.001
 
 
 def _idle(loop: asyncio.AbstractEventLoop, own: asyncio.Handle | None) -> bool:
-    """Whether ``loop`` has nothing to run now but ``own``: no other callback
-    queued, no timer due. Only asyncio's own loops can say; others never
-    count as idle."""
+    """Whether ``loop`` has no callback queued to run now but ``own``. Only
+    asyncio's own loops can say; others never count as idle. (A timer that
+    is due waits for one commit at most, as I/O does: see YIELD_EVERY.)"""
     ready = getattr(loop, "_ready", None)
-    scheduled = getattr(loop, "_scheduled", None)
-    if ready is None or scheduled is None or len(ready) > 4:
+    if ready is None or len(ready) > 4:
         return False
     for handle in ready:
         if handle is not own and not handle.cancelled():
             return False
-    return not scheduled or scheduled[0].when() > loop.time()
+    return True
 
 
 def _effect_task(raw: tuple) -> int | None:
@@ -255,14 +254,18 @@ class DurableLog:
 
     def _start_later(self, deferred: bool) -> None:
         self.starting = None
-        if self.task is None and self.open:
-            loop = asyncio.get_running_loop()
-            if not deferred and not _idle(loop, None):
-                # Callbacks are waiting: let them run first, once. One may be
-                # a call from a thread about to wait for this very batch.
-                self.starting = loop.call_soon(self._start_later, True)
+        if self.task is not None or not self.open:
+            return
+        loop = asyncio.get_running_loop()
+        if _idle(loop, None):
+            if self._commit_open_now():   # nothing else to run: written here, waiters woken
                 return
-            self.task = loop.create_task(self._run())
+        elif not deferred:
+            # Callbacks are waiting: let them run first, once. They may add to
+            # this batch, or be a thread's call about to wait for it.
+            self.starting = loop.call_soon(self._start_later, True)
+            return
+        self.task = loop.create_task(self._run())
 
     def _start(self) -> None:
         """Start the commit loop now."""

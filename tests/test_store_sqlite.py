@@ -276,3 +276,51 @@ def test_a_fork_during_a_transaction_of_the_parent_leaves_the_child_a_usable_dat
                           capture_output=True, text=True, timeout=120, env=env, cwd=repo)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["child exit: 0"], proc.stdout + proc.stderr
+
+
+@pytest.mark.asyncio
+async def test_an_idle_leader_does_not_read_the_store_while_nothing_changes(sqlite_backend):
+    """SQLite cannot notify, so the cluster polls every cluster_poll; while no
+    other connection writes, a poll costs a look at PRAGMA data_version on
+    the loop, not a trip to the cluster's worker thread."""
+    store = sqlite_backend.store()
+    sched = cronoq.Scheduler([pool(Work(), capacity=0)], store=store)
+    await sched.start()
+    await sched.enqueue("x")
+    cluster = sched._cluster
+    transport = cluster.transport
+    calls = 0
+    original = transport.cycle
+
+    def counted(out, want):
+        nonlocal calls
+        calls += 1
+        return original(out, want)
+
+    transport.cycle = counted
+    cycles = 0
+    original_nap = cluster._nap
+
+    async def counted_nap(interval):
+        nonlocal cycles
+        cycles += 1
+        await original_nap(interval)
+
+    cluster._nap = counted_nap
+    for _ in range(2000):
+        if cycles >= 40:
+            break
+        await asyncio.sleep(0.005)
+    assert cycles >= 40
+    idle_calls = calls
+    # A heartbeat and the leader's look at the members, about once a second, go through.
+    assert idle_calls < cycles / 4, (idle_calls, cycles)
+    # A write by another connection is read at the next poll.
+    sqlite_backend.sql("UPDATE cronoq_meta SET lease_expires_ns = lease_expires_ns + 1")
+    seen = cycles
+    for _ in range(2000):
+        if cycles >= seen + 3:
+            break
+        await asyncio.sleep(0.005)
+    assert calls > idle_calls
+    await sched.shutdown()

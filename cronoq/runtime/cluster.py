@@ -29,6 +29,7 @@ queued since the last cycle, then the reads needed now), and
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 import base64
 import itertools
 import json
@@ -269,6 +270,11 @@ def unpack(data: bytes | None) -> list[bytes]:
     return out
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class Cluster:
     """One process's part of the store's cluster (see the module documentation)."""
 
@@ -286,7 +292,8 @@ class Cluster:
         self._worker = Worker("cronoq-cluster")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
-        self._wake: asyncio.Event | None = None
+        self._napping: asyncio.Future[None] | None = None   # the cycle loop's wait
+        self._woken = False   # wake() was called since the cycle loop last waited
         self._stopping = False
         self._serving = True                   # takes attempts (False once leaving)
         self._tokens = itertools.count(1)
@@ -335,7 +342,6 @@ class Cluster:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._wake = asyncio.Event()
         self.notified = self.transport.wake_on(self._notified_threadsafe)
         self._task = loop.create_task(self._run())
 
@@ -354,8 +360,26 @@ class Cluster:
             self.wake()
 
     def wake(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        self._woken = True
+        napping = self._napping
+        if napping is not None and not napping.done():
+            napping.set_result(None)
+
+    async def _nap(self, interval: float) -> None:
+        """Wait ``interval`` real seconds, or until ``wake()``. A future and a
+        timer: no task per wait (this runs a hundred times a second)."""
+        if self._woken:
+            self._woken = False
+            return
+        loop = asyncio.get_running_loop()
+        napping = self._napping = loop.create_future()
+        timer = realtime.call_later(interval, partial(_settle, napping), loop)
+        try:
+            await napping
+        finally:
+            timer.cancel()
+            self._napping = None
+            self._woken = False
 
     def member_link(self, pool: str, make: Callable[[RunnerLink], Runner],
                     checkpoints: Checkpoints | None = None) -> Runner:
@@ -873,6 +897,11 @@ class Cluster:
 
     async def _cycle_now(self) -> Incoming | None:
         out, want = self._collect()
+        if not self._withdraw and not out.member_writes() and not out.leader_writes() and not want.force \
+                and want.takeover is None and want.heartbeats_since is None and self.transport.unchanged():
+            # Nothing to write, and nothing new in the store (SQLite): the
+            # reads would find nothing, so the worker thread is not asked.
+            return Incoming()
         withdraw, self._withdraw = self._withdraw, []
         try:
             if withdraw:
@@ -973,8 +1002,6 @@ class Cluster:
                     or self._returns or self._forget or self._withdraw)
 
     async def _run(self) -> None:
-        wake = self._wake
-        assert wake is not None
         backoff = 0.05
         while not self._stopping:
             got = await self._cycle_now()
@@ -999,11 +1026,7 @@ class Cluster:
             elif not self._busy() and self.epoch is None:
                 interval = max(interval, 0.1)
             interval = min(interval, max(0.0, self._last_beat + self.heartbeat - realtime.real_monotonic()))
-            try:
-                await realtime.wait_for(wake.wait(), max(interval, 0.001))
-            except asyncio.TimeoutError:
-                pass
-            wake.clear()
+            await self._nap(max(interval, 0.001))
 
     def _work_queued(self) -> bool:
         return bool(self._to_send or self._answers or self._offers or self._cancels or self._take_back

@@ -194,6 +194,8 @@ class ClusterTransport:
         self._channel = channel
         self._conn: Any = None
         self._version: int | None = None
+        self._probe: Any = None                 # SQLite: a connection for unchanged() (the loop's)
+        self._probe_version: int | None = None
         self._listener: threading.Thread | None = None
         self._closing = threading.Event()
         p = placeholder
@@ -271,6 +273,34 @@ class ClusterTransport:
             except Exception:
                 pass
 
+    def unchanged(self) -> bool:
+        """SQLite, on the caller's thread (the runtime's loop): True if no
+        other connection wrote to the file since the last call, read from a
+        connection of its own (``PRAGMA data_version``: shared memory, no
+        I/O). False elsewhere, and whenever unsure."""
+        conn = self._probe
+        if conn is None or self._closing.is_set():
+            return False
+        try:
+            cur = conn.cursor()
+            try:
+                cur.execute("PRAGMA data_version")
+                version = int(cur.fetchone()[0])
+            finally:
+                cur.close()
+        except self.errors:
+            self._probe_version = None
+            return False
+        same = version == self._probe_version
+        self._probe_version = version
+        return same
+
+    def _open_probe(self) -> None:
+        """The connection of ``unchanged()``, opened here (the worker thread)
+        so the loop never waits for a connection to be made."""
+        if self.dialect == "sqlite" and self._probe is None and not self._closing.is_set():
+            self._probe = self._connect()
+
     def _begin_write(self, cursor: Any) -> None:
         if self.dialect == "sqlite":
             cursor.execute("BEGIN IMMEDIATE")
@@ -292,6 +322,11 @@ class ClusterTransport:
         failure; the next cycle reconnects."""
         got = Incoming()
         now = real_time_ns()
+        if self._probe is None:
+            try:
+                self._open_probe()
+            except self.errors:   # the cycles run without it: unchanged() stays False
+                pass
         try:
             self._member_writes(out, got, now)
         except BaseException:
@@ -545,6 +580,12 @@ class ClusterTransport:
                     pass
 
     def close(self) -> None:
-        """Stop listening and release the connection (the worker thread calls it last)."""
+        """Stop listening and release the connections (the worker thread calls it last)."""
         self._closing.set()
         self._drop()
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            try:
+                probe.close()
+            except Exception:
+                pass

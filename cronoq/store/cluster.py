@@ -172,6 +172,16 @@ class Incoming:
     leader_written: bool = False                         # the leader's writes were committed
 
 
+def _data_version(conn: Any) -> int:
+    """SQLite's count of commits made by other connections, as ``conn`` sees it."""
+    cur = conn.cursor()
+    try:
+        cur.execute("PRAGMA data_version")
+        return int(cur.fetchone()[0])
+    finally:
+        cur.close()
+
+
 class ClusterTransport:
     """The cluster's SQL for one process (see the module documentation).
 
@@ -282,12 +292,7 @@ class ClusterTransport:
         if conn is None or self._closing.is_set():
             return False
         try:
-            cur = conn.cursor()
-            try:
-                cur.execute("PRAGMA data_version")
-                version = int(cur.fetchone()[0])
-            finally:
-                cur.close()
+            version = _data_version(conn)
         except self.errors:
             self._probe_version = None
             return False
@@ -442,12 +447,7 @@ class ClusterTransport:
         """SQLite: whether another connection wrote since the last reads."""
         if self.dialect != "sqlite":
             return True
-        cur = conn.cursor()
-        try:
-            cur.execute("PRAGMA data_version")
-            version = int(cur.fetchone()[0])
-        finally:
-            cur.close()
+        version = _data_version(conn)
         changed = version != self._version
         self._version = version
         return changed

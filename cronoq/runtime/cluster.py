@@ -29,11 +29,11 @@ queued since the last cycle, then the reads needed now), and
 from __future__ import annotations
 
 import asyncio
-from functools import partial
 import base64
 import itertools
 import json
 import logging
+from functools import partial
 from typing import Any, Awaitable, Callable, Coroutine, Iterable
 
 from .. import realtime

@@ -18,9 +18,9 @@ event loop has nothing else ready to run (``inline_commits``, on by
 default): the loop would only wait for the worker, so it commits itself and
 saves the two thread hand-offs, about a third of a single durable submit.
 Such a commit never waits for a lock (a busy database sends it to the
-worker), never checkpoints the WAL (the worker does, in the background), and
-one slower than ``INLINE_LIMIT`` sends the commits of the next
-``INLINE_PAUSE`` seconds to the worker: the loop is held at most that long.
+worker), never checkpoints the WAL (the worker does, in the background),
+and one slower than ``INLINE_STALL``, or an average above ``INLINE_LIMIT``,
+sends the commits of the next ``INLINE_PAUSE`` seconds to the worker.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ class SqliteStore(SqlStore):
         self.inline_commits = bool(inline_commits)
         self.inline_committed = 0          # commits made on the event loop's thread
         self._inline: sqlite3.Connection | None = None   # their connection (opened by the worker)
+        self._uri = ""                     # the file's URI (set when the engine is made)
         self._inline_retry_at = 0.0
         self._inline_paused_until = 0.0
         self._inline_mean = 0.0            # moving average of their durations (seconds)

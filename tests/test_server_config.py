@@ -237,11 +237,16 @@ def test_startup_refuses_non_loopback_listeners_without_credentials(tmp_path, se
     result = start_and_fail(tmp_path, text)
     assert result.returncode == 2
     assert "server.grpc_addr: 0.0.0.0 is not a loopback address and no credentials are configured" in result.stderr
-    # Allowed with the flag (trusted networks only), or with credentials.
-    server = servers(text, args=("--insecure-no-auth",))
-    assert "authentication is off" in server.log
+    # Allowed with the flag (trusted networks only), or with credentials:
+    # checked as startup checks it, without listening off loopback in a test.
+    from cronoq.server.config import check_environment, parse
+
+    assert check_environment(parse(text), insecure_no_auth=True, environ={}) == {}
     with_token = text + f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "admin"\n'
-    servers(with_token)
+    assert list(check_environment(parse(with_token), environ={}).values()) == [GOOD_TOKEN]
+    # A server started with the flag (on loopback) says that authentication is off.
+    server = servers(LOCAL, args=("--insecure-no-auth",))
+    assert "authentication is off" in server.log
 
 
 def test_a_port_in_use_is_a_clear_failure(tmp_path):

@@ -248,7 +248,7 @@ class DurableLog:
         itself meanwhile: see ``durable``)."""
         if self.task is None and self.starting is None and self.open:
             if self.commit_now is None:
-                self.task = asyncio.get_running_loop().create_task(self._run())
+                self._start()
             else:
                 self.starting = asyncio.get_running_loop().call_soon(self._start_later, False)
 
@@ -265,7 +265,7 @@ class DurableLog:
             # this batch, or be a thread's call about to wait for it.
             self.starting = loop.call_soon(self._start_later, True)
             return
-        self.task = loop.create_task(self._run())
+        self._start()
 
     def _start(self) -> None:
         """Start the commit loop now."""

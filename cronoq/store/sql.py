@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 import weakref
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Callable, Generator, Iterator, TypeVar, overload
 
 from sqlalchemy import delete, func, select, update
@@ -591,6 +591,36 @@ class SqlStore:
         """Let go of the connections a leader holds (any thread)."""
         self._drop_writer_later()
 
+    @contextmanager
+    def _fenced_write(self, epoch: int, begun: Any = None) -> Iterator[Any]:
+        """A write transaction that first checks ``epoch`` (``Fenced`` if a
+        newer leader exists) and yields its raw cursor; committed when the
+        block ends, rolled back if it raises. On the writer connection, or on
+        ``begun``: a raw connection whose transaction is already open (its
+        caller rolls it back)."""
+        self._ensure()
+        conn = self._writer() if begun is None else begun
+        try:
+            cursor = conn.cursor()
+            try:
+                if begun is None:
+                    self._tx_begin(cursor)
+                cursor.execute(self._sql["fence"])
+                self._check_fence(cursor.fetchone(), epoch)
+                yield cursor
+            finally:
+                cursor.close()
+            try:
+                conn.commit()
+            except Exception as exc:
+                if self._commit_outcome_may_be_lost:
+                    exc.cronoq_uncertain = True   # type: ignore[attr-defined]
+                raise
+        except BaseException:
+            if begun is None:
+                self._abandon_writer(conn)
+            raise
+
     def _commit_sync(self, epoch: int, batch: Batch) -> None:
         self._commit_with(None, epoch, batch)
 
@@ -630,46 +660,27 @@ class SqlStore:
             else:
                 outputs.append((data, task_id))
         sql = self._sql
-        conn = self._writer() if begun is None else begun
-        try:
-            cursor = conn.cursor()
-            try:
-                if begun is None:
-                    self._tx_begin(cursor)
-                cursor.execute(sql["fence"])
-                self._check_fence(cursor.fetchone(), epoch)
-                if inserts:
-                    self._insert_rows(cursor, list(inserts.values()))
-                if updates:
-                    cursor.executemany(sql["status"], list(updates.values()))
-                if with_output:
-                    cursor.executemany(sql["status_output"], with_output)
-                if outputs:
-                    cursor.executemany(sql["output"], outputs)
-                if batch.schedules:
-                    latest = {s.name: s for s in batch.schedules}
-                    cursor.executemany(sql["schedule"], [
-                        (clean_text(s.name), _record_text(s.record), s.payload) for s in latest.values()])
-                if batch.removed_schedules:
-                    cursor.executemany(sql["unschedule"], [(clean_text(n),) for n in batch.removed_schedules])
-                if batch.withdrawn:   # last: a row of a withdrawn task written above goes too
-                    withdrawn = [(task_id,) for task_id in batch.withdrawn]
-                    cursor.executemany(sql["withdraw"], withdrawn)
-                    cursor.executemany(sql["withdraw_checkpoints"], withdrawn)
-                # batch.high_water is the largest id inserted here: the rows carry it, and
-                # pruning folds the ids it deletes into the meta row (see _prune_sync).
-            finally:
-                cursor.close()
-            try:
-                conn.commit()
-            except Exception as exc:
-                if self._commit_outcome_may_be_lost:
-                    exc.cronoq_uncertain = True   # type: ignore[attr-defined]
-                raise
-        except BaseException:
-            if begun is None:
-                self._abandon_writer(conn)
-            raise
+        with self._fenced_write(epoch, begun) as cursor:
+            if inserts:
+                self._insert_rows(cursor, list(inserts.values()))
+            if updates:
+                cursor.executemany(sql["status"], list(updates.values()))
+            if with_output:
+                cursor.executemany(sql["status_output"], with_output)
+            if outputs:
+                cursor.executemany(sql["output"], outputs)
+            if batch.schedules:
+                latest = {s.name: s for s in batch.schedules}
+                cursor.executemany(sql["schedule"], [
+                    (clean_text(s.name), _record_text(s.record), s.payload) for s in latest.values()])
+            if batch.removed_schedules:
+                cursor.executemany(sql["unschedule"], [(clean_text(n),) for n in batch.removed_schedules])
+            if batch.withdrawn:   # last: a row of a withdrawn task written above goes too
+                withdrawn = [(task_id,) for task_id in batch.withdrawn]
+                cursor.executemany(sql["withdraw"], withdrawn)
+                cursor.executemany(sql["withdraw_checkpoints"], withdrawn)
+            # batch.high_water is the largest id inserted here: the rows carry it, and
+            # pruning folds the ids it deletes into the meta row (see _prune_sync).
         if self.keep_finished_ns and time.monotonic() - self._last_prune >= self.prune_every:
             self._last_prune = time.monotonic()
             try:
@@ -837,25 +848,12 @@ class SqlStore:
 
     def _save_checkpoint_sync(self, epoch: int, task_id: int, stage: str, data: bytes, attempt: int,
                               saved_ns: int) -> None:
-        self._ensure()
         sql = self._sql
-        conn = self._writer()   # the write path's connection: fenced the same way as commits
-        try:
-            cursor = conn.cursor()
-            try:
-                self._tx_begin(cursor)
-                cursor.execute(sql["fence"])
-                self._check_fence(cursor.fetchone(), epoch)
-                cursor.execute(sql["task_exists"], (task_id,))
-                if cursor.fetchone() is None:   # pruned or withdrawn: no checkpoint outlives its task
-                    raise StoreRejected(f"the {self.dialect} store has no task {task_id} to checkpoint")
-                cursor.execute(sql["checkpoint"], (task_id, clean_text(stage), data, attempt, saved_ns))
-            finally:
-                cursor.close()
-            conn.commit()
-        except BaseException:
-            self._abandon_writer(conn)
-            raise
+        with self._fenced_write(epoch) as cursor:   # fenced the same way as commits
+            cursor.execute(sql["task_exists"], (task_id,))
+            if cursor.fetchone() is None:   # pruned or withdrawn: no checkpoint outlives its task
+                raise StoreRejected(f"the {self.dialect} store has no task {task_id} to checkpoint")
+            cursor.execute(sql["checkpoint"], (task_id, clean_text(stage), data, attempt, saved_ns))
 
     async def load_checkpoints(self, task_id: int | None = None) -> list[StoredCheckpoint]:
         return await self._call(self._load_checkpoints_sync, task_id)
@@ -877,23 +875,9 @@ class SqlStore:
         return await self._call(self._delete_checkpoints_sync, epoch, task_id)
 
     def _delete_checkpoints_sync(self, epoch: int, task_id: int) -> int:
-        self._ensure()
-        sql = self._sql
-        conn = self._writer()
-        try:
-            cursor = conn.cursor()
-            try:
-                self._tx_begin(cursor)
-                cursor.execute(sql["fence"])
-                self._check_fence(cursor.fetchone(), epoch)
-                cursor.execute(sql["withdraw_checkpoints"], (task_id,))
-                deleted = max(0, cursor.rowcount)
-            finally:
-                cursor.close()
-            conn.commit()
-        except BaseException:
-            self._abandon_writer(conn)
-            raise
+        with self._fenced_write(epoch) as cursor:
+            cursor.execute(self._sql["withdraw_checkpoints"], (task_id,))
+            deleted = max(0, cursor.rowcount)
         return int(deleted)
 
     # ----------------------------------------------------------- task records (listings)

@@ -13,9 +13,9 @@ from .._proto import PROTOCOL_VERSION
 from ..core.errors import Permanent, Retryable
 from ..errors import AccessDenied, CancelTask, Reject, ServerError
 from .blocking import BlockingClient
-from .client import Client, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo
+from .client import AttemptInfo, Client, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo
 from .worker import Lease, Worker
 
 __all__ = ["Client", "BlockingClient", "Worker", "Lease", "Reject", "CancelTask", "Retryable", "Permanent",
-           "Submission", "TaskResult", "TaskInfo", "TaskPage", "WorkerInfo", "ScheduleInfo", "ServerError",
+           "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "TaskPage", "WorkerInfo", "ScheduleInfo", "ServerError",
            "AccessDenied", "PROTOCOL_VERSION"]

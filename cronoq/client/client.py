@@ -17,7 +17,7 @@ from ..core.snapshot import Checkpoint
 from ..core.types import CLASSES, NS, STATUSES, TaskSpec
 from . import wire
 
-__all__ = ["Client", "Submission", "TaskResult", "TaskInfo", "TaskPage", "WorkerInfo", "ScheduleInfo"]
+__all__ = ["Client", "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "TaskPage", "WorkerInfo", "ScheduleInfo"]
 
 T = TypeVar("T")
 _PRIORITIES = {pb.PRIORITY_CRITICAL: "critical", pb.PRIORITY_HIGH: "high", pb.PRIORITY_NORMAL: "normal",
@@ -81,6 +81,23 @@ class Submission:
 
 
 @dataclass(frozen=True)
+class AttemptInfo:
+    """One attempt of a task, as the serving leader saw it: ``status`` how
+    it ended (None while it runs), ``message`` why; times in Unix seconds."""
+
+    attempt: int
+    status: str | None
+    message: str | None
+    started: float | None
+    ended: float | None
+
+    @classmethod
+    def _from(cls, m: pb.Attempt) -> AttemptInfo:
+        return cls(m.attempt, _status(m.status) if m.status else None, m.message or None,
+                   m.started_unix_ns / NS if m.started_unix_ns else None, _seconds(m, "ended_unix_ns"))
+
+
+@dataclass(frozen=True)
 class TaskInfo:
     """A task as the server knows it. Times are Unix seconds (None when unknown);
     fields other than ``id`` and ``status`` are best effort."""
@@ -102,6 +119,7 @@ class TaskInfo:
     finished: float | None
     stages: list[str] | None = None   # as declared
     checkpoints: list[Checkpoint] = field(default_factory=list)   # from get() only, in stage order
+    attempts: list[AttemptInfo] = field(default_factory=list)     # the latest ones, oldest first
 
     @classmethod
     def _from(cls, m: pb.TaskInfo) -> TaskInfo:
@@ -109,7 +127,7 @@ class TaskInfo:
                    m.message or None, m.output_available, _PRIORITIES.get(m.priority, "normal"), m.tenant or None,
                    dict(m.tags), _seconds(m, "created_unix_ns"), _seconds(m, "started_unix_ns"),
                    _seconds(m, "finished_unix_ns"), list(m.stages) or None,
-                   [checkpoint_from(c) for c in m.checkpoints])
+                   [checkpoint_from(c) for c in m.checkpoints], [AttemptInfo._from(a) for a in m.attempts])
 
 
 def checkpoint_from(m: pb.StageCheckpoint) -> Checkpoint:

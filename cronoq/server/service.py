@@ -114,15 +114,27 @@ class TaskMeta:
         self.attempts: list[list[Any]] | None = None
 
 
+# Tasks whose events arrived before their record was made (see InfoCache.early).
+EARLY_KEPT = 4096
+EARLY_EVENTS = 4 * ATTEMPTS_KEPT   # events kept of one such task
+
+
 class InfoCache:
     """A bounded record of recent tasks (oldest forgotten first), kept up to
-    date by the scheduler's status events."""
+    date by the scheduler's status events.
+
+    A task's first events can arrive before its record exists: with a store,
+    the submit's answer and the events of the task's first attempt are
+    released by the same commit, in no set order, and the record is made
+    when the answer arrives. Such events wait in ``early`` (the newest
+    ``EARLY_KEPT`` tasks' worth) and are applied when the record is put."""
 
     def __init__(self, limit: int, dead_letters: int = DEAD_LETTERS_KEPT) -> None:
         self.limit = limit
         self.entries: OrderedDict[int, TaskMeta] = OrderedDict()
         self.dead_letters = dead_letters
         self.dead: deque[int] = deque()     # dead-lettered tasks whose spec is kept, oldest first
+        self.early: OrderedDict[int, list[tuple[str, int, int, str | None]]] = OrderedDict()
 
     def put(self, task_id: int, meta: TaskMeta) -> None:
         if not self.limit:
@@ -131,6 +143,14 @@ class InfoCache:
         entries[task_id] = meta
         if len(entries) > self.limit:
             entries.popitem(last=False)
+        seen = self.early.pop(task_id, None)
+        if seen is not None:
+            for status, at_ns, attempt, message in seen:
+                self.saw(task_id, status, at_ns, attempt, message)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.early.clear()
 
     def get(self, task_id: int) -> TaskMeta | None:
         return self.entries.get(task_id)
@@ -138,6 +158,14 @@ class InfoCache:
     def saw(self, task_id: int, status: str, at_ns: int, attempt: int = 0, message: str | None = None) -> None:
         meta = self.entries.get(task_id)
         if meta is None:
+            if self.limit:
+                early = self.early.get(task_id)
+                if early is None:
+                    early = self.early[task_id] = []
+                    if len(self.early) > EARLY_KEPT:
+                        self.early.popitem(last=False)
+                if len(early) < EARLY_EVENTS:
+                    early.append((status, at_ns, attempt, message))
             return
         attempts = meta.attempts
         if attempts and attempts[-1][4] is None:   # the attempt running ends with whatever comes next
@@ -244,7 +272,7 @@ class Service:
         self.state = state
         if state == "standby":
             self.scheduler = None
-            self.info.entries.clear()
+            self.info.clear()
             if self._events is not None:
                 self._events.cancel()
                 self._events = None

@@ -16,10 +16,15 @@ from serverkit import ROOT, run_cli, server_env
 GOOD_TOKEN = "t" * 32
 
 
-def check(tmp_path: pathlib.Path, text: str) -> subprocess.CompletedProcess:
+def check(tmp_path: pathlib.Path, text: str, *, env: dict[str, str] | None = None,
+          args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     path = tmp_path / "cronoq.toml"
     path.write_text(text)
-    return run_cli("--config", str(path), "--check")
+    path.chmod(0o600)
+    return run_cli("--config", str(path), "--check", *args, env=env)
+
+
+EXAMPLE_ENV = {f"CRONOQ_{role}_TOKEN": f"{role.lower()}-" + "e" * 32 for role in ("CLIENT", "WORKER", "METRICS", "ADMIN")}
 
 
 # (rule, configuration, text the error must contain: the key and what is wrong)
@@ -107,7 +112,7 @@ def test_check_reports_every_problem_at_once(tmp_path):
 
 
 def test_check_accepts_a_full_configuration_and_the_example(tmp_path):
-    result = run_cli("--config", str(ROOT / "deploy" / "cronoq.example.toml"), "--check")
+    result = run_cli("--config", str(ROOT / "deploy" / "cronoq.example.toml"), "--check", env=EXAMPLE_ENV)
     assert (result.returncode, result.stdout.strip()) == (0, "configuration is valid"), result.stderr
     full = f"""
 [server]
@@ -163,7 +168,7 @@ payload = {{ report = "daily" }}
 overlap = "queue"
 resources = {{ openai = 1 }}
 """
-    result = check(tmp_path, full)
+    result = check(tmp_path, full, env={"SOME_TOKEN": "s" * 32, "DATABASE_URL": "postgresql://db/cronoq"})
     assert (result.returncode, result.stdout.strip()) == (0, "configuration is valid"), result.stderr
 
 
@@ -190,63 +195,118 @@ def test_print_proto_prints_the_api_definition():
     assert "package cronoq.v1;" in result.stdout and "service Workers" in result.stdout
 
 
-# ---------------------------------------------------------------- startup-only rules
+# ---------------------------------------------------------------- --check and startup agree
 
 
 def start_and_fail(tmp_path: pathlib.Path, text: str, *, env: dict[str, str] | None = None,
                    args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     path = tmp_path / "cronoq.toml"
     path.write_text(text)
+    path.chmod(0o600)
     return run_cli("--config", str(path), *args, env=env)
 
 
 LOCAL = '[server]\ngrpc_addr = "127.0.0.1:0"\nhttp_addr = "127.0.0.1:0"\n'
 
 
-def test_startup_refuses_an_unset_token_env_which_check_accepts(tmp_path):
-    text = LOCAL + '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_UNSET_TOKEN"\nrole = "client"\n'
-    assert check(tmp_path, text).returncode == 0
-    result = start_and_fail(tmp_path, text)
-    assert result.returncode == 2
-    assert "auth.tokens[0].token_env: the environment variable CRONOQ_TEST_UNSET_TOKEN is not set" in result.stderr
+def _tls(tmp_path: pathlib.Path, *, matching: bool) -> str:
+    from certkit import CA
+
+    ca = CA()
+    cert, key = ca.write(tmp_path, "server", ca.issue(["localhost"], ips=["127.0.0.1"], server=True))
+    if not matching:
+        _, key = ca.write(tmp_path, "other", ca.issue(["other"], server=True))
+    return f'[server.tls]\ncert = "{cert}"\nkey = "{key}"\n'
 
 
-def test_startup_refuses_short_tokens_and_warns_below_32(tmp_path, servers):
-    text = LOCAL + '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_TOKEN"\nrole = "client"\n'
-    result = start_and_fail(tmp_path, text, env={"CRONOQ_TEST_TOKEN": "x" * 15})
-    assert result.returncode == 2 and "has 15 characters; at least 16 are needed" in result.stderr
-    assert "x" * 15 not in result.stderr          # tokens never appear in output
-    server = servers(text, env={"CRONOQ_TEST_TOKEN": "y" * 20})
-    assert "only 20 characters; use at least 32" in server.log
-    assert "y" * 20 not in server.log
+# (rule, configuration (or a function of tmp_path giving it), environment,
+#  what the error says). Each is refused by --check and by startup alike.
+ENVIRONMENT_RULES = [
+    ("unset token_env", LOCAL + '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_UNSET_TOKEN"\nrole = "client"\n', {},
+     "auth.tokens[0].token_env: the environment variable CRONOQ_TEST_UNSET_TOKEN is not set"),
+    ("a 5-character token", LOCAL + '[[auth.tokens]]\ntoken = "abcde"\nrole = "client"\n', {},
+     "auth.tokens[0]: the token has 5 characters; at least 16 are needed"),
+    ("a short token from the environment",
+     LOCAL + '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_TOKEN"\nrole = "client"\n', {"CRONOQ_TEST_TOKEN": "x" * 15},
+     "auth.tokens[0] (from CRONOQ_TEST_TOKEN): the token has 15 characters; at least 16 are needed"),
+    ("duplicate tokens", LOCAL + f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "client"\n'
+                                 '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_TOKEN"\nrole = "admin"\n',
+     {"CRONOQ_TEST_TOKEN": GOOD_TOKEN},
+     "auth.tokens[1] (from CRONOQ_TEST_TOKEN): the token is the same as that of auth.tokens[0]"),
+    ("gRPC off loopback, refused without credentials", '[server]\ngrpc_addr = "0.0.0.0:0"\nhttp_addr = "127.0.0.1:0"\n',
+     {}, "server.grpc_addr: 0.0.0.0 is not a loopback address and no credentials are configured"),
+    ("HTTP off loopback, refused without credentials", '[server]\ngrpc_addr = "127.0.0.1:0"\nhttp_addr = "0.0.0.0:0"\n',
+     {}, "server.http_addr: 0.0.0.0 is not a loopback address"),
+    ("metrics off loopback, refused without credentials", LOCAL + 'metrics_addr = "0.0.0.0:0"\n', {},
+     "server.metrics_addr: 0.0.0.0 is not a loopback address"),
+    ("unset PostgreSQL url_env", LOCAL + '[store]\nkind = "postgres"\nurl_env = "CRONOQ_TEST_UNSET_URL"\n', {},
+     "store.url_env: the environment variable CRONOQ_TEST_UNSET_URL is not set"),
+    ("a missing TLS file", LOCAL + '[server.tls]\ncert = "/nonexistent/cert.pem"\nkey = "/nonexistent/key.pem"\n', {},
+     "server.tls.cert: no such file: /nonexistent/cert.pem"),
+    ("a TLS key of another certificate", lambda tmp: LOCAL + _tls(tmp, matching=False), {},
+     "server.tls: cannot load the certificate"),
+    ("a SQLite file in a missing directory",
+     lambda tmp: LOCAL + f'[store]\nkind = "sqlite"\npath = "{tmp / "missing" / "cronoq.db"}"\n', {},
+     "store.path: the directory"),
+]
 
 
-def test_startup_refuses_duplicate_tokens_including_those_from_the_environment(tmp_path):
-    text = LOCAL + (f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "client"\n'
-                    '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_TOKEN"\nrole = "admin"\n')
-    assert check(tmp_path, text).returncode == 0
-    result = start_and_fail(tmp_path, text, env={"CRONOQ_TEST_TOKEN": GOOD_TOKEN})
-    assert result.returncode == 2
-    assert "auth.tokens[1] (from CRONOQ_TEST_TOKEN): the token is the same as that of auth.tokens[0]" in result.stderr
-    assert GOOD_TOKEN not in result.stderr
+@pytest.mark.parametrize("rule, config, env, expected", ENVIRONMENT_RULES, ids=[r[0] for r in ENVIRONMENT_RULES])
+def test_check_and_startup_refuse_the_same_configurations(tmp_path, rule, config, env, expected):
+    text = config(tmp_path) if callable(config) else config
+    checked = check(tmp_path, text, env=env)
+    started = start_and_fail(tmp_path, text, env=env)
+    assert (checked.returncode, started.returncode) == (2, 2), (checked.stderr, started.stderr)
+    assert expected in checked.stderr and expected in started.stderr, (checked.stderr, started.stderr)
+    assert "configuration is valid" not in checked.stdout
+    for secret in env.values():
+        assert secret not in checked.stderr + started.stderr   # tokens never appear in output
 
 
-def test_startup_refuses_non_loopback_listeners_without_credentials(tmp_path, servers):
-    text = '[server]\ngrpc_addr = "0.0.0.0:0"\nhttp_addr = "127.0.0.1:0"\n'
-    assert check(tmp_path, text).returncode == 0
-    result = start_and_fail(tmp_path, text)
-    assert result.returncode == 2
-    assert "server.grpc_addr: 0.0.0.0 is not a loopback address and no credentials are configured" in result.stderr
-    # Allowed with the flag (trusted networks only), or with credentials:
-    # checked as startup checks it, without listening off loopback in a test.
+def test_check_and_startup_accept_the_same_configurations_and_warn_alike(tmp_path, servers):
+    text = LOCAL + '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_TOKEN"\nrole = "client"\n' + _tls(tmp_path, matching=True)
+    env = {"CRONOQ_TEST_TOKEN": "y" * 20}
+    checked = check(tmp_path, text, env=env)
+    assert (checked.returncode, checked.stdout.strip()) == (0, "configuration is valid"), checked.stderr
+    assert "only 20 characters; use at least 32" in checked.stderr and "y" * 20 not in checked.stderr
+    server = servers(text, env=env)
+    assert "only 20 characters; use at least 32" in server.log and "y" * 20 not in server.log
+
+
+def test_a_file_holding_tokens_that_others_may_read_is_warned_about(tmp_path, servers):
+    text = LOCAL + f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "client"\n'
+    path = tmp_path / "cronoq.toml"
+    path.write_text(text)
+    path.chmod(0o644)
+    checked = run_cli("--config", str(path), "--check")
+    assert checked.returncode == 0
+    assert f"{path} holds tokens and may be read by other users (mode 644)" in checked.stderr
+    path.chmod(0o600)
+    assert "may be read by other users" not in run_cli("--config", str(path), "--check").stderr
+    # Tokens from the environment: the file holds none, so its mode does not matter.
+    path.write_text(LOCAL + '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_TOKEN"\nrole = "client"\n')
+    path.chmod(0o644)
+    quiet = run_cli("--config", str(path), "--check", env={"CRONOQ_TEST_TOKEN": GOOD_TOKEN})
+    assert quiet.returncode == 0 and "may be read" not in quiet.stderr
+
+
+def test_non_loopback_listeners_are_allowed_with_the_flag_or_with_credentials(servers):
+    # Checked as startup checks it, without listening off loopback in a test.
     from cronoq.server.config import check_environment, parse
 
+    text = '[server]\ngrpc_addr = "0.0.0.0:0"\nhttp_addr = "127.0.0.1:0"\n'   # (refused without the flag)
     assert check_environment(parse(text), insecure_no_auth=True, environ={}) == {}
     with_token = text + f'[[auth.tokens]]\ntoken = "{GOOD_TOKEN}"\nrole = "admin"\n'
     assert list(check_environment(parse(with_token), environ={}).values()) == [GOOD_TOKEN]
-    # A server started with the flag (on loopback) says that authentication is off.
+    # A server started with the flag (on loopback) says at WARNING that authentication is off.
     server = servers(LOCAL, args=("--insecure-no-auth",))
-    assert "authentication is off" in server.log
+    assert "WARNING cronoq.server: authentication is off" in server.log
+
+
+def test_authentication_off_is_a_warning_on_loopback_too(servers):
+    server = servers(LOCAL)
+    assert "WARNING cronoq.server: authentication is off: every caller is an admin (listening on loopback only)" \
+        in server.log
 
 
 def test_a_port_in_use_is_a_clear_failure(tmp_path):

@@ -10,7 +10,7 @@ import logging.config
 import os
 import sys
 
-from .config import ConfigError, ServerConfig, default_config, load
+from .config import ConfigError, ServerConfig, check_environment, default_config, load
 
 EXIT_CONFIG = 2    # invalid configuration or environment
 EXIT_FAILED = 1    # could not start (a port taken, the store unreachable...)
@@ -23,8 +23,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="the TOML configuration (default: $CRONOQ_CONFIG; without one: a single pool "
                              "'default', in-memory state, loopback listeners, no authentication)")
     parser.add_argument("--check", action="store_true",
-                        help="validate the configuration and exit: 0 and 'configuration is valid', "
-                             "or the errors and 2")
+                        help="run every check that startup runs before it listens (the file, tokens and "
+                             "their variables, TLS files, loopback rules) and exit: 0 and 'configuration is "
+                             "valid', or the errors and 2")
     parser.add_argument("--print-proto", action="store_true", help="print the gRPC API definition (cronoq.proto)")
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="allow listening on non-loopback addresses without credentials (trusted networks only)")
@@ -49,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cronoq-server: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.check:
+        # Every check startup makes before it opens a socket, with the same verdict.
+        try:
+            check_environment(config, insecure_no_auth=args.insecure_no_auth,
+                              warn=lambda text: print(f"cronoq-server: warning: {text}", file=sys.stderr))
+        except ConfigError as exc:
+            print(f"cronoq-server: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
         print("configuration is valid")
         return 0
     # The process is ours: cronoq's loggers write to standard error.

@@ -4,8 +4,8 @@
 ``ServerConfig``, or raises ``ConfigError`` listing every problem found,
 each naming its key (``pools[1].lease_ttl_s: ...``). Unknown keys are errors.
 What depends on the environment (``token_env`` variables, token lengths,
-listening on a non-loopback address without credentials) is checked by
-``check_environment`` at startup, not by ``--check``.
+listening on a non-loopback address without credentials, TLS files) is
+checked by ``check_environment``, which startup and ``--check`` both run.
 
 This module imports neither grpc nor the stores, so ``--check`` stays quick.
 docs/server.md lists every key with its type, default and range.
@@ -895,12 +895,42 @@ def load(path: str | os.PathLike[str]) -> ServerConfig:
 # ---------------------------------------------------------------- startup checks
 
 
+def _tls_errors(tls: TlsConfig) -> list[str]:
+    """The TLS files must exist and load: the key must match the certificate."""
+    import ssl
+
+    errors = []
+    for key, path in (("cert", tls.cert), ("key", tls.key), ("client_ca", tls.client_ca)):
+        if path is not None and not os.path.isfile(path):
+            errors.append(f"server.tls.{key}: no such file: {path}")
+    if errors:
+        return errors
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(tls.cert, tls.key)
+    except OSError as exc:   # (ssl.SSLError included: not PEM, or a key of another certificate)
+        errors.append(f"server.tls: cannot load the certificate {tls.cert} with the key {tls.key}: "
+                      f"{getattr(exc, 'reason', None) or exc.strerror or exc}")
+    if tls.client_ca is not None:
+        try:
+            context.load_verify_locations(tls.client_ca)
+        except OSError as exc:
+            errors.append(f"server.tls.client_ca: cannot load {tls.client_ca}: "
+                          f"{getattr(exc, 'reason', None) or exc.strerror or exc}")
+    return errors
+
+
 def check_environment(config: ServerConfig, *, insecure_no_auth: bool = False,
                       environ: Mapping[str, str] | None = None,
                       warn: Callable[[str], None] | None = None) -> dict[str, str]:
-    """What only startup can check: every token_env set, tokens long enough and
-    unique, no listener off loopback without credentials (unless allowed).
-    Returns the tokens read, by credential (``where``); raises ``ConfigError``."""
+    """What the file alone cannot tell, checked by startup and by ``--check``
+    alike (everything startup checks before it opens a socket): every
+    token_env set, tokens long enough and unique, no listener off loopback
+    without credentials (unless allowed), the PostgreSQL URL's variable set,
+    the TLS files readable and matching, the SQLite file's directory there.
+    ``warn`` hears what is allowed but unwise (short tokens, a file holding
+    tokens that others may read). Returns the tokens read, by credential
+    (``where``); raises ``ConfigError`` listing every problem."""
     env = os.environ if environ is None else environ
     errors: list[str] = []
     tokens: dict[str, str] = {}
@@ -943,10 +973,19 @@ def check_environment(config: ServerConfig, *, insecure_no_auth: bool = False,
         if not env.get(config.store.url_env):
             errors.append(f"store.url_env: the environment variable {config.store.url_env} is not set")
     if config.server.tls is not None:
-        tls = config.server.tls
-        for key, path in (("cert", tls.cert), ("key", tls.key), ("client_ca", tls.client_ca)):
-            if path is not None and not os.path.isfile(path):
-                errors.append(f"server.tls.{key}: no such file: {path}")
+        errors += _tls_errors(config.server.tls)
+    if config.store.kind == "sqlite" and config.store.path is not None:
+        directory = os.path.dirname(os.path.abspath(config.store.path))
+        if not os.path.isdir(directory):
+            errors.append(f"store.path: the directory {directory} does not exist")
+    if warn is not None and config.source is not None and any(c.token is not None for c in config.tokens):
+        try:
+            mode = os.stat(config.source).st_mode
+        except OSError:
+            mode = 0
+        if mode & 0o077:
+            warn(f"{config.source} holds tokens and may be read by other users (mode {mode & 0o777:o}): "
+                 f"chmod 600 it, or give the tokens with token_env")
     if errors:
         raise ConfigError(errors)
     return tokens

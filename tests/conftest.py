@@ -36,8 +36,10 @@ def _server_starter(directory):
 
     started: list = []
 
-    def start(config, *, wait_for="serving as the leader", env=None, args=(), name=None, timeout=30.0):
-        server = ServerProcess(config, directory, env=env, args=args, name=name or f"server{len(started)}")
+    def start(config, *, wait_for="serving as the leader", env=None, args=(), name=None, timeout=30.0,
+              max_files=None):
+        server = ServerProcess(config, directory, env=env, args=args, name=name or f"server{len(started)}",
+                               max_files=max_files)
         started.append(server)
         return server.start(wait_for=wait_for, timeout=timeout)
 

@@ -68,7 +68,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0
 
 class ServerProcess:
     def __init__(self, config: str | None, directory: Path, *, env: dict[str, str] | None = None,
-                 args: tuple[str, ...] = (), name: str = "server") -> None:
+                 args: tuple[str, ...] = (), name: str = "server", max_files: int | None = None) -> None:
         self.directory = Path(directory)
         self.config_path: Path | None = None
         if config is not None:
@@ -76,6 +76,7 @@ class ServerProcess:
             self.config_path.write_text(config)
         self.env = env
         self.args = args
+        self.max_files = max_files          # the process's open-file limit (RLIMIT_NOFILE), if set
         self.process: subprocess.Popen[str] | None = None
         self.lines: list[str] = []
         self.grpc_port = 0
@@ -97,8 +98,16 @@ class ServerProcess:
         command = [sys.executable, "-m", "cronoq.server", *self.args]
         if self.config_path is not None:
             command += ["--config", str(self.config_path)]
+        preexec = None
+        if self.max_files is not None:
+            import resource
+            limit = self.max_files
+
+            def preexec() -> None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
         self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True, env=server_env(self.env), cwd=ROOT)
+                                        stderr=subprocess.PIPE, text=True, env=server_env(self.env), cwd=ROOT,
+                                        preexec_fn=preexec)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.wait_for("listening: grpc", timeout)

@@ -97,7 +97,7 @@ def test_chunked_bodies_and_expect_continue(server):
     with Raw(server.http_port) as raw:
         raw.send(request_bytes("POST", "/v1/tasks", token=CLIENT, headers={
             "content-type": "application/json", "transfer-encoding": "chunked"}) + b"1000\r\n" + b" " * 4096
-            + b"\r\n1000\r\n" + b" " * 4096 + b"\r\n1\r\n")
+            + b"\r\n1000\r\n" + b" " * 4096 + b"\r\n1\r\n ")   # its 8,193rd byte
         assert raw.response()[0] == 413 and raw.closed_by_peer()
 
 

@@ -27,10 +27,11 @@ from ..runtime.pool import Pool
 from ..runtime.scheduler import Scheduler
 from .auth import Authenticator
 from .codec import BlobCodec
-from .config import PoolSection, ServerConfig, check_environment
+from .config import LimitsConfig, PoolSection, ServerConfig, check_environment
 from .gateway import Gateway
 from .grpc_api import add_services
-from .http import HttpListener
+from .counters import ServerCounters
+from .http import HttpLimits, HttpListener
 from .remote import WorkerHub
 from .service import Service
 
@@ -39,8 +40,41 @@ __all__ = ["Server", "BindError"]
 log = logging.getLogger("cronoq.server")
 
 
+_ACCEPT_LOG_EVERY_S = 10.0
+
+
 class BindError(RuntimeError):
     """A listener could not bind its address."""
+
+
+def http_limits(limits: LimitsConfig) -> HttpLimits:
+    return HttpLimits(max_connections=limits.max_http_connections, head_timeout_s=limits.http_head_timeout_s,
+                      keepalive_timeout_s=limits.http_keepalive_timeout_s, body_timeout_s=limits.request_timeout_s,
+                      write_timeout_s=limits.http_write_timeout_s)
+
+
+def _check_file_limit(http_connections: int) -> None:
+    """Raise the open-file limit to what the system allows, and warn when the
+    HTTP connection cap does not fit under it (accepts would fail first)."""
+    try:
+        import resource
+    except ImportError:   # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > soft):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and http_connections + _FILES_RESERVED > soft:
+        log.warning("the process may open %d files, fewer than limits.max_http_connections (%d per HTTP "
+                    "listener) plus %d for everything else: new connections will fail at accept before the cap "
+                    "answers 503; raise the limit (ulimit -n) or lower max_http_connections", soft,
+                    http_connections, _FILES_RESERVED, extra={"action": "file_limit"})
+
+
+_FILES_RESERVED = 256   # files for gRPC, the store, workers and logs beside the HTTP connections
 
 
 def _pool(section: PoolSection, hub: WorkerHub) -> Pool:
@@ -69,6 +103,9 @@ class Server:
         self.metrics_port = 0
         self._grpc: aio.Server | None = None
         self.exit_code = 0
+        self.counters = ServerCounters()
+        self._accept_logged = -_ACCEPT_LOG_EVERY_S
+        self._accept_unlogged = 0
 
     # -- building blocks
 
@@ -176,6 +213,35 @@ class Server:
         if server is not None:
             await server.stop(grace)
 
+    def _watch_accept_errors(self, loop: asyncio.AbstractEventLoop) -> None:
+        """asyncio reports every failed accept (out of file descriptors, most
+        often) with a traceback; under a flood of connections that is
+        thousands of lines a second. Count them and say so once an interval."""
+        default = loop.get_exception_handler()
+
+        def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+            message = str(context.get("message", ""))
+            if not message.startswith("socket.accept() out of system resource"):
+                if default is not None:
+                    default(loop, context)
+                else:
+                    loop.default_exception_handler(context)
+                return
+            self.counters.accept_errors += 1
+            now = loop.time()
+            if now - self._accept_logged < _ACCEPT_LOG_EVERY_S:
+                self._accept_unlogged += 1
+                return
+            exc = context.get("exception")
+            more = self._accept_unlogged
+            self._accept_logged, self._accept_unlogged = now, 0
+            log.error("cannot accept new connections: %s%s; lower limits.max_http_connections or raise the "
+                      "open-file limit (ulimit -n)", exc if exc is not None else message,
+                      f" ({more} more since the last such line)" if more else "",
+                      extra={"action": "accept_failed"})
+
+        loop.set_exception_handler(handle)
+
     # -- running
 
     def stop(self) -> None:
@@ -196,23 +262,31 @@ class Server:
                     pass
         tokens = check_environment(config, insecure_no_auth=self.insecure_no_auth,
                                    warn=lambda text: log.warning("%s", text))
-        auth = Authenticator(config, tokens)
+        counters = self.counters
+        self._watch_accept_errors(loop)
+        auth = Authenticator(config, tokens, counters=counters)
         if not config.auth_enabled:
-            # Expected on a laptop (loopback only); worth a warning when the network can reach it.
-            level = logging.WARNING if self.insecure_no_auth else logging.INFO
-            log.log(level, "authentication is off: every caller is an admin%s",
-                    " (--insecure-no-auth)" if self.insecure_no_auth else " (listening on loopback only)")
+            log.warning("authentication is off: every caller is an admin%s",
+                        " (--insecure-no-auth)" if self.insecure_no_auth else " (listening on loopback only)",
+                        extra={"action": "auth_off"})
+        limits = http_limits(config.limits)
         lease_ttls = {p.name: p.lease_ttl_s for p in config.pools}
         hub = WorkerHub(config.limits, lease_ttls, config.server.standby_close_s)
         service = Service(config, hub)
         check_host = not config.auth_enabled and not self.insecure_no_auth
         section = config.server
-        http = HttpListener(section.http_host, section.http_port, Gateway(service, auth, check_host=check_host),
-                            tls=self._http_tls())
+        http = HttpListener(section.http_host, section.http_port,
+                            Gateway(service, auth, check_host=check_host, counters=counters),
+                            tls=self._http_tls(), limits=limits, counters=counters)
         metrics: HttpListener | None = None
+        listeners = [http]
         if section.metrics_host is not None:
             metrics = HttpListener(section.metrics_host, section.metrics_port,
-                                   Gateway(service, auth, check_host=check_host, metrics_listener=True))
+                                   Gateway(service, auth, check_host=check_host, metrics_listener=True,
+                                           counters=counters), limits=limits, counters=counters)
+            listeners.append(metrics)
+        counters.open_connections = lambda: sum(len(listener.connections) for listener in listeners)
+        _check_file_limit(config.limits.max_http_connections * len(listeners))
         try:
             self.http_port = await http.start()
         except OSError as exc:

@@ -145,6 +145,10 @@ class LimitsConfig:
     watch_buffer: int = 4096
     register_timeout_s: float = 10.0
     keepalive_interval_s: float = 20.0
+    max_http_connections: int = 1000
+    http_head_timeout_s: float = 15.0
+    http_keepalive_timeout_s: float = 65.0
+    http_write_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -579,12 +583,16 @@ _LIMIT_INTS = {
     "max_workers": (10_000, 1, 1_000_000),
     "max_watchers": (1024, 0, 100_000),
     "watch_buffer": (4096, 16, 1_000_000),
+    "max_http_connections": (1000, 1, 1_000_000),
 }
 _LIMIT_SECONDS = {
     "request_timeout_s": (30.0, 0.1),
     "max_wait_s": (300.0, 0.0),
     "register_timeout_s": (10.0, 0.1),
     "keepalive_interval_s": (20.0, 1.0),
+    "http_head_timeout_s": (15.0, 0.1),
+    "http_keepalive_timeout_s": (65.0, 0.1),
+    "http_write_timeout_s": (30.0, 0.1),
 }
 
 

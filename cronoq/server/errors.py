@@ -46,13 +46,16 @@ class Code(enum.Enum):
 
 
 class ServiceError(Exception):
-    """A call failed with ``code``; ``kind`` names the cronoq exception type."""
+    """A call failed with ``code``; ``kind`` names the cronoq exception type;
+    ``retry_after_s``: when to try again (HTTP ``retry-after``), if known."""
 
-    def __init__(self, code: Code, message: str, kind: str | None = None) -> None:
+    def __init__(self, code: Code, message: str, kind: str | None = None, *,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.kind = kind
+        self.retry_after_s = retry_after_s
 
     def __repr__(self) -> str:
         return f"ServiceError({self.code.grpc_name}, {self.message!r})"

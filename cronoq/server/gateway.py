@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
@@ -27,6 +28,7 @@ from .._proto.json_view import JSON_DECODER, OVERLAP_NAMES, info_json, result_js
 from .._version import __version__
 from .auth import Authenticator, Principal
 from .codec import JSON, TEXT
+from .counters import ServerCounters
 from .errors import Code, ServiceError
 from .http import Request, Response, loopback_host, reason_code
 from .schema import (
@@ -86,6 +88,7 @@ class Route:
     waits: bool = False
     metrics_listener: bool = False
     description: str = ""
+    also: tuple[str, ...] = ()       # other roles its handler serves (in part), and checks itself
 
 
 # ---------------------------------------------------------------- JSON in, JSON out
@@ -195,9 +198,10 @@ class Gateway:
     server.metrics_addr, without credentials)."""
 
     def __init__(self, service: Service, auth: Authenticator, *, check_host: bool,
-                 metrics_listener: bool = False) -> None:
+                 metrics_listener: bool = False, counters: ServerCounters | None = None) -> None:
         self.service = service
         self.auth = auth
+        self.counters = counters if counters is not None else auth.limiter.counters
         self.check_host = check_host
         self.metrics_listener = metrics_listener
         limits = service.limits
@@ -233,30 +237,69 @@ class Gateway:
         return Response(status, dumps({"error": message, "code": reason_code(status)}), headers=headers,
                         close=close)
 
+    def admit(self, request: Request) -> Response | None:
+        """Judge a request by its head (the listener calls this before it
+        reads the body): the Host rule, cross-site requests, the route and
+        its method, and the caller's credentials. A refusal, or None (what
+        was found is kept on the request for ``__call__``)."""
+        try:
+            request.admitted = self._admit(request)
+        except ServiceError as exc:
+            return self._service_error(exc)
+        except HttpError as exc:
+            return self.error(exc.status, exc.message, headers=exc.headers)
+        return None
+
+    def _admit(self, request: Request) -> tuple[Route, dict[str, Any], Principal | None] | None:
+        headers = request.headers
+        if self.check_host and not loopback_host(headers.get("host", "")):
+            raise HttpError(403, "forbidden: authentication is off, so only loopback host names are served "
+                                 "(localhost, *.localhost, 127.x.x.x, [::1])")
+        if request.method not in _SAFE_METHODS:
+            reason = cross_site(headers)
+            if reason is not None:
+                raise HttpError(403, f"forbidden: a {request.method} from another site ({reason}); state-changing "
+                                     f"requests are served only from this server's own origin or from "
+                                     f"clients that are not browsers")
+        if request.path == "/ui" or request.path.startswith("/ui/"):
+            self._ui_allowed(request)
+            return None
+        route, params = self._match(request)
+        caller = None
+        if route.role is not None:
+            caller = (METRICS_LISTENER if self.metrics_listener else
+                      self.auth.authenticate(headers.get("authorization"), request.cert_names, peer=request.peer))
+            if not route.also:   # (a route serving several roles says which it lacks itself)
+                caller.require(route.role)   # (the service checks again; this spares reading the body)
+        return route, params, caller
+
+    def _service_error(self, exc: ServiceError) -> Response:
+        headers: tuple[tuple[str, str], ...] = (("cronoq-error", exc.kind),) if exc.kind else ()
+        if exc.retry_after_s is not None:
+            headers += (("retry-after", str(max(1, math.ceil(exc.retry_after_s)))),)
+        return self.error(exc.code.http_status, exc.message, headers=headers)
+
     async def __call__(self, request: Request) -> Response:
         try:
-            if self.check_host and not loopback_host(request.headers.get("host", "")):
-                raise HttpError(403, "forbidden: authentication is off, so only loopback host names are served "
-                                     "(localhost, *.localhost, 127.x.x.x, [::1])")
-            if request.path == "/ui" or request.path.startswith("/ui/"):
+            if request.admitted is None:   # (a listener that does not call admit first)
+                refusal = self.admit(request)
+                if refusal is not None:
+                    return refusal
+            admitted = request.admitted
+            if admitted is None:
                 return self._ui(request)
-            route, params = self._match(request)
-            caller = None
-            if route.role is not None:
-                caller = (METRICS_LISTENER if self.metrics_listener else
-                          self.auth.authenticate(request.headers.get("authorization"), request.cert_names))
+            route, params, caller = admitted
             query = self._query(route, request.query) if request.query or route.query else {}
             body = self._body(route, request)
             return await route.handler(self, Call(request, caller, params, query, body))
         except ServiceError as exc:
-            headers = (("cronoq-error", exc.kind),) if exc.kind else ()
-            return self.error(exc.code.http_status, exc.message, headers=headers)
+            return self._service_error(exc)
         except HttpError as exc:
             return self.error(exc.status, exc.message, headers=exc.headers)
 
     # -- the dashboard's static files
 
-    def _ui(self, request: Request) -> Response:
+    def _ui_allowed(self, request: Request) -> None:
         """The web dashboard (docs/dashboard.md): static files without data,
         so they need no credentials; the page sends the token it is given to
         the API routes. Off with server.ui = false."""
@@ -266,12 +309,14 @@ class Gateway:
         if request.method not in ("GET", "HEAD"):
             raise HttpError(405, f"{request.method} is not allowed on the dashboard's files; allowed: GET, HEAD",
                             (("allow", "GET, HEAD"),))
+
+    def _ui(self, request: Request) -> Response:
         if request.path == "/ui":
             return Response(308, b"", "text/plain; charset=utf-8", headers=(("location", "/ui/"),))
         name = request.path[len("/ui/"):] or "index.html"
-        found = _ui_file(name)
+        found = UI_FILES.get(name)
         if found is None:
-            raise HttpError(404, f"no dashboard file {name[:100]!r}")
+            raise HttpError(404, f"no dashboard file {name[:100]!r}; the files are {', '.join(sorted(UI_FILES))}")
         data, media = found
         return Response(200, data, media, headers=_UI_HEADERS)
 
@@ -549,7 +594,7 @@ class Gateway:
         snap = await self.service.metrics(call.caller)
         took = time.perf_counter() - started
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Scrape(snap, took))
+        registry.register(_Scrape(snap, took, self.counters))
         return Response(200, generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
     async def openapi(self, call: Call) -> Response:
@@ -577,25 +622,54 @@ _UI_HEADERS = (
     ("x-content-type-options", "nosniff"), ("referrer-policy", "no-referrer"), ("x-frame-options", "DENY"),
     ("cache-control", "no-cache"),
 )
-_UI_FILES: dict[str, tuple[bytes, str] | None] = {}
 
 
-def _ui_file(name: str) -> tuple[bytes, str] | None:
-    """A file of cronoq/server/ui by its plain name (no directories), read once."""
-    if name in _UI_FILES:
-        return _UI_FILES[name]
-    found = None
-    suffix = "." + name.rpartition(".")[2]
-    if "/" not in name and "\\" not in name and not name.startswith(".") and suffix in _UI_MEDIA:
-        from importlib.resources import files
-        resource = files("cronoq.server").joinpath("ui", name)
-        if resource.is_file():
-            found = (resource.read_bytes(), _UI_MEDIA[suffix])
-    if len(_UI_FILES) < 64:
-        _UI_FILES[name] = found
+def _ui_files() -> dict[str, tuple[bytes, str]]:
+    """Every file of cronoq/server/ui, read once at import: requests pick
+    one of these by name and never build a path."""
+    from importlib.resources import files
+    found: dict[str, tuple[bytes, str]] = {}
+    for entry in files("cronoq.server").joinpath("ui").iterdir():
+        suffix = "." + entry.name.rpartition(".")[2]
+        if entry.is_file() and not entry.name.startswith(".") and suffix in _UI_MEDIA:
+            found[entry.name] = (entry.read_bytes(), _UI_MEDIA[suffix])
     return found
 
 
+UI_FILES = _ui_files()
+
+
+def cross_site(headers: dict[str, str]) -> str | None:
+    """Why a request came from a page of another site, or None: its
+    Sec-Fetch-Site says so, or its Origin is not the origin it was sent to
+    (the Host, or the X-Forwarded-Host a proxy set; a page cannot set that
+    header on a cross-origin request without a preflight, which this server
+    never grants)."""
+    site = headers.get("sec-fetch-site")
+    if site is not None and site.strip().lower() not in ("same-origin", "none"):
+        return f"sec-fetch-site: {site[:40]}"
+    origin = headers.get("origin")
+    if origin is None:
+        return None
+    scheme, sep, authority = origin.strip().lower().partition("://")
+    if not sep or scheme not in ("http", "https") or not authority or "/" in authority:
+        return f"origin: {origin[:80]}"
+    authority = _without_default_port(scheme, authority)
+    for name in ("host", "x-forwarded-host"):
+        value = headers.get(name)
+        if value is not None:
+            for host in value.split(","):
+                if _without_default_port(scheme, host.strip().lower()) == authority:
+                    return None
+    return f"origin: {origin[:80]}"
+
+
+def _without_default_port(scheme: str, authority: str) -> str:
+    default = ":443" if scheme == "https" else ":80"
+    return authority[:-len(default)] if authority.endswith(default) else authority
+
+
+_SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
 _PING_S = 15.0           # a comment line this often keeps proxies from closing an idle stream
 _STATE_CHECK_S = 0.25    # how soon a stream notices that its server stopped serving
 _COALESCE_S = 0.02       # status events arriving this close together go out as one message
@@ -626,13 +700,15 @@ def route_path(routes: dict[str, Route]) -> str:
 class _Scrape:
     """One scrape's metric families, from one snapshot (cronoq.telemetry's series)."""
 
-    def __init__(self, snap: Any, took: float) -> None:
+    def __init__(self, snap: Any, took: float, counters: ServerCounters) -> None:
         self.snap = snap
         self.took = took
+        self.counters = counters
 
     def collect(self) -> Iterator[Any]:
         from ..telemetry.prometheus import scrape_families
-        return scrape_families(self.snap, self.took)
+        yield from scrape_families(self.snap, self.took)
+        yield from self.counters.families()
 
 
 # ---------------------------------------------------------------- the routes
@@ -695,7 +771,7 @@ ROUTES: tuple[Route, ...] = (
           description="removed is false when no schedule of that name exists (in the pools the caller may use). "
                       "An occurrence already created still runs."),
     Route("GET", "/v1/events", "events", "Live events (Server-Sent Events)", Gateway.events, role="client",
-          media="text/event-stream", query=(("pool", _POOLS), ("snapshot_s", Seconds(
+          media="text/event-stream", also=("metrics",), query=(("pool", _POOLS), ("snapshot_s", Seconds(
               "How often a snapshot event comes (metrics role): default 1, at least 0.2; 0 for none."))),
           statuses=(400, 401, 403, 404, 429, 503),
           description="Needs the client role (status events) or the metrics role (snapshots); admin gets both. "

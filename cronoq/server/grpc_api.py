@@ -39,6 +39,20 @@ async def _abort(context: aio.ServicerContext, error: ServiceError) -> None:
     await context.abort(_status(error.code), error.message, trailing_metadata=trailing)
 
 
+def peer_address(context: aio.ServicerContext) -> str:
+    """The caller's address without its port ("ipv4:10.0.0.7:51234" -> "10.0.0.7")."""
+    try:
+        peer = context.peer() or ""
+    except Exception:   # (grpcio raises for a call that already ended)
+        return ""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv6" and rest.startswith("["):
+        return rest[1:].partition("]")[0]
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    return peer
+
+
 class _Base:
     def __init__(self, service: Service, auth: Authenticator) -> None:
         self.service = service
@@ -57,7 +71,7 @@ class _Base:
             auth_context = context.auth_context() or {}
             for raw in auth_context.get("x509_subject_alternative_name", ()):
                 names.append(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
-        return self.auth.authenticate(authorization, names)
+        return self.auth.authenticate(authorization, names, peer=peer_address(context), transport="grpc")
 
     async def unary(self, context: aio.ServicerContext,
                     call: Callable[[Principal, Any], Awaitable[Any]], request: Any) -> Any:

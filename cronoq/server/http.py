@@ -1,23 +1,32 @@
 """A lean HTTP/1.1 server on asyncio's Protocol API, in the scheduler's loop.
 
 It carries the HTTP/JSON gateway (``gateway.py``) and the probes. It was
-chosen over an ASGI stack after measuring (docs/architecture.md): it parses
-only what the gateway needs, so a request costs a fraction of what uvicorn
-and a framework cost, and that CPU is left to the scheduler in the same loop.
+chosen over an ASGI stack after measuring (docs/architecture.md): a request
+costs a fraction of what uvicorn and a framework cost, and that CPU is left
+to the scheduler in the same loop.
 
-What it does, per connection: persistent connections (HTTP/1.1 keep-alive,
-HTTP/1.0 with ``connection: keep-alive``), pipelined requests answered in
-order, ``content-length`` and ``chunked`` bodies, ``expect: 100-continue``,
-and bounds on everything a client controls: the request head
-(``_MAX_HEAD`` bytes, ``_MAX_HEADERS`` fields: 431; it must arrive within
-``_IDLE_S``), the body (the app's
-``max_body``: 413, decided from ``content-length`` before reading it), the
-time of a request (the app's ``time_limit``: 504), idle connections
-(``_IDLE_S``), and the data buffered while a request is being answered
-(reading pauses). A request that cannot be framed (a bad head, both
-``content-length`` and ``transfer-encoding``) is answered 400 and the
-connection closed. Client certificates (TLS with ``client_ca``) are passed on
-as their DNS names.
+Parsing is llhttp's (through httptools, as uvicorn uses it), in its strict
+mode: anything a proxy in front could read differently (bare LF or CR,
+NUL or CR in a field, obsolete line folding, non-token field names, chunk
+sizes with a sign, prefix or separator, content-length that is not plain
+digits, content-length with transfer-encoding) is a 400 and the end of the
+connection. What llhttp leaves to us is checked here: the version (1.0 and
+1.1), the origin form of the target, a Host on HTTP/1.1, the one transfer
+coding we take (chunked), the size of the head (``_MAX_HEAD``, 431) and the
+number of its fields (``_MAX_HEADERS``, 431), empty request lines.
+
+Per connection: persistent connections (HTTP/1.1 keep-alive, HTTP/1.0 with
+``connection: keep-alive``), pipelined requests answered in order,
+``expect: 100-continue``, and a bound on everything a client controls, set
+by ``HttpLimits``: a new connection must send a whole head within
+``head_timeout_s`` (so must a keep-alive connection, counted from the first
+byte of the head), an idle keep-alive connection lives ``keepalive_timeout_s``,
+a body must arrive within ``body_timeout_s`` of its head, a response the
+client does not read closes the connection after ``write_timeout_s``, and a
+listener serves at most ``max_connections`` (503 beyond). The app sees each
+head before its body (``App.admit``): credentials and routes are judged
+before a byte of the body is kept. Client certificates (TLS with
+``client_ca``) are passed on as their DNS names.
 """
 
 from __future__ import annotations
@@ -27,25 +36,34 @@ import ipaddress
 import logging
 import ssl
 import time
+from collections import deque
+from dataclasses import dataclass
 from email.utils import formatdate
-from typing import AsyncIterator, Awaitable, Callable, Protocol
+from typing import Any, AsyncIterator, Awaitable, Protocol
 
-__all__ = ["HttpListener", "Request", "Response", "App", "loopback_host", "REASONS", "reason_code"]
+import httptools
+
+from .counters import ServerCounters
+
+__all__ = ["HttpListener", "HttpLimits", "Request", "Response", "App", "loopback_host", "REASONS", "reason_code"]
 
 log = logging.getLogger("cronoq.server")
 
 _MAX_HEAD = 16 * 1024        # request line and header fields
 _MAX_HEADERS = 100
-_IDLE_S = 75.0               # a keep-alive connection without a request for this long is closed
-_MAX_BUFFERED = 256 * 1024   # pipelined data held while a request is being answered
+_MAX_QUEUED = 16             # pipelined requests parsed ahead of the one being answered
+_MAX_BUFFERED = 256 * 1024   # bytes of bodies held in those requests
+_LINGER_S = 2.0              # after a refusal, unread input is drained this long before the close
+# Header fields that must not repeat (a second one could frame or route the request differently).
+_SINGLE = frozenset((b"host", b"authorization", b"content-type", b"content-length", b"transfer-encoding"))
 
 # Reason phrases (RFC 9110); error bodies carry them lower-case with underscores.
 REASONS = {
-    100: "Continue", 200: "OK", 308: "Permanent Redirect", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
-    405: "Method Not Allowed", 409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type",
-    429: "Too Many Requests", 431: "Request Header Fields Too Large", 499: "Client Closed Request",
-    500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable", 504: "Gateway Timeout",
-    505: "HTTP Version Not Supported",
+    100: "Continue", 200: "OK", 308: "Permanent Redirect", 400: "Bad Request", 401: "Unauthorized",
+    403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 409: "Conflict",
+    413: "Content Too Large", 415: "Unsupported Media Type", 429: "Too Many Requests",
+    431: "Request Header Fields Too Large", 499: "Client Closed Request", 500: "Internal Server Error",
+    501: "Not Implemented", 503: "Service Unavailable", 504: "Gateway Timeout", 505: "HTTP Version Not Supported",
 }
 
 
@@ -70,16 +88,29 @@ def loopback_host(host_header: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class HttpLimits:
+    """What one listener allows its clients (the HTTP keys of [limits])."""
+
+    max_connections: int = 1000
+    head_timeout_s: float = 15.0
+    keepalive_timeout_s: float = 65.0
+    body_timeout_s: float = 30.0
+    write_timeout_s: float = 30.0
+
+
 class Request:
     """One request: ``method``, ``target`` (as sent), ``path`` (percent-encoded,
     without the query), ``query`` (the text after ``?``), ``headers`` (names
-    lower-case; repeated fields joined with ``, ``), ``body``, and the DNS
-    names of a verified client certificate."""
+    lower-case; repeated fields joined with ``, ``), ``body``, the DNS names
+    of a verified client certificate, and the client's address (``peer``).
+    ``admitted`` is the app's own record of the head (see ``App.admit``)."""
 
-    __slots__ = ("method", "target", "path", "query", "headers", "body", "version", "cert_names")
+    __slots__ = ("method", "target", "path", "query", "headers", "body", "version", "cert_names", "peer",
+                 "admitted")
 
     def __init__(self, method: str, target: str, headers: dict[str, str], version: str,
-                 cert_names: tuple[str, ...] = ()) -> None:
+                 cert_names: tuple[str, ...] = (), peer: str = "") -> None:
         self.method = method
         self.target = target
         path, _, query = target.partition("?")
@@ -89,6 +120,8 @@ class Request:
         self.body = b""
         self.version = version
         self.cert_names = cert_names
+        self.peer = peer
+        self.admitted: Any = None
 
 
 class Response:
@@ -117,6 +150,10 @@ class App(Protocol):
     def time_limit(self, request: Request) -> float:
         """Seconds the request may take, from its head to the response."""
 
+    def admit(self, request: Request) -> Response | None:
+        """Judge a request by its head, before its body is read: a refusal
+        (the body is then never read), or None to go on."""
+
     def error(self, status: int, message: str, *, close: bool = False) -> Response:
         """The response for an error the listener finds itself."""
 
@@ -141,88 +178,104 @@ class _Date:
         return cls.value
 
 
-class _BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing (the refusal is
+    queued already; httptools re-raises it as HttpParserCallbackError)."""
 
 
-def _parse_head(head: bytes) -> tuple[str, str, str, dict[str, str]]:
-    """(method, target, version, headers) of a request head (without its blank line)."""
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:   # (latin-1 decodes every byte; kept for clarity)
-        raise _BadRequest(400, "the request head is not text") from None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[1]:
-        raise _BadRequest(400, "malformed request line")
-    method, target, version = parts
-    if version not in ("HTTP/1.1", "HTTP/1.0"):
-        if version.startswith("HTTP/"):
-            raise _BadRequest(505, f"{version} is not supported: use HTTP/1.1")
-        raise _BadRequest(400, "malformed request line")
-    if not target.startswith("/"):
-        raise _BadRequest(400, "the request target must be a path (origin form)")
-    if len(lines) - 1 > _MAX_HEADERS:
-        raise _BadRequest(431, f"more than {_MAX_HEADERS} header fields")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or " " in name:
-            raise _BadRequest(400, "malformed header field")
-        name = name.lower()
-        value = value.strip(" \t")
-        if name in headers:
-            if name in ("content-length", "host", "authorization", "content-type", "transfer-encoding"):
-                raise _BadRequest(400, f"the {name} header is given more than once")
-            headers[name] += ", " + value
-        else:
-            headers[name] = value
-    return method.upper(), target, version, headers
+class _Pending:
+    """A request in line to be answered: complete, or refused (``refusal``)."""
+
+    __slots__ = ("request", "refusal", "close", "deadline", "size")
+
+    def __init__(self, request: Request | None, refusal: Response | None, close: bool, deadline: float,
+                 size: int = 0) -> None:
+        self.request = request
+        self.refusal = refusal
+        self.close = close
+        self.deadline = deadline      # loop time by which the answer is due
+        self.size = size              # bytes of its body
+
+
+# What the read side is waiting for (which deadline applies).
+_FIRST_HEAD, _KEEPALIVE, _HEAD, _BODY, _NOTHING = range(5)
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: reads requests, answers them one at a time."""
+    """One client connection: parses requests, answers them one at a time, in order."""
 
     def __init__(self, listener: HttpListener) -> None:
         self.listener = listener
         self.app = listener.app
+        self.limits = listener.limits
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.scanned = 0                       # bytes of buffer searched for the end of the head
-        self.request: Request | None = None    # the head is in, the body is being read
-        self.length = 0                        # content-length of the request being read
-        self.chunked = False
-        self.chunk_offset = 0                  # chunked: bytes of buffer already decoded into body
-        self.body = bytearray()
-        self.keep_alive = True
+        self.parser = httptools.HttpRequestParser(self)
+        self.peer = ""
+        self.cert_names: tuple[str, ...] = ()
+        # Parsing
+        self.in_message = False
+        self.blank = b""                       # CR/LF bytes seen before a request line
+        self.url = b""
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.head_bytes = 0
+        self.headers_done = False
+        self.head_at = 0.0
+        self.current: Request | None = None    # its head is in, its body is arriving
+        self.current_refusal: Response | None = None
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.body_limit = 0
+        self.continue_due = False              # 100 Continue owed to the current request
+        self.stopped = False                   # nothing more is parsed (a refusal that closes)
+        # Answering
+        self.queue: deque[_Pending] = deque()
+        self.queued_bytes = 0
         self.handling: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.keep_alive = True
+        self.read_state = _FIRST_HEAD
+        self.read_timer: asyncio.TimerHandle | None = None
+        self.answer_timer: asyncio.TimerHandle | None = None
+        self.write_timer: asyncio.TimerHandle | None = None
         self.timed_out = False
-        self.paused = False
+        self.reading_paused = False
         self.can_write: asyncio.Future[None] | None = None
         self.closed = False
-        self.cert_names: tuple[str, ...] = ()
+        self.lingering: asyncio.TimerHandle | None = None
+        self.idle_since = self.loop.time()     # when it last became an idle keep-alive connection
 
     # -- the transport's calls
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.listener.connections.add(self)
-        if self.listener.tls is not None:
+        listener = self.listener
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.peer = str(peer[0])
+        if not listener.make_room():
+            # Over the cap: a short answer, and the file descriptor back at once.
+            self.closed = True
+            listener.counters.http_refused += 1
+            message = (f"the server is serving its maximum of {self.limits.max_connections} HTTP connections "
+                       f"(limits.max_http_connections); retry shortly")
+            self._write(self.app.error(503, message, close=True), True)
+            transport.close()
+            return
+        listener.connections.add(self)
+        if listener.tls is not None:
             cert = transport.get_extra_info("peercert")
             if cert:
                 self.cert_names = tuple(value for kind, value in cert.get("subjectAltName", ()) if kind == "DNS")
-        self._arm(_IDLE_S, self._idle)
+        self._arm_read(_FIRST_HEAD)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.listener.connections.discard(self)
-        self._disarm()
+        for timer in (self.read_timer, self.answer_timer, self.write_timer, self.lingering):
+            if timer is not None:
+                timer.cancel()
+        self.read_timer = self.answer_timer = self.write_timer = self.lingering = None
         if self.handling is not None:
             self.handling.cancel()   # nobody is left to answer
         if self.can_write is not None and not self.can_write.done():
@@ -235,194 +288,313 @@ class _Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         if self.can_write is None or self.can_write.done():
             self.can_write = self.loop.create_future()
+        if self.write_timer is None:
+            self.write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_expired)
 
     def resume_writing(self) -> None:
+        if self.write_timer is not None:
+            self.write_timer.cancel()
+            self.write_timer = None
         if self.can_write is not None and not self.can_write.done():
             self.can_write.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        if self.handling is None:
-            self._advance()
-        elif len(self.buffer) > _MAX_BUFFERED and not self.paused:
-            self.paused = True
-            assert self.transport is not None
-            self.transport.pause_reading()
-
-    # -- timers
-
-    def _arm(self, delay: float, callback: Callable[[], None]) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.loop.call_later(delay, callback)
-
-    def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _idle(self) -> None:
-        self.timer = None
-        if self.request is None and self.handling is None:
-            if self.buffer:   # a head that never finished
-                self._fail(400, "the request head did not arrive in time")
+        if self.stopped or self.closed:
+            return   # (a refused request's body, drained while lingering)
+        if not self.in_message:
+            data = self._skip_blank(data)
+            if not data:
+                return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if not self.stopped:   # one of our callbacks failed (not a refusal): a defect of ours
+                log.error("internal error parsing a request from %s", self.peer, exc_info=exc.__context__)
+                self._refuse(self.app.error(500, "internal error (logged by the server)", close=True))
+        except httptools.HttpParserUpgrade:
+            # The request asked to switch protocols: it is answered as plain
+            # HTTP, and nothing after it is read (llhttp stops there).
+            if self.queue:
+                self.queue[-1].close = True
+            self.stopped = True
+            self._pause_reading()
+        except httptools.HttpParserError as exc:
+            reason = _parser_reason(exc)
+            if reason in _VERSION_ERRORS:
+                self._refuse(self.app.error(505, "this HTTP version is not supported: use HTTP/1.1", close=True))
             else:
-                self._close()
+                self._refuse(self.app.error(400, f"malformed request: {reason}", close=True))
+        if not self.closed and self.handling is None:
+            self._next()
+        if not self.reading_paused and not self.stopped and (
+                len(self.queue) >= _MAX_QUEUED or self.queued_bytes > _MAX_BUFFERED):
+            self._pause_reading()   # the client sends faster than we answer: hold it back
 
-    def _expired(self) -> None:
+    def _skip_blank(self, data: bytes) -> bytes:
+        """Allow one CRLF before a request line (RFC 9112, 2.2); more, or any
+        other empty line, is a request without a request line: 400."""
+        stripped = data.lstrip(b"\r\n")
+        if len(stripped) == len(data) and not self.blank:
+            return data
+        self.blank += data[:len(data) - len(stripped)]
+        if self.blank not in (b"\r", b"\r\n"):
+            self._refuse(self.app.error(400, "malformed request: an empty request line", close=True))
+            return b""
+        if stripped:
+            if self.blank != b"\r\n":
+                self._refuse(self.app.error(400, "malformed request: an empty request line", close=True))
+                return b""
+            self.blank = b""
+        return stripped
+
+    # -- llhttp's callbacks (each runs inside feed_data)
+
+    def on_message_begin(self) -> None:
+        self.in_message = True
+        self.blank = b""
+        self.url = b""
+        self.fields = []
+        self.head_bytes = 0
+        self.headers_done = False
+        if self.read_state != _FIRST_HEAD:   # (a new connection's deadline counts from its opening)
+            self._arm_read(_HEAD)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._count(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.headers_done:
+            return   # a trailer field of a chunked body: ignored
+        self.fields.append((name, value))
+        self._count(len(name) + len(value) + 4)
+        if len(self.fields) > _MAX_HEADERS:
+            self._stop(self.app.error(431, f"more than {_MAX_HEADERS} header fields", close=True))
+
+    def _count(self, size: int) -> None:
+        self.head_bytes += size
+        if self.head_bytes > _MAX_HEAD:
+            self._stop(self.app.error(431, f"the request head is larger than {_MAX_HEAD} bytes", close=True))
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+        self.head_at = self.loop.time()
+        parser = self.parser
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            if version[:1].isdigit() and version >= "2":
+                self._stop(self.app.error(505, f"HTTP/{version} is not supported: use HTTP/1.1", close=True))
+            self._stop(self.app.error(400, "malformed request line", close=True))
+        method = parser.get_method().decode("ascii")
+        headers: dict[str, str] = {}
+        for raw_name, raw_value in self.fields:
+            name = raw_name.lower()
+            value = raw_value.decode("latin-1")
+            text = name.decode("ascii")
+            if text in headers:
+                if name in _SINGLE:
+                    self._stop(self.app.error(400, f"the {text} header is given more than once", close=True))
+                headers[text] += ", " + value
+            else:
+                headers[text] = value
+        target = self.url.decode("latin-1")
+        if not target.startswith("/"):
+            self._stop(self.app.error(400, "the request target must be a path (origin form)", close=True))
+        length = 0
+        chunked = False
+        encoding = headers.get("transfer-encoding")
+        if encoding is not None:
+            if version == "1.0":
+                self._stop(self.app.error(400, "transfer-encoding is not allowed in HTTP/1.0", close=True))
+            if encoding.lower() != "chunked":
+                self._stop(self.app.error(501, f"transfer-encoding {encoding[:40]!r} is not supported (only "
+                                               f"chunked)", close=True))
+            chunked = True
+        elif "content-length" in headers:
+            length = int(headers["content-length"])   # llhttp checked it: digits only
+        if version == "1.1" and "host" not in headers:
+            self._stop(self.app.error(400, "an HTTP/1.1 request needs a Host header", close=True))
+        connection = headers.get("connection", "").lower()
+        if version == "1.0":
+            keep_alive = "keep-alive" in connection
+        else:
+            keep_alive = "close" not in connection
+        request = Request(method, target, headers, "HTTP/" + version, self.cert_names, self.peer)
+        self.current = request
+        self.body = []
+        self.body_size = 0
+        has_body = chunked or length > 0
+        app = self.app
+        refusal = app.admit(request)
+        if refusal is None and length > app.max_body:
+            refusal = app.error(413, f"the body is larger than {app.max_body} bytes (limits.max_http_body_bytes)",
+                                close=True)
+        if not keep_alive:
+            self.keep_alive = False
+        if refusal is not None:
+            if has_body or refusal.close:
+                refusal.close = True
+                self._stop(refusal)   # its body is never read
+            self.current_refusal = refusal
+        else:
+            self.current_refusal = None
+            self.body_limit = app.max_body
+            if has_body:
+                self._arm_read(_BODY)
+                if headers.get("expect", "").lower() == "100-continue":
+                    self.continue_due = True
+                    self._send_continue()
+
+    def on_body(self, body: bytes) -> None:
+        self.body_size += len(body)
+        if self.body_size > self.body_limit:
+            self._stop(self.app.error(413, f"the body is larger than {self.app.max_body} bytes "
+                                           f"(limits.max_http_body_bytes)", close=True))
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.in_message = False
+        request = self.current
+        assert request is not None
+        self.current = None
+        self.continue_due = False
+        refusal = self.current_refusal
+        self.current_refusal = None
+        if refusal is None:
+            request.body = b"".join(self.body)
+        self.body = []
+        limit = self.app.time_limit(request) if refusal is None else 0.0
+        self._enqueue(_Pending(request, refusal, not self.keep_alive, self.head_at + limit, self.body_size))
+        self.read_state = _NOTHING   # armed again once the answers are out (_next)
+        self._disarm_read()
+
+    def _stop(self, refusal: Response) -> None:
+        """Refuse the request being parsed and parse nothing more (the
+        connection closes after the answers before it)."""
+        self._refuse(refusal)
+        raise _Refused
+
+    def _refuse(self, refusal: Response) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        refusal.close = True
+        self.current = None
+        self.body = []
+        self._disarm_read()
+        self._enqueue(_Pending(None, refusal, True, self.loop.time()))
+        self._pause_reading()
+        if self.handling is None and not self.closed:
+            self._next()
+
+    def _enqueue(self, pending: _Pending) -> None:
+        self.queue.append(pending)
+        self.queued_bytes += pending.size
+
+    def _send_continue(self) -> None:
+        """The interim answer, once every answer before it is out."""
+        if self.continue_due and self.handling is None and not self.queue and self.transport is not None:
+            self.continue_due = False
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    # -- deadlines
+
+    def _arm_read(self, state: int) -> None:
+        self.read_state = state
+        if self.read_timer is not None:
+            self.read_timer.cancel()
+        limits = self.limits
+        delay = (limits.keepalive_timeout_s if state == _KEEPALIVE else
+                 limits.body_timeout_s if state == _BODY else limits.head_timeout_s)
+        if state == _KEEPALIVE:
+            self.idle_since = self.loop.time()
+        self.read_timer = self.loop.call_later(delay, self._read_expired)
+
+    def _disarm_read(self) -> None:
+        if self.read_timer is not None:
+            self.read_timer.cancel()
+            self.read_timer = None
+
+    def _read_expired(self) -> None:
+        self.read_timer = None
+        if self.closed or self.stopped:
+            return
+        state = self.read_state
+        if state == _BODY:
+            self._refuse(self.app.error(408, f"the request body did not arrive within "
+                                             f"{self.limits.body_timeout_s:g} s of its head", close=True))
+        elif self.in_message or self.blank:
+            self._refuse(self.app.error(408, f"the request head did not arrive within "
+                                             f"{self.limits.head_timeout_s:g} s", close=True))
+        else:   # silent: nothing to answer
+            self._close()
+
+    def _answer_expired(self) -> None:
         """The request's time limit passed."""
-        self.timer = None
+        self.answer_timer = None
         self.timed_out = True
         if self.handling is not None:
             self.handling.cancel()   # _run answers 504
-        else:   # still reading the body
-            self._fail(504, "the request did not arrive within its time limit")
 
-    # -- reading requests
-
-    def _advance(self) -> None:
-        """Parse what the buffer holds; start answering a complete request."""
-        while not self.closed and self.handling is None:
-            if self.request is None:
-                if not self._read_head():
-                    return
-            if not self._read_body():
-                return
-            request = self.request
-            assert request is not None
-            request.body = bytes(self.body)
-            self.request = None
-            self.body = bytearray()
-            self.handling = self.loop.create_task(self._run(request))
-            return
-
-    def _read_head(self) -> bool:
-        while self.buffer[:2] == b"\r\n":   # blank lines between requests are ignored (RFC 9112, 2.2)
-            del self.buffer[:2]
-            self.scanned = 0
-        end = self.buffer.find(b"\r\n\r\n", max(0, self.scanned - 3))
-        if end < 0:
-            self.scanned = len(self.buffer)
-            if len(self.buffer) > _MAX_HEAD:
-                self._fail(431, f"the request head is larger than {_MAX_HEAD} bytes")
-            return False
-        if end > _MAX_HEAD:
-            self._fail(431, f"the request head is larger than {_MAX_HEAD} bytes")
-            return False
-        head = bytes(self.buffer[:end])
-        del self.buffer[:end + 4]
-        self.scanned = 0
-        try:
-            method, target, version, headers = _parse_head(head)
-            request = Request(method, target, headers, version, self.cert_names)
-            self._frame(request)
-        except _BadRequest as exc:
-            self._fail(exc.status, exc.message)
-            return False
-        connection = headers.get("connection", "").lower()
-        if version == "HTTP/1.0":
-            self.keep_alive = "keep-alive" in connection
-        else:
-            self.keep_alive = "close" not in connection
-        self.request = request
-        self.timed_out = False
-        self._arm(self.app.time_limit(request), self._expired)
-        if self.length > self.app.max_body:
-            self._fail(413, f"the body is larger than {self.app.max_body} bytes (limits.max_http_body_bytes)")
-            return False
-        if (self.length or self.chunked) and headers.get("expect", "").lower() == "100-continue":
-            assert self.transport is not None
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        return True
-
-    def _frame(self, request: Request) -> None:
-        """How the body is delimited (RFC 9112, section 6)."""
-        headers = request.headers
-        encoding = headers.get("transfer-encoding")
-        length = headers.get("content-length")
-        self.length = 0
-        self.chunked = False
-        self.chunk_offset = 0
-        if encoding is not None:
-            if length is not None:
-                raise _BadRequest(400, "content-length and transfer-encoding together are not allowed")
-            if encoding.lower() != "chunked":
-                raise _BadRequest(501, f"transfer-encoding {encoding!r} is not supported (only chunked)")
-            if request.version == "HTTP/1.0":
-                raise _BadRequest(400, "transfer-encoding is not allowed in HTTP/1.0")
-            self.chunked = True
-        elif length is not None:
-            if not length.isdigit() or len(length) > 15:
-                raise _BadRequest(400, f"invalid content-length {length[:40]!r}")
-            self.length = int(length)
-
-    def _read_body(self) -> bool:
-        if self.chunked:
-            return self._read_chunks()
-        if len(self.buffer) < self.length:
-            return False
-        self.body = self.buffer[:self.length]
-        del self.buffer[:self.length]
-        return True
-
-    def _read_chunks(self) -> bool:
-        buffer = self.buffer
-        while True:
-            line_end = buffer.find(b"\r\n")
-            if line_end < 0:
-                if len(buffer) > 1024:
-                    self._fail(400, "malformed chunk size line")
-                return False
-            size_text = bytes(buffer[:line_end]).partition(b";")[0].strip()
-            try:
-                size = int(size_text, 16)
-                if size < 0 or not size_text or len(size_text) > 12:
-                    raise ValueError
-            except ValueError:
-                self._fail(400, "malformed chunk size")
-                return False
-            if size == 0:
-                trailer_end = buffer.find(b"\r\n\r\n", line_end)
-                if line_end + 2 <= len(buffer) and buffer[line_end + 2:line_end + 4] == b"\r\n":
-                    del buffer[:line_end + 4]
-                    return True
-                if trailer_end < 0:
-                    if len(buffer) > _MAX_HEAD:
-                        self._fail(431, "the chunked trailer is too large")
-                    return False
-                del buffer[:trailer_end + 4]   # trailer fields are ignored
-                return True
-            if len(self.body) + size > self.app.max_body:
-                self._fail(413, f"the body is larger than {self.app.max_body} bytes (limits.max_http_body_bytes)")
-                return False
-            if len(buffer) < line_end + 2 + size + 2:
-                return False
-            start = line_end + 2
-            if buffer[start + size:start + size + 2] != b"\r\n":
-                self._fail(400, "malformed chunk")
-                return False
-            self.body += buffer[start:start + size]
-            del buffer[:start + size + 2]
+    def _write_expired(self) -> None:
+        """The client has not read its answers for write_timeout_s: drop them and it."""
+        self.write_timer = None
+        if self.transport is not None and not self.closed:
+            self.listener.counters.http_write_timeouts += 1
+            self.closed = True
+            self.transport.abort()
 
     # -- answering
 
-    async def _run(self, request: Request) -> None:
-        try:
-            response = await self.app(request)
-        except asyncio.CancelledError:
-            if self.closed or not self.timed_out:
-                raise
-            response = self.app.error(504, f"the request ran longer than its time limit "
-                                           f"({self.app.time_limit(request):g} s)")
-        except Exception:
-            log.exception("internal error answering %s %s", request.method, request.path[:200])
-            response = self.app.error(500, "internal error (logged by the server)")
-        self._disarm()
+    def _next(self) -> None:
+        """Answer the next request in line, or wait for one."""
+        if self.closed:
+            return
+        if self.queue:
+            pending = self.queue.popleft()
+            self.queued_bytes -= pending.size
+            self.handling = self.loop.create_task(self._run(pending))
+            return
+        if self.stopped:
+            self._close()
+            return
+        if self.reading_paused:
+            self.reading_paused = False
+            assert self.transport is not None
+            self.transport.resume_reading()
+        if self.current is not None:
+            self._send_continue()
+        elif self.read_state == _NOTHING and not self.in_message:
+            self._arm_read(_KEEPALIVE)
+
+    async def _run(self, pending: _Pending) -> None:
+        request = pending.request
+        response = pending.refusal
+        if response is None:
+            assert request is not None
+            self.timed_out = False
+            delay = max(0.0, pending.deadline - self.loop.time())
+            self.answer_timer = self.loop.call_later(delay, self._answer_expired)
+            try:
+                response = await self.app(request)
+            except asyncio.CancelledError:
+                if self.closed or not self.timed_out:
+                    raise
+                response = self.app.error(504, f"the request ran longer than its time limit "
+                                               f"({self.app.time_limit(request):g} s)")
+            except Exception:
+                log.exception("internal error answering %s %s", request.method, request.path[:200])
+                response = self.app.error(500, "internal error (logged by the server)")
+            finally:
+                if self.answer_timer is not None:
+                    self.answer_timer.cancel()
+                    self.answer_timer = None
         if self.closed:
             self.handling = None
             return
-        close = response.close or not self.keep_alive or self.app.closing()
-        if response.stream is not None:
+        close = response.close or pending.close or self.app.closing()
+        head_only = request is not None and request.method == "HEAD"
+        if response.stream is not None and request is not None:
             if request.version == "HTTP/1.0":
                 close = True   # no chunked coding: the end of the stream is the end of the connection
             await self._stream(response, close, chunked=request.version != "HTTP/1.0")
@@ -430,20 +602,14 @@ class _Connection(asyncio.Protocol):
                 self.handling = None
                 return
         else:
-            self._write(response, close, head_only=request.method == "HEAD")
+            self._write(response, close, head_only=head_only)
         if self.can_write is not None and not self.can_write.done():
             await self.can_write   # a slow reader: answer the next request once this one is out
         self.handling = None
         if close:
             self._close()
             return
-        if self.paused and not self.closed:
-            self.paused = False
-            assert self.transport is not None
-            self.transport.resume_reading()
-        self._arm(_IDLE_S, self._idle)
-        if self.buffer:
-            self._advance()
+        self._next()
 
     def _write(self, response: Response, close: bool, *, head_only: bool = False) -> None:
         status = response.status
@@ -464,7 +630,8 @@ class _Connection(asyncio.Protocol):
     async def _stream(self, response: Response, close: bool, *, chunked: bool) -> None:
         """Send a streamed response: its head, then each chunk as the stream
         yields it, waiting while the client reads slowly (the stream then
-        falls behind, and decides what to drop)."""
+        falls behind, and decides what to drop; after write_timeout_s the
+        connection is dropped)."""
         assert self.transport is not None and response.stream is not None
         parts = [b"HTTP/1.1 %d %s\r\ndate: %s\r\ncontent-type: %s\r\ncache-control: no-store\r\n"
                  % (response.status, REASONS.get(response.status, "Error").encode(), _Date.now(),
@@ -493,37 +660,94 @@ class _Connection(asyncio.Protocol):
             if aclose is not None:
                 await aclose()
 
-    def _fail(self, status: int, message: str) -> None:
-        """Answer an unframeable or refused request and close the connection."""
-        self._disarm()
-        if not self.closed:
-            self._write(self.app.error(status, message, close=True), True)
-        self._close()
+    def _pause_reading(self) -> None:
+        if not self.reading_paused and self.transport is not None and not self.closed:
+            self.reading_paused = True
+            self.transport.pause_reading()
 
     def _close(self) -> None:
-        self._disarm()
+        self._disarm_read()
+        if self.closed or self.transport is None:
+            return
+        if self.stopped and self.lingering is None:
+            self._linger()
+            return
+        self.closed = True
+        self.transport.close()
+
+    def _linger(self) -> None:
+        """Close after a refusal without resetting it away: input the client
+        sent that was never read would make the kernel answer the close with
+        a reset, which may destroy the refusal before the client reads it.
+        So: send the rest, end our side, drain what comes, then close."""
+        transport = self.transport
+        assert transport is not None
+        self.lingering = self.loop.call_later(_LINGER_S, self._close_now)
+        if self.reading_paused:
+            self.reading_paused = False
+            transport.resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+
+    def _close_now(self) -> None:
+        self.lingering = None
         if not self.closed and self.transport is not None:
             self.closed = True
             self.transport.close()
 
+    @property
+    def idle(self) -> bool:
+        """An idle keep-alive connection: nothing in flight, nothing arriving."""
+        return (self.read_state == _KEEPALIVE and self.handling is None and not self.queue
+                and not self.in_message and not self.closed)
+
     def shut(self) -> None:
         """The listener stops: idle connections close now, busy ones after their answer."""
-        if self.handling is None:
+        if self.handling is None and not self.queue:
             self._close()
         else:
             self.keep_alive = False
+            for pending in self.queue:
+                pending.close = True
+
+
+_VERSION_ERRORS = ("Pause on PRI/Upgrade", "Invalid HTTP version")   # (llhttp's words for HTTP/2's preface)
+
+
+def _parser_reason(exc: Exception) -> str:
+    # llhttp's reasons are fixed texts (never the request's bytes).
+    text = str(exc) or type(exc).__name__
+    return text[:120]
 
 
 class HttpListener:
     """Serves ``app`` on ``host:port`` (``start`` returns the bound port)."""
 
-    def __init__(self, host: str, port: int, app: App, *, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(self, host: str, port: int, app: App, *, tls: ssl.SSLContext | None = None,
+                 limits: HttpLimits | None = None, counters: ServerCounters | None = None) -> None:
         self.host = host
         self.port = port
         self.app = app
         self.tls = tls
+        self.limits = limits or HttpLimits()
+        self.counters = counters if counters is not None else ServerCounters()
         self.server: asyncio.base_events.Server | None = None
         self.connections: set[_Connection] = set()
+
+    def make_room(self) -> bool:
+        """Whether one more connection may be served: at the cap, the
+        longest-idle keep-alive connection is closed to make room."""
+        if len(self.connections) < self.limits.max_connections:
+            return True
+        oldest: _Connection | None = None
+        for connection in self.connections:
+            if connection.idle and (oldest is None or connection.idle_since < oldest.idle_since):
+                oldest = connection
+        if oldest is None:
+            return False
+        oldest._close()
+        self.connections.discard(oldest)
+        return True
 
     async def start(self) -> int:
         loop = asyncio.get_running_loop()
@@ -548,3 +772,4 @@ class HttpListener:
                 connection.handling.cancel()
             connection._close()
         await self.server.wait_closed()
+

@@ -56,3 +56,18 @@ def test_unknown_pool_and_bad_options_change_nothing():
             raise AssertionError(f"InvalidTask expected for {bad}")
     assert core.snapshot(0).totals["submitted"] == 0
     core.check_invariants()
+
+
+def test_a_tasks_tenant_is_in_its_info_and_events_live_and_retained():
+    core = make_core(emit_transitions=True)
+    task_id, _ = core.submit(0, TaskSpec("x", tenant="acme"))
+    plain, _ = core.submit(0, TaskSpec("y"))
+    assert core.info(task_id).tenant == "acme" and core.info(plain).tenant is None
+    actions = drain(core)
+    d = next(d for d in dispatches(actions) if d.task_id == task_id)
+    assert {e.tenant for e in events(actions) if e.id == task_id} == {"acme"}
+    assert core.complete(S, d.lease)
+    [ended] = [e for e in events(drain(core)) if e.id == task_id]
+    assert (ended.status, ended.tenant) == ("succeeded", "acme")
+    assert core.info(task_id).tenant == "acme"   # retained after it ended
+    core.check_invariants()

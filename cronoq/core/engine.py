@@ -59,11 +59,11 @@ _SATISFIES: dict[str, frozenset[Status]] = {
 }
 
 Action = tuple[Any, ...]   # a raw action tuple (layouts in cronoq.core.actions)
-# A retained task: (status, pool, key, kind, attempt, message). The status is
+# A retained task: (status, pool, key, kind, attempt, message, tenant). The status is
 # kept as its plain string: a tuple of plain values is left alone by the
 # garbage collector, which matters for a million records (an enum member
 # would keep every record tracked).
-Record = tuple[str, str, str | None, str | None, int, str | None]
+Record = tuple[str, str, str | None, str | None, int, str | None, str | None]
 _PLAIN: dict[str, str] = {status: status.value for status in Status}
 
 
@@ -107,7 +107,7 @@ class Core:
         self.tasks: dict[int, Entry] = {}
         self.running: dict[int, Entry] = {}       # lease -> entry
         self.keys: dict[str, int] = {}            # key -> id, live or retained
-        self.retained: dict[int, Record] = {}     # id -> (status, pool, key, kind, attempt, message)
+        self.retained: dict[int, Record] = {}     # id -> (status, pool, key, kind, attempt, message, tenant)
         self._retain_order: deque[tuple[int, int]] = deque()   # (expiry, id)
         self.awaiting: dict[str, list[Edge]] = {}  # key -> [(child entry, condition)]
         self.recurring: dict[str, Recurring] = {}
@@ -393,13 +393,14 @@ class Core:
         if e is not None:
             spec = e.spec
             stages = list(spec.stages) if spec is not None and spec.stages else None
-            return TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None, stages)
+            return TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None, stages,
+                            tenant=None if spec is None else spec.tenant)
         record = self._retained_record(ref)
         if record is None:
             raise UnknownTask(ref)
         task_id = ref if isinstance(ref, int) else self.keys[ref]
-        status, pool, key, kind, attempt, message = record
-        return TaskInfo(task_id, Status(status), pool, key, kind, attempt, message)
+        status, pool, key, kind, attempt, message, tenant = record
+        return TaskInfo(task_id, Status(status), pool, key, kind, attempt, message, tenant=tenant)
 
     def check_invariants(self) -> None:
         """Assert the engine's internal consistency (tests call this after every step)."""
@@ -1372,8 +1373,10 @@ class Core:
         task_id = e.id
         e.status = status
         del self.tasks[task_id]
+        spec = e.spec
+        tenant = None if spec is None else spec.tenant
         if self._retain_on:
-            self.retained[task_id] = (_PLAIN[status], e.pool.name, e.key, e.kind, e.attempt, message)
+            self.retained[task_id] = (_PLAIN[status], e.pool.name, e.key, e.kind, e.attempt, message, tenant)
             self._retain_order.append((now + self._retention, task_id))
             if len(self.retained) > self._retain_max:
                 self._expire_retained(now, True)
@@ -1383,7 +1386,7 @@ class Core:
             self._succeeded += 1
         else:
             self._counts[status] += 1
-        self.actions.append((act.EVENT, task_id, e.pool.name, e.key, status, e.attempt, now, message))
+        self.actions.append((act.EVENT, task_id, e.pool.name, e.key, status, e.attempt, now, message, tenant))
         if self._persist:
             self.actions.append((act.PERSIST, (MUT_STATUS, task_id, status, e.attempt, now, message)))
 
@@ -1431,7 +1434,9 @@ class Core:
     # ================================================================ events
 
     def _event(self, e: Entry, status: Status, now: int, message: str | None) -> None:
-        self.actions.append((act.EVENT, e.id, e.pool.name, e.key, status, e.attempt, now, message))
+        spec = e.spec
+        self.actions.append((act.EVENT, e.id, e.pool.name, e.key, status, e.attempt, now, message,
+                             None if spec is None else spec.tenant))
 
     # ================================================================ estimates
 
@@ -1815,7 +1820,8 @@ class Core:
                 message = f"quarantined at recovery: {problem}"
                 ended.append(RestoredTask(task_id, t.pool, spec, t.submitted_ns, FAILED, t.attempt,
                                           message, now))
-                self.actions.append((act.EVENT, task_id, t.pool, None, FAILED, t.attempt, now, message))
+                self.actions.append((act.EVENT, task_id, t.pool, None, FAILED, t.attempt, now, message,
+                                     None if spec is None else spec.tenant))
                 if self._persist:
                     self.actions.append((act.PERSIST, (MUT_STATUS, task_id, FAILED, t.attempt, now, message)))
                 continue
@@ -1850,7 +1856,8 @@ class Core:
                     continue
                 key = t.spec.key if t.spec is not None else None
                 kind = t.spec.kind if t.spec is not None else None
-                self.retained[t.id] = (_PLAIN[t.status], t.pool, key, kind, t.attempt, t.message)
+                tenant = t.spec.tenant if t.spec is not None else None
+                self.retained[t.id] = (_PLAIN[t.status], t.pool, key, kind, t.attempt, t.message, tenant)
                 self._retain_order.append((expires, t.id))
                 if key is not None and keys.get(key) not in live_tasks:   # a live task keeps its key
                     keys[key] = t.id

@@ -138,13 +138,13 @@ class Checkpoint(_View):
 class TaskInfo(_View):
     """What the scheduler knows of one task (live, or retained after it
     ended): ``stages`` as declared (None if none), ``checkpoints`` in stage
-    order."""
+    order, ``tenant`` the one it was submitted for (None if none)."""
 
-    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "message", "stages", "checkpoints")
+    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "message", "stages", "checkpoints", "tenant")
 
     def __init__(self, id: int, status: str, pool: str, key: str | None, kind: str | None,
                  attempt: int, message: str | None, stages: list[str] | None = None,
-                 checkpoints: list[Checkpoint] | None = None) -> None:
+                 checkpoints: list[Checkpoint] | None = None, tenant: str | None = None) -> None:
         self.id = id
         self.status = status
         self.pool = pool
@@ -154,3 +154,4 @@ class TaskInfo(_View):
         self.message = message
         self.stages = stages
         self.checkpoints: list[Checkpoint] = checkpoints if checkpoints is not None else []
+        self.tenant = tenant

@@ -96,7 +96,7 @@ def decode_error(data: dict[str, Any]) -> BaseException:
 
 def info_from_dict(data: dict[str, Any]) -> TaskInfo:
     return TaskInfo(data["id"], data["status"], data["pool"], data["key"], data["kind"], data["attempt"],
-                    data["message"])
+                    data["message"], tenant=data.get("tenant"))
 
 
 def snapshot_from_dict(data: dict[str, Any]) -> Snapshot:

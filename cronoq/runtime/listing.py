@@ -101,13 +101,15 @@ def engine_tasks(core: Core, pools: frozenset[str] | None, statuses: frozenset[s
         live = (e for task_id, e in core.tasks.items() if task_id > after
                 and (pools is None or e.pool.name in pools) and (statuses is None or e.status in statuses))
         for e in heapq.nsmallest(limit, live, key=lambda e: e.id):
-            found.append(TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None))
+            spec = e.spec
+            found.append(TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None,
+                                  tenant=None if spec is None else spec.tenant))
     if statuses is None or statuses & TERMINAL:
         ended = ((task_id, record) for task_id, record in core.retained.items() if task_id > after
                  and (pools is None or record[1] in pools) and (statuses is None or record[0] in statuses))
         for task_id, record in heapq.nsmallest(limit, ended, key=lambda item: item[0]):
-            status, pool, key, kind, attempt, message = record
-            found.append(TaskInfo(task_id, status, pool, key, kind, attempt, message))
+            status, pool, key, kind, attempt, message, tenant = record
+            found.append(TaskInfo(task_id, status, pool, key, kind, attempt, message, tenant=tenant))
     return found
 
 
@@ -130,7 +132,7 @@ async def list_tasks(core: Core, store: Any, pools: Iterable[str] | None, status
             statuses=sorted(TERMINAL if status_set is None else status_set & TERMINAL),
             after=after, limit=limit)
         # The engine's view is the newer one: it wins for ids both know.
-        found = merge(found, (TaskInfo(r.id, r.status, r.pool, r.key, r.kind, r.attempt, r.message)
+        found = merge(found, (TaskInfo(r.id, r.status, r.pool, r.key, r.kind, r.attempt, r.message, tenant=r.tenant)
                               for r in records), limit)
     else:
         found = merge(found, (), limit)

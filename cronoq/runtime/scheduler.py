@@ -1346,7 +1346,8 @@ class Scheduler:
             sinks = list(self._sinks)
         if sinks:
             event = act.StatusEvent(attempt.id, attempt.pool, attempt.key, RUNNING, attempt.attempt,
-                                    checkpoint.at, f"stage {checkpoint.stage!r} completed", checkpoint.stage)
+                                    checkpoint.at, f"stage {checkpoint.stage!r} completed", checkpoint.stage,
+                                    attempt.tenant)
             for sink in sinks:
                 sink.deliver(event)
 

@@ -12,7 +12,10 @@ Pool scope: a credential limited to some pools cannot see tasks of other
 pools (they are NOT_FOUND, exactly like tasks that do not exist), cannot
 submit into other pools (PERMISSION_DENIED), and cannot reuse a key that a
 task of another pool holds (ALREADY_EXISTS). Tenant pinning: a credential
-with a tenant submits for it; naming another tenant is PERMISSION_DENIED.
+with a tenant submits for it (naming another tenant is PERMISSION_DENIED)
+and sees and changes only that tenant's tasks: the others are NOT_FOUND in
+lookups, missing from listings and streams, and their keys and ids are
+taken (ALREADY_EXISTS) or unknown dependencies, as for pool scope.
 """
 
 from __future__ import annotations
@@ -202,9 +205,10 @@ class LiveFeed:
     buffered up to ``capacity`` (the oldest dropped and counted in
     ``lagged``), taken in batches by the stream's writer."""
 
-    def __init__(self, capacity: int, pools: frozenset[str] | None) -> None:
+    def __init__(self, capacity: int, pools: frozenset[str] | None, tenant: str | None = None) -> None:
         self.capacity = capacity
         self.pools = pools
+        self.tenant = tenant      # a pinned caller's: only its tasks' events
         self.events: deque[Any] = deque()
         self.lagged = 0
         self.ended = False
@@ -212,6 +216,8 @@ class LiveFeed:
 
     def deliver(self, event: Any) -> None:
         if self.pools is not None and event.pool not in self.pools:
+            return
+        if self.tenant is not None and event.tenant != self.tenant:
             return
         self.events.append(event)
         if len(self.events) > self.capacity:
@@ -451,9 +457,10 @@ class Service:
             raise error from None
 
     async def _check_scope(self, sched: Scheduler, caller: Principal, specs: list[TaskSpec]) -> None:
-        """A key held by a task the caller cannot see is a conflict; a
-        dependency on such a task is an unknown dependency."""
-        if caller.pools is None:
+        """A key held by a task the caller cannot see (another pool's, or
+        another tenant's) is a conflict; a dependency on such a task is an
+        unknown dependency."""
+        if caller.pools is None and caller.tenant is None:
             return
         keys = {spec.key for spec in specs if spec.key is not None}
         for i, spec in enumerate(specs):
@@ -467,6 +474,10 @@ class Service:
                         raise ServiceError(Code.ALREADY_EXISTS,
                                            f"{'task %d of the batch: ' % i if len(specs) > 1 else ''}the key "
                                            f"{spec.key!r} is used by a task of a pool this credential cannot use")
+                    if not caller.owns(info.tenant):
+                        raise ServiceError(Code.ALREADY_EXISTS,
+                                           f"{'task %d of the batch: ' % i if len(specs) > 1 else ''}the key "
+                                           f"{spec.key!r} is used by a task of another tenant")
             for ref, _ in spec.edges:
                 if isinstance(ref, str) and ref in keys:
                     continue
@@ -474,7 +485,7 @@ class Service:
                     info = await sched.info(ref)
                 except UnknownTask:
                     continue
-                if not caller.sees(info.pool):
+                if not caller.sees(info.pool) or not caller.owns(info.tenant):
                     what = f"key {ref!r}" if isinstance(ref, str) else f"id {ref}"
                     prefix = f"task {i} of the batch: " if len(specs) > 1 else ""
                     raise ServiceError(Code.INVALID_ARGUMENT, f"{prefix}no task with {what}", "UnknownDependency")
@@ -600,7 +611,7 @@ class Service:
                     info = await find(ref)
                 except Exception as exc:
                     raise from_exception(exc) from None
-        if info is None or not caller.sees(info.pool):
+        if info is None or not caller.sees(info.pool) or not caller.owns(info.tenant):
             raise self._not_found(ref)
         return info
 
@@ -646,6 +657,8 @@ class Service:
             out.created_unix_ns = record.submitted_ns
             if record.finished_ns is not None:
                 out.finished_unix_ns = record.finished_ns
+        if not out.tenant and info.tenant:
+            out.tenant = info.tenant
         stages = getattr(info, "stages", None)   # (a store's record has neither)
         if stages:
             out.stages.extend(stages)
@@ -705,9 +718,17 @@ class Service:
     async def list_tasks(self, caller: Principal, request: pb.ListTasksRequest, *, priority: str | None = None,
                          tenant: str | None = None) -> pb.ListTasksResponse:
         """ListTasks; the HTTP gateway also filters by ``priority`` (a class
-        name) and ``tenant``, which it reads from the leader's info cache."""
+        name) and ``tenant``. A caller pinned to a tenant lists only its own."""
+        if caller.tenant is not None:
+            if tenant is not None and tenant != caller.tenant:
+                raise ServiceError(Code.PERMISSION_DENIED,
+                                   f"the credential sees the tasks of tenant {caller.tenant!r}, not {tenant!r}")
+            tenant = caller.tenant
         if priority is not None or tenant is not None:
             return await self._list_filtered(caller, request, priority, tenant)
+        return await self._list_page(caller, request)
+
+    async def _list_page(self, caller: Principal, request: pb.ListTasksRequest) -> pb.ListTasksResponse:
         caller.require("client")
         sched = self.serving()
         pools = self._pool_filter(caller, request.pools)
@@ -749,7 +770,7 @@ class Service:
         while True:
             scan = pb.ListTasksRequest(pools=request.pools, statuses=request.statuses, after=after,
                                        limit=min(budget, max(limit * 4, 100)))
-            page = await self.list_tasks(caller, scan)
+            page = await self._list_page(caller, scan)
             budget -= len(page.tasks)
             for info in page.tasks:
                 after = info.id
@@ -824,6 +845,8 @@ class Service:
                                                        f"dropped; reconnect and reconcile with Get") from None
                 if wanted is not None and event.pool not in wanted:
                     continue
+                if not caller.owns(event.tenant):
+                    continue
                 if terminal_only and event.status not in TERMINAL:
                     continue
                 message = pb.StatusEvent(id=event.id, pool=event.pool, status=status_enum(event.status),
@@ -850,7 +873,7 @@ class Service:
         if self.watchers >= self.limits.max_watchers:
             raise ServiceError(Code.RESOURCE_EXHAUSTED,
                                f"the server serves at most {self.limits.max_watchers} Watch streams (limits)")
-        feed = LiveFeed(self.limits.watch_buffer, None if chosen is None else frozenset(chosen))
+        feed = LiveFeed(self.limits.watch_buffer, None if chosen is None else frozenset(chosen), caller.tenant)
         if events:
             try:
                 sched.subscribe(feed)

@@ -144,6 +144,7 @@ class TaskRecord:
     submitted_ns: int
     finished_ns: int | None
     has_output: bool
+    tenant: str | None = None
 
 
 @dataclass(slots=True)

@@ -82,6 +82,15 @@ def _parse_record(text: str | None) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _tenant_of(text: str | None) -> str | None:
+    """The tenant a stored task's record names (None if none)."""
+    if text is None or '"tenant"' not in text:   # (most records have none: no parse)
+        return None
+    record = _parse_record(text)
+    tenant = None if record is None else record.get("tenant")
+    return tenant if isinstance(tenant, str) else None
+
+
 def _record_parser() -> Callable[[str | None], dict[str, Any] | None]:
     """``_parse_record`` sharing one dict among equal records: a backlog of
     plain tasks repeats a handful of records. Records with a key are unique
@@ -895,7 +904,7 @@ class SqlStore:
     def _record_columns(self) -> list[Any]:
         c = self._t.tasks.c
         return [c.id, c.pool, c.kind, c.key, c.priority, c.status, c.attempt, c.message, c.submitted_ns,
-                c.finished_ns, c.output.isnot(None)]
+                c.finished_ns, c.output.isnot(None), c.record]
 
     def _list_finished_sync(self, pools: list[str] | None, statuses: list[str] | None, after: int,
                             limit: int) -> list[TaskRecord]:
@@ -926,7 +935,7 @@ class SqlStore:
     def _task_record(row: Any) -> TaskRecord:
         return TaskRecord(id=row[0], pool=row[1], kind=row[2], key=row[3], priority=row[4], status=row[5],
                           attempt=row[6], message=row[7], submitted_ns=row[8], finished_ns=row[9],
-                          has_output=bool(row[10]))
+                          has_output=bool(row[10]), tenant=_tenant_of(row[11]))
 
     # ----------------------------------------------------------- closing
 

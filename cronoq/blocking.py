@@ -769,3 +769,13 @@ class BlockingScheduler:
         """The recurring schedules, sorted by name, with their next occurrence."""
         return self._call(self._sched.recurring)
 
+
+def fresh_blocking_copy(blocking: BlockingScheduler) -> BlockingScheduler:
+    """A new, unstarted ``BlockingScheduler`` with ``blocking``'s
+    configuration, submit hooks and executor middleware (and the same store
+    object), as a fork's child gets. A shut-down one cannot start again:
+    ``cronoq_compat`` restarts the legacy scheduler with one of these."""
+    pools, resources, emit_transitions, options = blocking._sched._given
+    copy_ = BlockingScheduler(pools, resources, emit_transitions, **options)
+    copy_._sched = fresh_copy(blocking._sched)
+    return copy_

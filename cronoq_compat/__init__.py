@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import cronoq
-from cronoq.blocking import BlockingHandle, BlockingScheduler
+from cronoq.blocking import BlockingHandle, BlockingScheduler, fresh_blocking_copy
 from cronoq.core.types import time_to_ns, to_ns
 from cronoq import realtime
 
@@ -186,30 +186,37 @@ class ElasticPriorityScheduler:
         self._native_pools = list(native_pools)
         self._scheduler = BlockingScheduler([pool, *self._native_pools], resources,
                                             shutdown_grace=shutdown_grace, **scheduler_options)
-        self._started = False
+        self._lifecycle = threading.Lock()   # one start() at a time
 
     # -- the legacy API
 
     def start(self) -> None:
-        """Start the worker pool (idempotent)."""
-        with self._lock:
-            if self._started:
+        """Start the worker pool; nothing to do while it runs. After
+        ``stop()`` it starts again, as the legacy prototype did, on a new
+        scheduler with the same configuration (see MIGRATING.md)."""
+        with self._lifecycle:
+            state = self._scheduler.state_here
+            if state in ("starting", "running"):
                 return
-            self._started = True
-        self._scheduler.start()
+            if state in ("stopping", "stopped"):
+                # A stopped scheduler cannot start again: the next one takes its place.
+                self._scheduler = fresh_blocking_copy(self._scheduler)
+            self._scheduler.start()
 
     def stop(self, wait: bool = False, timeout: float | None = None) -> None:
         """Stop the scheduler. With ``wait=True``, first wait (up to
         ``timeout`` seconds) for every submitted task to finish."""
-        if wait and self._scheduler.running:
+        # Not under the lifecycle lock: a start() that waits to lead (a standby) must be stoppable.
+        scheduler = self._scheduler
+        if wait and scheduler.running:
             # Real time: a test that froze the clock must not wait forever.
             deadline = None if timeout is None else realtime.real_monotonic() + timeout
             while deadline is None or realtime.real_monotonic() < deadline:
-                pool = self._scheduler.snapshot().pool(LEGACY_POOL)
+                pool = scheduler.snapshot().pool(LEGACY_POOL)
                 if pool.pending == 0 and pool.busy == 0:
                     break
                 time.sleep(0.01)
-        self._scheduler.shutdown()
+        scheduler.shutdown()
 
     def submit(self, task: Task) -> int:
         """Submit a legacy task; returns the cronoq task id.
@@ -327,7 +334,8 @@ class ElasticPriorityScheduler:
 
     @property
     def native(self) -> BlockingScheduler:
-        """The ``cronoq.BlockingScheduler`` underneath, for native calls."""
+        """The ``cronoq.BlockingScheduler`` underneath, for native calls (a
+        new one after ``stop()`` and ``start()``)."""
         return self._scheduler
 
     def submit_native(self, payload: Any = None, **options: Any) -> BlockingHandle:

@@ -335,6 +335,7 @@ class Cluster:
         self._dead: set[int] = set()               # leases of members that stopped heartbeating
         self._beats_since: int | None = None
         self._serving_requests: set[asyncio.Task[None]] = set()
+        self._retiring = False                     # the stopping leader starts no more calls
         self._tidied = 0.0
         self._failing = False
 
@@ -610,10 +611,36 @@ class Cluster:
         self.epoch = epoch
         self._serve = serve
         self._on_fenced = on_fenced
+        self._retiring = False
         self._cursor = 0
         self._takeover = epoch
         self._members_at = 0.0
         self.wake()
+
+    async def finish_serving(self, timeout: float) -> None:
+        """The stopping leader, its last commits made: start no more of the
+        inbox's calls (they stay there for the next leader), wait up to
+        ``timeout`` for those it is carrying out, then write their answers,
+        before it gives up the lead. An answer left unwritten would make the
+        next leader carry the call out a second time."""
+        self._retiring = True
+        pending = set(self._serving_requests)
+        if pending:
+            try:
+                await realtime.wait_for(asyncio.wait(pending), timeout)
+            except asyncio.TimeoutError:
+                log.warning("shutdown: %d calls of other processes did not finish within %g s; the "
+                            "next leader carries them out", len(self._serving_requests), timeout,
+                            extra={"action": "store_outage"})
+                for task in list(self._serving_requests):
+                    task.cancel()
+        if self.epoch is None or not self._answers:
+            return
+        await self._cycle_now()
+        if self._answers:
+            log.error("shutdown: the answers to %d calls of other processes could not be written; the next "
+                      "leader carries those calls out again (a key makes that safe)", len(self._answers),
+                      extra={"action": "store_outage"})
 
     def step_down(self) -> list[Attempt]:
         """No longer the leader (leadership lost): forget the leader's state.
@@ -760,7 +787,7 @@ class Cluster:
                 leased.runner.give_back(lease)
             self._purge.append(lease)
         serve = self._serve
-        if serve is None:
+        if serve is None or self._retiring:
             return
         for request in got.requests:
             self._cursor = max(self._cursor, request.seq)
@@ -812,6 +839,8 @@ class Cluster:
             answer: dict[str, Any] = {"ok": value}
         except asyncio.CancelledError:
             return   # leadership lost: the next leader answers it
+        except LeaderUnavailable:
+            return   # not carried out (this leader stops): left to the next
         except Exception as exc:
             answer = {"error": encode_error(exc)}
         if self.epoch is None:
@@ -868,6 +897,7 @@ class Cluster:
             out.purge, self._purge = self._purge, []
             out.take_back, self._take_back = self._take_back, []
             want.lead = True
+            want.inbox = not self._retiring
             want.cursor = self._cursor
             want.takeover, self._takeover = self._takeover, None
             if realtime.real_monotonic() - self._members_at >= self.heartbeat:

@@ -36,7 +36,9 @@ from ..core.types import (
     Status, TaskSpec, check_name,
 )
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
-from ..store.base import STORE_MEMBERS, Fenced, Store, StoredSchedule, StoredTask, StoreUnavailable
+from ..store.base import (
+    STORE_MEMBERS, Fenced, LeaderUnavailable, Store, StoredSchedule, StoredTask, StoreRejected, StoreUnavailable,
+)
 from ..store.codec import Codec, JsonCodec
 from .checkpoints import DEFAULT_MAX_CHECKPOINT_BYTES, CheckpointBook
 from .clock import Cancellable, Clock, SystemClock
@@ -478,6 +480,8 @@ class Scheduler:
             if not await self._log.flush(self._log.commit_timeout):
                 log.error("shutdown: some changes could not be stored", extra={"action": "store_outage"})
             self._log.fail_all(SchedulerError("the scheduler shut down"))
+            if self._cluster is not None:   # a call left unanswered would be carried out again
+                await self._cluster.finish_serving(self._log.commit_timeout)
             try:
                 await self.store.release_leadership()
                 log.info("leadership released", extra={"action": "leader_released"})
@@ -1648,7 +1652,19 @@ class Scheduler:
         await self._lead_later()
 
     async def _serve_request(self, kind: str, body: dict[str, Any], payloads: list[bytes]) -> Any:
-        """The leader carries out a follower's call (admission first, in inbox order)."""
+        """The leader carries out a follower's call (admission first, in inbox
+        order). A call refused because this leader stops (nothing of it was
+        carried out) raises ``LeaderUnavailable``: the cluster leaves it in the
+        inbox for the next leader instead of answering."""
+        try:
+            return await self._carry_out(kind, body, payloads)
+        except SchedulerError as exc:
+            if (self._state == _RUNNING and self._leading) or isinstance(exc, StoreRejected) \
+                    or getattr(exc, "uncertain", False):
+                raise   # a refusal of the call itself, or a commit that may have been made
+            raise LeaderUnavailable(f"the leader stops and did not carry out the call: {exc}") from exc
+
+    async def _carry_out(self, kind: str, body: dict[str, Any], payloads: list[bytes]) -> Any:
         if kind == "submit":
             specs = []
             for record, data in zip(body["tasks"], payloads):

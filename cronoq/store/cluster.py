@@ -143,6 +143,7 @@ class Wants:
     cancelled: bool = False                              # this member runs leased attempts: any cancelled?
     tasks: list[int] = field(default_factory=list)       # watched task ids: their ends
     lead: bool = False                                   # the leader's reads (inbox, reports)
+    inbox: bool = True                                   # leader: read the calls (not once it stops)
     cursor: int = 0                                      # inbox rows past this seq
     heartbeats_since: int | None = None                  # leader: heartbeats of leased attempts after this
     members: bool = False
@@ -483,9 +484,10 @@ class ClusterTransport:
                 got.finished.extend((int(r[0]), r[1], int(r[2]), r[3], None if r[4] is None else bytes(r[4]))
                                     for r in cur.fetchall())
             if want.lead:
-                cur.execute(sql["inbox"], (want.cursor,))
-                got.requests = [Request(int(r[0]), r[1], r[2], r[3], None if r[4] is None else bytes(r[4]))
-                                for r in cur.fetchall()]
+                if want.inbox:
+                    cur.execute(sql["inbox"], (want.cursor,))
+                    got.requests = [Request(int(r[0]), r[1], r[2], r[3],
+                                            None if r[4] is None else bytes(r[4])) for r in cur.fetchall()]
                 cur.execute(sql["reports"])
                 got.reports = [Report(int(r[0]), r[1], r[2], r[3], None if r[4] is None else bytes(r[4]), r[5],
                                       None if r[6] is None else int(r[6])) for r in cur.fetchall()]

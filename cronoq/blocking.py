@@ -34,7 +34,7 @@ from .runtime.handle import TaskHandle
 from .runtime.listing import RecurringInfo
 from .runtime import process as _process
 from .runtime.pool import Pool
-from .runtime.scheduler import Scheduler, fresh_copy
+from .runtime.scheduler import Scheduler, configuration_of, fresh_copy
 from .store.base import Store
 from .store.codec import Codec
 
@@ -775,7 +775,7 @@ def fresh_blocking_copy(blocking: BlockingScheduler) -> BlockingScheduler:
     configuration, submit hooks and executor middleware (and the same store
     object), as a fork's child gets. A shut-down one cannot start again:
     ``cronoq_compat`` restarts the legacy scheduler with one of these."""
-    pools, resources, emit_transitions, options = blocking._sched._given
+    pools, resources, emit_transitions, options = configuration_of(blocking._sched)
     copy_ = BlockingScheduler(pools, resources, emit_transitions, **options)
     copy_._sched = fresh_copy(blocking._sched)
     return copy_

@@ -228,9 +228,11 @@ def _row(name: str) -> str | None:
 
 
 def test_every_prometheus_series_is_documented_with_its_type():
+    from cronoq.server.counters import ServerCounters
+
     documented = set(re.findall(r"^\| `(cronoq_[a-z_]+)` \|", METRICS, re.M))
     exposed = set()
-    for family in PrometheusCollector.describe(None):
+    for family in [*PrometheusCollector.describe(None), *ServerCounters().families()]:
         name = family.name + ("_total" if family.type == "counter" else "")
         exposed.add(name)
         row = _row(name)

@@ -1851,6 +1851,11 @@ class Scheduler:
         return _listing.recurring(self._check())
 
 
+def configuration_of(sched: Scheduler) -> tuple[list[Pool], Any, bool, dict[str, Any]]:
+    """What ``sched`` was made with: (pools, resources, emit_transitions, options)."""
+    return sched._given
+
+
 def fresh_copy(sched: Scheduler) -> Scheduler:
     """A new, unstarted scheduler with ``sched``'s configuration, submit
     hooks and executor middleware (and the same store object). For the child

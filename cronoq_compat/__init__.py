@@ -149,6 +149,31 @@ class _Job:
     fixed_start: float | None
 
 
+_JOB = "cronoq_compat.job"
+
+
+class _LegacyCodec:
+    """The store's codec around legacy jobs: a job is stored as a small JSON
+    object ``{"cronoq_compat.job": [duration, deadline, fixed_start]}``
+    (through the inner codec), native payloads as the inner codec says."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def encode(self, value: Any) -> bytes:
+        if isinstance(value, _Job):
+            value = {_JOB: [value.duration, value.deadline, value.fixed_start]}
+        data: bytes = self.inner.encode(value)
+        return data
+
+    def decode(self, data: bytes) -> Any:
+        value = self.inner.decode(data)
+        if isinstance(value, dict) and len(value) == 1 and _JOB in value:
+            duration, deadline, fixed_start = value[_JOB]
+            return _Job(duration, deadline, fixed_start)
+        return value
+
+
 def _schedule_quality(timeliness: float, adherence: float, utilization: float) -> float:
     return 0.4 * timeliness + 0.4 * adherence + 0.2 * utilization
 
@@ -184,6 +209,9 @@ class ElasticPriorityScheduler:
             autoscale=cronoq.AutoscaleConfig(cost_per_worker_second=cost_per_worker_second),
             overflow="wait", retry=cronoq.RetryPolicy.none())   # a sleep has nothing to retry
         self._native_pools = list(native_pools)
+        if scheduler_options.get("store") is not None:
+            # Legacy jobs are stored too: wrap the codec (JSON unless given) so they can be.
+            scheduler_options["codec"] = _LegacyCodec(scheduler_options.get("codec") or cronoq.JsonCodec())
         self._scheduler = BlockingScheduler([pool, *self._native_pools], resources,
                                             shutdown_grace=shutdown_grace, **scheduler_options)
         self._lifecycle = threading.Lock()   # one start() at a time

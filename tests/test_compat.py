@@ -318,3 +318,30 @@ def test_a_start_that_failed_can_be_called_again(monkeypatch):
         wait_for(lambda: sched.completed_count == 1)
     finally:
         sched.stop()
+
+
+def test_legacy_tasks_can_be_kept_in_a_store_and_survive_a_restart(tmp_path):
+    """With store=, legacy jobs are stored as JSON (no codec needed); a task
+    queued when the process stopped runs after the next start from the store."""
+    path = tmp_path / "legacy.db"
+    sched = ElasticPriorityScheduler(initial_workers=1, max_workers=1, shutdown_grace=0.0,
+                                     store=cronoq.SqliteStore(str(path)))
+    sched.start()
+    try:
+        sched.submit(Task(id="first", duration=0.0))
+        wait_for(lambda: sched.completed_count == 1)
+        sched.submit(Task(id="long", duration=3600.0, priority=Priority.HIGH))
+        wait_for(lambda: sched.get_metrics().running == 1)
+        sched.submit(Task(id="queued", duration=0.0, deadline=time.time() + 3600))
+    finally:
+        sched.stop()
+    again = ElasticPriorityScheduler(initial_workers=1, max_workers=2, shutdown_grace=0.0,
+                                     store=cronoq.SqliteStore(str(path)))
+    again.start()
+    try:
+        wait_for(lambda: again.native.handle("queued").status == "succeeded")
+        assert again.native.handle("first").status == "succeeded"
+        with pytest.raises(DuplicateTaskError):
+            again.submit(Task(id="queued", duration=0.0))
+    finally:
+        again.stop()

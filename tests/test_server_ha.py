@@ -7,7 +7,10 @@ draining, and workers SIGKILLed or SIGSTOPped in the middle of a lease."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import http.client
+import json
+import os
 import signal
 import uuid
 
@@ -159,6 +162,82 @@ async def test_a_leader_that_loses_its_lease_tells_workers_not_leader_and_stands
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     await channel.close()
     await worker.close()
+
+
+def http_submit(server, key: str) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    try:
+        connection.request("POST", "/v1/tasks", body=json.dumps({"pool": "idle", "key": key}),
+                           headers={"Content-Type": "application/json"})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+async def submit_refused(server) -> None:
+    """A submission to ``server`` is refused: UNAVAILABLE over gRPC, 503 over HTTP."""
+    channel, tasks, _ = stubs(server.target)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await tasks.Submit(pb.SubmitRequest(task=pb.TaskSpec(pool="idle", key=f"refused-{uuid.uuid4().hex}")))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await channel.close()
+    assert http_submit(server, f"refused-{uuid.uuid4().hex}") == 503
+
+
+def remove_sqlite(path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(f"{path}{suffix}"):
+            os.unlink(f"{path}{suffix}")
+
+
+async def test_a_sqlite_file_deleted_under_the_leader_stops_it_loudly_and_its_saved_copy_brings_all_back(
+        servers, tmp_path):
+    path = tmp_path / "state.db"
+    leader = servers(sqlite_config(path), name="a")
+    async with Client(leader.target) as client:
+        acknowledged = {f"kept-{i}": (await client.submit(f"kept-{i}", pool="idle", key=f"kept-{i}")).id
+                        for i in range(5)}
+    remove_sqlite(path)
+    await submit_refused(leader)
+    leader.wait_for(f"ERROR cronoq.store: sqlite store: the database file '{path}' was deleted or replaced while open")
+    leader.wait_for("standing by", occurrences=2)
+    leader.wait_for("does not create it")
+    assert readyz(leader) == 503
+    await submit_refused(leader)
+    leader.wait_for("ERROR cronoq.store: sqlite store: the tasks committed to")
+    saved = glob.glob(f"{glob.escape(str(path))}.rescued-*")
+    assert len(saved) == 1 and repr(saved[0]) in leader.log
+    assert not path.exists()
+    # The operator puts the copy back: the same server leads again, with every acknowledged task.
+    os.rename(saved[0], path)
+    leader.wait_for("serving as the leader", occurrences=2, timeout=60)
+    async with Client(leader.target) as client:
+        for key, task_id in acknowledged.items():
+            info = await client.get(key)
+            assert (info.id, info.status) == (task_id, "ready")
+
+
+async def test_a_second_server_on_a_deleted_sqlite_path_never_leads_beside_the_first(servers, tmp_path):
+    path = tmp_path / "state.db"
+    config = sqlite_config(path)
+    first = servers(config, name="a")
+    async with Client(first.target) as client:
+        await client.submit("before", pool="idle", key="before")
+    remove_sqlite(path)
+    second = servers(config, name="b")   # a new, empty database at the path: it leads there
+    await submit_refused(first)
+    first.wait_for("was deleted or replaced while open")
+    first.wait_for("standing by", occurrences=2)
+    assert (readyz(first), readyz(second)) == (503, 200)
+    async with Client(second.target) as client:
+        new_id = (await client.submit("after", pool="idle", key="after")).id
+    # The first now stands by on the new file, and takes over from it.
+    assert second.stop() == 0
+    first.wait_for("serving as the leader", occurrences=2, timeout=60)
+    async with Client(first.target) as client:
+        assert (await client.get("after")).id == new_id
 
 
 async def test_sigterm_drains_and_keeps_what_finished_during_the_grace(servers, tmp_path):

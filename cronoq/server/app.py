@@ -106,6 +106,7 @@ class Server:
         self.counters = ServerCounters()
         self._accept_logged = -_ACCEPT_LOG_EVERY_S
         self._accept_unlogged = 0
+        self._terms = 0   # stores made (one per term)
 
     # -- building blocks
 
@@ -113,13 +114,16 @@ class Server:
         # cluster=False: a server leads alone (a standby waits in start()); its
         # executors are the remote workers, not other server processes.
         store = self.config.store
+        self._terms += 1
         if store.kind == "sqlite":
             from ..store.sqlite import SqliteStore
             assert store.path is not None
+            # Only the first term may create the file: a later one that finds it missing
+            # (deleted while this process had it open) waits for it to be put back.
             return SqliteStore(store.path, lease_ttl=store.lease_ttl_s, lease_renew=store.lease_renew_s,
                                lock_poll=store.lock_poll_s, retention=store.retention_s, full_sync=store.full_sync,
                                keep_finished=store.keep_finished_s, commit_timeout=store.commit_timeout_s,
-                               cluster=False)
+                               cluster=False, create=self._terms == 1)
         if store.kind == "postgres":
             import os
 

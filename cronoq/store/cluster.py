@@ -194,7 +194,7 @@ class ClusterTransport:
     def __init__(self, *, dialect: str, identity: str, host: str, pid: int,
                  connect: Callable[[], Any], quote_table: Callable[[str], str], placeholder: str,
                  errors: tuple[type[BaseException], ...], listen: Callable[[], Any] | None = None,
-                 channel: str | None = None) -> None:
+                 channel: str | None = None, generation: Callable[[], int] | None = None) -> None:
         self.dialect = dialect
         self.identity = identity
         self.host = host
@@ -203,6 +203,9 @@ class ClusterTransport:
         self._connect = connect
         self._listen = listen
         self._channel = channel
+        # SQLite: changes when the store opened another file at its path (the old one was deleted).
+        self._generation = generation
+        self._seen_generation = generation() if generation is not None else 0
         self._conn: Any = None
         self._version: int | None = None
         self._probe: Any = None                 # SQLite: a connection for unchanged() (the loop's)
@@ -223,14 +226,17 @@ class ClusterTransport:
             "leave": f"DELETE FROM {members} WHERE id = {p}",
             "request": (f"INSERT INTO {inbox} (member, kind, body, payload, created_ns) "
                         f"VALUES ({p}, {p}, {p}, {p}, {p}) RETURNING seq"),
-            "forget": f"DELETE FROM {inbox} WHERE seq = {p}",
-            "withdraw": f"DELETE FROM {inbox} WHERE seq = {p} AND answer IS NULL",
+            # A member touches only its own rows (by seq or lease), even on a database other
+            # than the one that numbered them (SQLite: a file replaced at the store's path).
+            "forget": f"DELETE FROM {inbox} WHERE seq = {p} AND member = {p}",
+            "withdraw": f"DELETE FROM {inbox} WHERE seq = {p} AND member = {p} AND answer IS NULL",
             "outcome": (f"UPDATE {attempts} SET state = 'done', outcome = {p}, output = {p}, message = {p}, "
                         f"retry_after_ns = {p}, updated_ns = {p} "
-                        f"WHERE lease = {p} AND state IN ('started', 'cancelled')"),
+                        f"WHERE lease = {p} AND member = {p} AND state IN ('started', 'cancelled')"),
             "return": (f"UPDATE {attempts} SET state = 'returned', updated_ns = {p} "
-                       f"WHERE lease = {p} AND state IN ('offered', 'started', 'cancelled')"),
-            "heartbeat": f"UPDATE {attempts} SET heartbeat_ns = {p} WHERE lease = {p} AND state = 'started'",
+                       f"WHERE lease = {p} AND member = {p} AND state IN ('offered', 'started', 'cancelled')"),
+            "heartbeat": (f"UPDATE {attempts} SET heartbeat_ns = {p} "
+                          f"WHERE lease = {p} AND member = {p} AND state = 'started'"),
             # PostgreSQL: a new leader's epoch bump waits until this transaction ends.
             "epoch": f"SELECT epoch FROM {meta} WHERE id = 1" + (" FOR SHARE" if dialect == "postgresql" else ""),
             "answer": f"UPDATE {inbox} SET answer = {p}, answered_ns = {p} WHERE seq = {p} AND answer IS NULL",
@@ -242,7 +248,7 @@ class ClusterTransport:
             "purge": f"DELETE FROM {attempts} WHERE lease = {p}",
             "take_back": (f"UPDATE {attempts} SET state = 'returned', updated_ns = {p} "
                           f"WHERE lease = {p} AND state = 'offered' RETURNING lease"),
-            "answers": f"SELECT seq, answer FROM {inbox} WHERE answer IS NOT NULL AND seq IN ",
+            "answers": f"SELECT seq, answer FROM {inbox} WHERE member = {p} AND answer IS NOT NULL AND seq IN ",
             "any_offer": f"SELECT 1 FROM {attempts} WHERE member = {p} AND state = 'offered' LIMIT 1",
             "claim": (f"UPDATE {attempts} SET state = 'started', updated_ns = {p} "
                       f"WHERE member = {p} AND state = 'offered' AND epoch = (SELECT epoch FROM {meta} WHERE id = 1) "
@@ -275,6 +281,25 @@ class ClusterTransport:
             conn = self._conn = self._connect()
         return conn
 
+    def _follow_file(self) -> None:
+        """Drop the connections to a file the store no longer uses (on the worker thread)."""
+        if self._generation is None:
+            return
+        current = self._generation()
+        if current != self._seen_generation:
+            self._seen_generation = current
+            self._drop()
+            self._drop_probe()
+
+    def _drop_probe(self) -> None:
+        probe, self._probe = self._probe, None
+        self._probe_version = None
+        if probe is not None:
+            try:
+                probe.close()
+            except Exception:
+                pass
+
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         self._version = None
@@ -292,6 +317,8 @@ class ClusterTransport:
         conn = self._probe
         if conn is None or self._closing.is_set():
             return False
+        if self._generation is not None and self._generation() != self._seen_generation:
+            return False   # another file: the worker thread reconnects first
         try:
             version = _data_version(conn)
         except self.errors:
@@ -328,6 +355,7 @@ class ClusterTransport:
         failure; the next cycle reconnects."""
         got = Incoming()
         now = real_time_ns()
+        self._follow_file()
         if self._probe is None:
             try:
                 self._open_probe()
@@ -365,16 +393,16 @@ class ClusterTransport:
             if out.requests:
                 notify.add("leader")
             if out.forget:
-                cur.executemany(sql["forget"], [(seq,) for seq in out.forget])
+                cur.executemany(sql["forget"], [(seq, self.identity) for seq in out.forget])
             if out.outcomes:
-                cur.executemany(sql["outcome"], [(o, data, m, r, now, lease)
+                cur.executemany(sql["outcome"], [(o, data, m, r, now, lease, self.identity)
                                                  for lease, o, data, m, r in out.outcomes])
                 notify.add("leader")
             if out.returns:
-                cur.executemany(sql["return"], [(now, lease) for lease in out.returns])
+                cur.executemany(sql["return"], [(now, lease, self.identity) for lease in out.returns])
                 notify.add("leader")
             if out.heartbeats:
-                cur.executemany(sql["heartbeat"], [(now, lease) for lease in out.heartbeats])
+                cur.executemany(sql["heartbeat"], [(now, lease, self.identity) for lease in out.heartbeats])
             if out.leave:
                 cur.execute(sql["leave"], (self.identity,))
             self._notify(cur, notify)
@@ -473,7 +501,7 @@ class ClusterTransport:
                     conn.commit()
             for i in range(0, len(want.answers), _CHUNK):
                 chunk = want.answers[i:i + _CHUNK]
-                cur.execute(sql["answers"] + self._in(len(chunk)), chunk)
+                cur.execute(sql["answers"] + self._in(len(chunk)), [self.identity, *chunk])
                 got.answers.update((int(r[0]), r[1]) for r in cur.fetchall())
             if want.cancelled:
                 cur.execute(sql["cancelled"], (self.identity,))
@@ -505,6 +533,7 @@ class ClusterTransport:
     def withdraw(self, seqs: list[int]) -> list[int]:
         """Delete the inbox rows ``seqs`` that no leader answered yet; returns
         those deleted (their calls were never carried out)."""
+        self._follow_file()
         try:
             conn = self._connection()
             cur = conn.cursor()
@@ -512,7 +541,7 @@ class ClusterTransport:
             try:
                 self._begin_write(cur)
                 for seq in seqs:
-                    cur.execute(self.sql["withdraw"], (seq,))
+                    cur.execute(self.sql["withdraw"], (seq, self.identity))
                     if cur.rowcount:
                         deleted.append(seq)
             finally:
@@ -526,6 +555,7 @@ class ClusterTransport:
     def tidy(self, members_before_ns: int, answers_before_ns: int) -> None:
         """Delete member rows not renewed since ``members_before_ns`` and
         answers no follower collected since ``answers_before_ns``."""
+        self._follow_file()
         try:
             conn = self._connection()
             cur = conn.cursor()
@@ -585,9 +615,4 @@ class ClusterTransport:
         """Stop listening and release the connections (the worker thread calls it last)."""
         self._closing.set()
         self._drop()
-        probe, self._probe = self._probe, None
-        if probe is not None:
-            try:
-                probe.close()
-            except Exception:
-                pass
+        self._drop_probe()

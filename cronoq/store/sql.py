@@ -600,13 +600,23 @@ class SqlStore:
         """Let go of the connections a leader holds (any thread)."""
         self._drop_writer_later()
 
+    # Why nothing may be written any more whatever the epoch (SQLite: the file was deleted).
+    _gone: str | None = None
+
+    def _check_file(self) -> None:
+        """After a fenced write committed, before it is acknowledged: raise
+        ``Fenced`` if it did not reach the database the store opened (SQLite:
+        the path names another file, or none)."""
+
     @contextmanager
     def _fenced_write(self, epoch: int, begun: Any = None) -> Iterator[Any]:
         """A write transaction that first checks ``epoch`` (``Fenced`` if a
         newer leader exists) and yields its raw cursor; committed when the
         block ends, rolled back if it raises. On the writer connection, or on
         ``begun``: a raw connection whose transaction is already open (its
-        caller rolls it back)."""
+        caller rolls it back). ``_check_file`` runs after the commit."""
+        if self._gone is not None:
+            raise Fenced(self._gone)
         self._ensure()
         conn = self._writer() if begun is None else begun
         try:
@@ -625,6 +635,7 @@ class SqlStore:
                 if self._commit_outcome_may_be_lost:
                     exc.cronoq_uncertain = True   # type: ignore[attr-defined]
                 raise
+            self._check_file()
         except BaseException:
             if begun is None:
                 self._abandon_writer(conn)
@@ -999,9 +1010,23 @@ class SqlStore:
         t = self._t
         tables = {table.name: q.format_table(table) for table in (t.members, t.inbox, t.attempts, t.meta, t.tasks)}
         return ClusterTransport(dialect=self.dialect, identity=self.identity, host=socket.gethostname(),
-                                pid=os.getpid(), connect=engine.raw_connection, quote_table=tables.__getitem__,
+                                pid=os.getpid(), connect=self._raw_connection, quote_table=tables.__getitem__,
                                 placeholder=self._placeholder, errors=self._db_errors,
-                                listen=self._listen_connection(), channel=self._channel())
+                                listen=self._listen_connection(), channel=self._channel(),
+                                generation=self._file_generation())
+
+    def _raw_connection(self) -> Any:
+        """A raw connection of the store's engine as it is now (SQLite makes
+        another when the file at its path changed)."""
+        engine = self.engine
+        if engine is None:
+            raise ConnectionError(f"the {self.dialect} store is not connected")
+        return engine.raw_connection()
+
+    def _file_generation(self) -> Callable[[], int] | None:
+        """A count that changes whenever the store opens another database
+        file (SQLite), so the cluster's connections follow; None elsewhere."""
+        return None
 
     def _listen_connection(self) -> Callable[[], Any] | None:
         """A factory of connections that may ``LISTEN`` (None: the database cannot notify)."""

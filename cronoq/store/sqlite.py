@@ -13,6 +13,18 @@ The file is created readable and writable by its owner only (on Unix) before
 SQLite opens it, and runs in WAL mode; with ``full_sync`` (the default) every
 commit is synced to disk. Keep it on a local filesystem.
 
+A file deleted, moved or replaced while open keeps taking SQLite's writes
+(the open file lives on, nameless), while a process that opens the path gets
+another database. So every fenced write (commits, checkpoints) and every
+lease renewal checks, once committed and before it counts, that the path
+still names the file opened (device and inode): if not, the write fails,
+the store stops leading and writes nothing more there. It folds the old
+file's WAL into it, takes its -wal and -shm off the path (a database opened
+there later must not read them), and saves a copy of a deleted file next to
+the path: the tasks committed before are only in it. A store never creates
+a file at its path again once it opened one there (``create``): it waits for
+a database to be put there, and then takes the lease as a standby does.
+
 Commits run on the store's worker thread, except a small one made while the
 event loop has nothing else ready to run (``inline_commits``, on by
 default): the loop would only wait for the worker, so it commits itself and
@@ -26,13 +38,16 @@ sends the commits of the next ``INLINE_PAUSE`` seconds to the worker.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import sqlite3
+import stat
 import threading
+import time
 import urllib.parse
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import create_engine, event, select, update
 from sqlalchemy.engine import Connection, Engine
@@ -55,7 +70,10 @@ class SqliteStore(SqlStore):
 
     ``keep_finished`` (seconds, default 7 days): finished tasks older than this
     are pruned. ``commit_timeout`` (default 30 s): a commit slower than this
-    counts as unavailable for the callers waiting on it.
+    counts as unavailable for the callers waiting on it. ``create`` (default
+    True): create the file if it is missing when the store first opens it;
+    with False, or once the store opened a file there, a missing file is
+    waited for (``acquire_leadership``), never created.
     """
 
     dialect = "sqlite"
@@ -65,7 +83,7 @@ class SqliteStore(SqlStore):
                  full_sync: bool = True, keep_finished: float = 7 * 86400.0,
                  commit_timeout: float = 30.0, cluster: bool = True, cluster_poll: float = 0.01,
                  member_ttl: float = 10.0, request_timeout: float | None = None,
-                 inline_commits: bool = True) -> None:
+                 inline_commits: bool = True, create: bool = True) -> None:
         try:
             given = os.fspath(path)
         except TypeError:
@@ -93,6 +111,13 @@ class SqliteStore(SqlStore):
         self._inline_paused_until = 0.0
         self._inline_mean = 0.0            # moving average of their durations (seconds)
         self._inline_rows = 0              # written since the last checkpoint
+        self._may_create = bool(create)    # False once a file was opened at the path
+        self._file: tuple[int, int] | None = None   # (st_dev, st_ino) of the file opened
+        self._side_files: dict[str, tuple[int, int]] = {}   # its -wal and -shm, as opened
+        self._opened = 0                   # files opened (a new one: the cluster's connections follow)
+        self._abandoned = 0                # the last of them given up (see _abandon_file)
+        self._orphan_saved = False         # and nothing of it is only in its -wal any more
+        self._stale_logged = False
 
     def _where(self) -> str:
         return repr(self.path)
@@ -102,14 +127,38 @@ class SqliteStore(SqlStore):
     def _driver_errors(self) -> tuple[type[BaseException], ...]:
         return (sqlite3.Error,)
 
+    def _create_file(self) -> None:
+        """Create the missing file (owner-only, before SQLite creates it with the default mode)."""
+        if not self._may_create:
+            why = ("it had one open there, which was deleted or moved" if self._file is not None
+                   else "it was made with create=False")
+            raise StoreUnavailable(f"the SQLite store file {self.path!r} is missing, and this store does not "
+                                   f"create it ({why}): waiting until a database is at that path")
+        stale = [self.path + suffix for suffix in ("-wal", "-shm") if os.path.exists(self.path + suffix)]
+        if stale and not os.path.exists(self.path):   # SQLite makes the database before its -wal
+            raise StoreUnavailable(
+                f"cannot create the SQLite store {self.path!r}: {' and '.join(stale)} of a database deleted "
+                f"there while open are still present (a process may still use them), and a new database "
+                f"would read them; stop every process using {self.path!r}, then remove them")
+        try:
+            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+        except FileExistsError:
+            pass
+        except OSError as exc:   # a directory that is not there (yet): an outage, like the others
+            raise StoreUnavailable(f"cannot create the SQLite store {self.path!r}: {exc}") from exc
+
     def _create_engine(self) -> Engine:
         if not os.path.exists(self.path):
-            try:   # owner-only, before SQLite creates it with the default mode
-                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
-            except FileExistsError:
-                pass
-            except OSError as exc:   # a directory that is not there (yet): an outage, like the others
-                raise StoreUnavailable(f"cannot create the SQLite store {self.path!r}: {exc}") from exc
+            self._create_file()
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot open the SQLite store {self.path!r}: {exc}") from exc
+        file_id = (st.st_dev, st.st_ino)
+        self._file = file_id
+        self._may_create = False
+        self._side_files = {}
+        self._opened += 1
         # mode=rw: SQLite never creates the file itself, so a file that vanishes while
         # the store runs makes calls fail instead of starting an empty database.
         uri = f"file:{urllib.parse.quote(self.path)}?mode=rw"
@@ -127,6 +176,12 @@ class SqliteStore(SqlStore):
 
         @event.listens_for(engine, "connect")
         def _connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+            moved = self._moved(file_id)   # every connection of this engine is to the same file
+            if moved is not None:
+                dbapi_connection.close()
+                if file_id == self._file:
+                    self._lose_file(moved)
+                raise sqlite3.OperationalError(moved)
             dbapi_connection.isolation_level = None   # we issue BEGIN ourselves
             cursor = dbapi_connection.cursor()
             try:
@@ -158,12 +213,208 @@ class SqliteStore(SqlStore):
             conn.execution_options(cronoq_begin="EXCLUSIVE")
             with conn.begin():
                 upgrade(conn, None)
+            for suffix in ("-wal", "-shm"):   # there while a connection is open
+                try:
+                    st = os.stat(self.path + suffix)
+                except OSError:
+                    continue
+                self._side_files[suffix] = (st.st_dev, st.st_ino)
 
     def after_fork(self) -> None:
         super().after_fork()
         self._read = None
         self._renewing = None
         self._inline = None   # the parent's: forgotten, never closed
+        self._gone = None     # the child opens the path again
+
+    # ----------------------------------------------------------- the file at the path
+
+    def _moved(self, file_id: tuple[int, int] | None) -> str | None:
+        """Why the path no longer names the file ``file_id``; None if it does."""
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                return (f"the database file {self.path!r} cannot be checked ({exc.strerror}): "
+                        f"it may have been deleted or replaced while open")
+        else:
+            if (st.st_dev, st.st_ino) == file_id:
+                return None
+        return f"the database file {self.path!r} was deleted or replaced while open"
+
+    def _check_file(self) -> None:
+        """A fenced write is committed: ``Fenced`` unless it went to the file at the path."""
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self._file:
+                return
+        except OSError:
+            pass
+        reason = self._moved(self._file)
+        if reason is not None:
+            self._lose_file(reason)
+            raise Fenced(reason)
+
+    def _lose_file(self, reason: str) -> None:
+        """The path no longer names the open file: nothing more is written
+        to it, and the worker gives it up (``_abandon_file``). Any thread."""
+        if self._gone is not None:
+            return
+        self._gone = reason
+        if self.epoch is not None:
+            log.error("sqlite store: %s: this process acknowledges nothing more and stops leading; the tasks "
+                      "committed before are not in a file at that path any more", reason,
+                      extra={"action": "store_file_lost", "path": self.path})
+        else:
+            log.error("sqlite store: %s: nothing more is written to it", reason,
+                      extra={"action": "store_file_lost", "path": self.path})
+        try:
+            self._executor.submit(self._abandon_file, self._opened)
+        except RuntimeError:   # the store is closing
+            pass
+
+    def _abandon_file(self, opened: int) -> bool:
+        """On the worker, for the ``opened``-th file, no longer at the path:
+        fold its WAL into it (a moved file then holds everything), save a
+        copy of a file left without a name (unless another process leading
+        on it does), then take its -wal and -shm off the path (a database put
+        there must not read them). True once that is done; False while the
+        leader of the file has yet to save it."""
+        if opened != self._opened or self.engine is None:
+            return True
+        if self._abandoned == opened and not self._stale_side_files():
+            return True
+        proxied = None
+        try:
+            if self._wconn is not None:
+                raw = self._wconn.dbapi_connection
+            else:
+                proxied = self.engine.raw_connection()   # one the pool kept; a new one is refused
+                raw = proxied.dbapi_connection
+        except Exception as exc:
+            if self._abandoned != opened:
+                self._abandoned = opened
+                log.error("sqlite store: no connection to the file that was at %r is left (%s): what was "
+                          "committed to it cannot be saved", self.path, self._describe(exc),
+                          extra={"action": "store_file_lost", "path": self.path})
+            return not self._stale_side_files()
+        try:
+            return self._give_up_file(raw, opened)
+        finally:
+            if proxied is not None:
+                proxied.close()
+
+    # The lease a process that saved a deleted file leaves in it: held for good, so
+    # that the others that had it open do not save it again.
+    SAVED = 2**63 - 1
+
+    def _give_up_file(self, conn: Any, opened: int) -> bool:
+        folded = self._fold(conn)
+        if self._abandoned != opened:
+            name, links = _open_file(self._file)
+            copy = None
+            if links is None or links == 0:
+                meta = self._t.meta.name
+                try:
+                    holder, expires = conn.execute(
+                        f"SELECT holder, lease_expires_ns FROM {meta} WHERE id = 1").fetchone()
+                except sqlite3.Error:
+                    holder, expires = None, None
+                if expires != self.SAVED and holder not in (None, self.identity) and (expires or 0) > real_time_ns():
+                    return False   # its leader saves it when it notices (soon: it renews its lease)
+                if expires != self.SAVED:
+                    copy = self._save_copy(conn)
+                    if copy is not None and links == 0:
+                        try:
+                            conn.execute(f"UPDATE {meta} SET holder = ?, lease_expires_ns = ? WHERE id = 1",
+                                         (self.identity, self.SAVED))
+                        except sqlite3.Error as exc:   # the others may save it too
+                            log.warning("sqlite store: cannot mark the deleted file saved: %s", exc)
+            else:
+                log.error("sqlite store: the file that was at %r is still there under another name%s", self.path,
+                          f" ({name})" if name else "", extra={"action": "store_file_lost", "path": self.path})
+            self._abandoned = opened
+            self._orphan_saved = folded or links == 0 or (links is None and copy is not None)
+        if folded or self._orphan_saved:   # nothing of it is only in its -wal
+            for side in self._stale_side_files():
+                try:
+                    os.unlink(side)
+                except OSError:
+                    pass
+        stale = self._stale_side_files()
+        if stale and not self._stale_logged:
+            self._stale_logged = True
+            log.error("sqlite store: %s of the database that was at %r %s still there: a database opened at "
+                      "that path would read them; remove them once no process uses the old file",
+                      " and ".join(stale), self.path, "are" if len(stale) > 1 else "is",
+                      extra={"action": "store_file_lost", "path": self.path})
+        return not stale
+
+    def _stale_side_files(self) -> list[str]:
+        """The -wal and -shm of the file opened, if they are still at the path."""
+        stale = []
+        for suffix, side in self._side_files.items():
+            try:
+                st = os.stat(self.path + suffix)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == side:
+                stale.append(self.path + suffix)
+        return stale
+
+    def _fold(self, conn: Any) -> bool:
+        """Checkpoint all of the WAL into the database file; True if done.
+        Another process doing the same makes it busy for a moment: tried
+        again, for up to ``busy_timeout``."""
+        give_up = realtime.real_monotonic() + self.busy_timeout
+        while True:
+            try:
+                if conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0:
+                    return True
+            except sqlite3.Error as exc:
+                log.warning("sqlite store: the file that was at %r cannot be checkpointed: %s", self.path, exc)
+                return False
+            if realtime.real_monotonic() > give_up:
+                return False
+            threading.Event().wait(0.05)
+
+    def _save_copy(self, conn: Any) -> str | None:
+        """A copy of the open database beside the path (SQLite's online
+        backup); its name, logged. None if it cannot be made."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target = f"{self.path}.rescued-{stamp}-{os.getpid()}"
+        partial = f"{self.path}.rescuing-{stamp}-{os.getpid()}"   # renamed once complete
+        try:
+            os.close(os.open(partial, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            dest = sqlite3.connect(partial)
+            try:
+                conn.backup(dest)
+            finally:
+                dest.close()
+            os.rename(partial, target)
+        except (OSError, sqlite3.Error) as exc:
+            log.error("sqlite store: the file that was at %r is deleted and no copy of it could be saved "
+                      "(%s): the tasks committed to it are lost", self.path, exc,
+                      extra={"action": "store_file_lost", "path": self.path})
+            return None
+        log.error("sqlite store: the tasks committed to %r before it was deleted are saved in %r: to keep them, "
+                  "stop every process using %r, then move that copy to it", self.path, target, self.path,
+                  extra={"action": "store_file_rescued", "path": self.path, "copy": target})
+        return target
+
+    def _reopen(self) -> None:
+        """Leave the file that is gone and open the one at the path (on the worker)."""
+        self._drop_writer()
+        self._read = None
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.dispose()
+        self._gone = None
+        self._orphan_saved = self._stale_logged = False
+        self._ensure()
+
+    def _file_generation(self) -> Callable[[], int] | None:
+        return lambda: self._opened
 
     # ----------------------------------------------------------- commits on the loop's thread
 
@@ -180,7 +431,7 @@ class SqliteStore(SqlStore):
         commits fast. False if nothing was done (``commit`` then does it);
         raises as ``_commit_sync`` does, with nothing written. The runtime
         calls it when its loop has nothing else to run."""
-        if not self.inline_commits or self._closed:
+        if not self.inline_commits or self._closed or self._gone is not None:
             return False
         if self._inline is None:   # opened by the worker after a commit of its own
             return False
@@ -207,6 +458,10 @@ class SqliteStore(SqlStore):
             conn = sqlite3.connect(self._uri, uri=True, check_same_thread=False, timeout=0,
                                    isolation_level=None)
             try:
+                moved = self._moved(self._file)
+                if moved is not None:
+                    self._lose_file(moved)
+                    raise sqlite3.OperationalError(moved)
                 conn.execute(f"PRAGMA synchronous={'FULL' if self.full_sync else 'NORMAL'}")
                 conn.execute("PRAGMA wal_autocheckpoint=0")
             except BaseException:
@@ -297,18 +552,19 @@ class SqliteStore(SqlStore):
         """Wait until the lease is free or expired, take it, and return the new epoch."""
         if self.epoch is not None:
             return self.epoch
-        await self._call(self._ensure)   # an unreachable store fails here, clearly
+        if self._may_create or os.path.exists(self.path):   # else a missing file is waited for, below
+            await self._call(self._ensure)   # an unreachable store fails here, clearly
         self._lost_reason = None
-        logged = False
+        logged = ""   # the reason last logged: each new one is logged once
         try:
             while True:
                 try:
                     result = await self._call(self._try_acquire_sync)
                 except StoreUnavailable as exc:
-                    if not logged:
+                    if str(exc) != logged:
                         log.warning("sqlite store: waiting for the lease: %s", exc,
                                     extra={"action": "store_outage"})
-                        logged = True
+                        logged = str(exc)
                     result = None
                 if isinstance(result, int):
                     self.epoch = result
@@ -333,6 +589,15 @@ class SqliteStore(SqlStore):
 
     def _try_acquire_sync(self) -> int | None:
         self._ensure()
+        if self._gone is None:
+            moved = self._moved(self._file)
+            if moved is not None:
+                self._lose_file(moved)
+        if self._gone is not None:   # never the lease of a file that is gone: the one at the path
+            if not self._abandon_file(self._opened):
+                raise StoreUnavailable(f"the database that was at {self.path!r} is not saved yet (by its leader), "
+                                       f"or its -wal and -shm files are still there: waiting")
+            self._reopen()
         meta = self._t.meta
         now = real_time_ns()   # leases are real time: a frozen test clock must not keep one alive
         with self._begin() as conn:
@@ -344,6 +609,10 @@ class SqliteStore(SqlStore):
             epoch += 1
             conn.execute(update(meta).where(meta.c.id == 1).values(
                 epoch=epoch, holder=self.identity, lease_expires_ns=now + round(self.lease_ttl * NS)))
+        moved = self._moved(self._file)
+        if moved is not None:   # taken on a file that is gone meanwhile: no lease at all
+            self._lose_file(moved)
+            return None
         log.info("sqlite store: lease taken (epoch %d) on %s", epoch, self.path,
                  extra={"action": "leader", "epoch": epoch})
         return epoch
@@ -372,8 +641,14 @@ class SqliteStore(SqlStore):
                 return
             fork_gate.enter()
             try:
-                holder = self._renew_sync(epoch)
+                lost = self._renew_sync(epoch)
             except Exception as exc:   # unavailable: try again at the next period
+                if self._gone is not None:   # it found the file gone (on a new connection)
+                    try:
+                        loop.call_soon_threadsafe(self._lost_in, epoch, self._gone)
+                    except RuntimeError:
+                        pass
+                    return
                 if not logged:
                     log.error("sqlite store: cannot renew the lease: %s", self._describe(exc),
                               extra={"action": "store_outage"})
@@ -384,10 +659,9 @@ class SqliteStore(SqlStore):
             if logged:
                 logged = False
                 log.warning("sqlite store: the lease is renewed again", extra={"action": "store_recovered"})
-            if holder is not None:
-                reason = f"the lease was taken over by {holder[0]!r} (epoch {holder[1]})"
+            if lost is not None:
                 try:
-                    loop.call_soon_threadsafe(self._lost_in, epoch, reason)
+                    loop.call_soon_threadsafe(self._lost_in, epoch, lost)
                 except RuntimeError:   # the loop is closed: nobody to tell
                     pass
                 return
@@ -396,15 +670,21 @@ class SqliteStore(SqlStore):
         if self.epoch == epoch:
             self._signal_lost(reason)
 
-    def _renew_sync(self, epoch: int) -> tuple[str | None, int] | None:
-        """None when renewed, else the (holder, epoch) that replaced us."""
+    def _renew_sync(self, epoch: int) -> str | None:
+        """None when renewed, else why the lease is lost."""
+        if self._gone is not None:
+            return self._gone
         meta = self._t.meta
         with self._begin() as conn:
             current, holder = conn.execute(select(meta.c.epoch, meta.c.holder).where(meta.c.id == 1)).one()
             if current != epoch or holder != self.identity:
-                return holder, current
+                return f"the lease was taken over by {holder!r} (epoch {current})"
             conn.execute(update(meta).where(meta.c.id == 1).values(
                 lease_expires_ns=real_time_ns() + round(self.lease_ttl * NS)))
+        moved = self._moved(self._file)
+        if moved is not None:   # renewed in a file that is gone: a lease nobody else sees
+            self._lose_file(moved)
+            return moved
         return None
 
     async def release_leadership(self) -> None:
@@ -418,9 +698,38 @@ class SqliteStore(SqlStore):
     def _release_sync(self, epoch: int | None) -> None:
         """Free the lease if this store holds it (in ``epoch``, if given)."""
         self._drop_writer()
+        if self._gone is None and self.engine is not None:
+            moved = self._moved(self._file)
+            if moved is not None:   # a leader stopping before it noticed: it saves the file all the same
+                self._lose_file(moved)
+        if self._gone is not None:   # its file is gone: nothing there to free, but it is given up first
+            self._abandon_file(self._opened)
+            return
         meta = self._t.meta
         mine = [meta.c.id == 1, meta.c.holder == self.identity]
         if epoch is not None:
             mine.append(meta.c.epoch == epoch)
         with self._begin() as conn:
             conn.execute(update(meta).where(*mine).values(holder=None, lease_expires_ns=None))
+
+
+def _open_file(file_id: tuple[int, int] | None) -> tuple[str | None, int | None]:
+    """Where the file ``file_id`` this process has open is now and how many
+    names it has (0: deleted), from ``/proc/self/fd``; (None, None) where
+    that is unknown (not Linux)."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None, None
+    for fd in fds:
+        try:
+            st = os.fstat(int(fd))
+        except (OSError, ValueError):
+            continue
+        if (st.st_dev, st.st_ino) == file_id and stat.S_ISREG(st.st_mode):
+            try:
+                name: str | None = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                name = None
+            return name, st.st_nlink
+    return None, None

@@ -214,6 +214,7 @@ class Gateway:
                 continue
             self.routes.setdefault(route.path, {})[route.method] = route
         self._openapi: bytes | None = None
+        self._hosts: dict[str, bool] = {}   # Host header -> whether it names loopback
 
     # -- what the listener asks
 
@@ -252,7 +253,7 @@ class Gateway:
 
     def _admit(self, request: Request) -> tuple[Route, dict[str, Any], Principal | None] | None:
         headers = request.headers
-        if self.check_host and not loopback_host(headers.get("host", "")):
+        if self.check_host and not self._loopback(headers.get("host", "")):
             raise HttpError(403, "forbidden: authentication is off, so only loopback host names are served "
                                  "(localhost, *.localhost, 127.x.x.x, [::1])")
         if request.method not in _SAFE_METHODS:
@@ -272,6 +273,14 @@ class Gateway:
             if not route.also:   # (a route serving several roles says which it lacks itself)
                 caller.require(route.role)   # (the service checks again; this spares reading the body)
         return route, params, caller
+
+    def _loopback(self, host: str) -> bool:
+        known = self._hosts.get(host)
+        if known is None:
+            known = loopback_host(host)
+            if len(self._hosts) < 256:   # (a handful of names in practice)
+                self._hosts[host] = known
+        return known
 
     def _service_error(self, exc: ServiceError) -> Response:
         headers: tuple[tuple[str, str], ...] = (("cronoq-error", exc.kind),) if exc.kind else ()

@@ -234,8 +234,9 @@ class _Connection(asyncio.Protocol):
         self.handling: asyncio.Task[None] | None = None
         self.keep_alive = True
         self.read_state = _FIRST_HEAD
-        self.read_timer: asyncio.TimerHandle | None = None
-        self.answer_timer: asyncio.TimerHandle | None = None
+        # Deadlines in loop time, checked by the listener's sweep (no timer per request).
+        self.read_deadline: float | None = None
+        self.answer_deadline: float | None = None
         self.write_timer: asyncio.TimerHandle | None = None
         self.timed_out = False
         self.reading_paused = False
@@ -262,7 +263,7 @@ class _Connection(asyncio.Protocol):
             self._write(self.app.error(503, message, close=True), True)
             transport.close()
             return
-        listener.connections.add(self)
+        listener.watch(self)
         if listener.tls is not None:
             cert = transport.get_extra_info("peercert")
             if cert:
@@ -272,10 +273,11 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.listener.connections.discard(self)
-        for timer in (self.read_timer, self.answer_timer, self.write_timer, self.lingering):
+        for timer in (self.write_timer, self.lingering):
             if timer is not None:
                 timer.cancel()
-        self.read_timer = self.answer_timer = self.write_timer = self.lingering = None
+        self.write_timer = self.lingering = None
+        self.read_deadline = self.answer_deadline = None
         if self.handling is not None:
             self.handling.cancel()   # nobody is left to answer
         if self.can_write is not None and not self.can_write.done():
@@ -501,22 +503,27 @@ class _Connection(asyncio.Protocol):
 
     def _arm_read(self, state: int) -> None:
         self.read_state = state
-        if self.read_timer is not None:
-            self.read_timer.cancel()
         limits = self.limits
         delay = (limits.keepalive_timeout_s if state == _KEEPALIVE else
                  limits.body_timeout_s if state == _BODY else limits.head_timeout_s)
+        now = self.loop.time()
         if state == _KEEPALIVE:
-            self.idle_since = self.loop.time()
-        self.read_timer = self.loop.call_later(delay, self._read_expired)
+            self.idle_since = now
+        self.read_deadline = now + delay
 
     def _disarm_read(self) -> None:
-        if self.read_timer is not None:
-            self.read_timer.cancel()
-            self.read_timer = None
+        self.read_deadline = None
+
+    def check(self, now: float) -> None:
+        """The listener's sweep: act on a deadline that passed."""
+        if self.read_deadline is not None and now >= self.read_deadline:
+            self.read_deadline = None
+            self._read_expired()
+        if self.answer_deadline is not None and now >= self.answer_deadline:
+            self.answer_deadline = None
+            self._answer_expired()
 
     def _read_expired(self) -> None:
-        self.read_timer = None
         if self.closed or self.stopped:
             return
         state = self.read_state
@@ -531,7 +538,6 @@ class _Connection(asyncio.Protocol):
 
     def _answer_expired(self) -> None:
         """The request's time limit passed."""
-        self.answer_timer = None
         self.timed_out = True
         if self.handling is not None:
             self.handling.cancel()   # _run answers 504
@@ -573,8 +579,7 @@ class _Connection(asyncio.Protocol):
         if response is None:
             assert request is not None
             self.timed_out = False
-            delay = max(0.0, pending.deadline - self.loop.time())
-            self.answer_timer = self.loop.call_later(delay, self._answer_expired)
+            self.answer_deadline = pending.deadline
             try:
                 response = await self.app(request)
             except asyncio.CancelledError:
@@ -586,9 +591,7 @@ class _Connection(asyncio.Protocol):
                 log.exception("internal error answering %s %s", request.method, request.path[:200])
                 response = self.app.error(500, "internal error (logged by the server)")
             finally:
-                if self.answer_timer is not None:
-                    self.answer_timer.cancel()
-                    self.answer_timer = None
+                self.answer_deadline = None
         if self.closed:
             self.handling = None
             return
@@ -733,6 +736,28 @@ class HttpListener:
         self.counters = counters if counters is not None else ServerCounters()
         self.server: asyncio.base_events.Server | None = None
         self.connections: set[_Connection] = set()
+        # One sweep checks every connection's deadlines, often enough for the
+        # shortest of them to be late by at most a quarter of itself (a second at most).
+        bounds = self.limits
+        self.tick = max(0.02, min(1.0, bounds.head_timeout_s / 4, bounds.keepalive_timeout_s / 4,
+                                  bounds.body_timeout_s / 4))
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def watch(self, connection: _Connection) -> None:
+        self.connections.add(connection)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().call_later(self.tick, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        if not self.connections:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for connection in list(self.connections):
+            connection.check(now)
+        if self.connections:
+            self._sweeper = loop.call_later(self.tick, self._sweep)
 
     def make_room(self) -> bool:
         """Whether one more connection may be served: at the cap, the
@@ -771,5 +796,8 @@ class HttpListener:
             if connection.handling is not None:
                 connection.handling.cancel()
             connection._close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         await self.server.wait_closed()
 

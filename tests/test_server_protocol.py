@@ -200,7 +200,13 @@ async def test_rule3_heartbeats_keep_a_lease_and_without_them_it_expires(server)
     assert (await info(tasks, task_id)).status == pb.TASK_STATUS_RUNNING
     # No more heartbeats: the lease expires, the worker is told, the attempt is retried.
     abort = await worker.recv_kind("abort", timeout=30)
-    assert abort.lease == lease.lease
+    assert abort.lease == lease.lease and abort.code == pb.ABORT_REASON_LEASE_EXPIRED
+    assert "no heartbeat for 1 s" in abort.reason
+    # The worker said nothing for the whole TTL: it is suspect, so the retry waits
+    # for another worker, or for a word from this one (any message: here a
+    # heartbeat of the lease it lost, which is otherwise ignored).
+    await no_message(worker)
+    await worker.send(heartbeat=pb.Heartbeat(lease=lease.lease))
     retry = await worker.recv_kind("lease", timeout=30)
     assert (retry.task_id, retry.attempt) == (task_id, 2)
     await worker.send(complete=pb.Complete(lease=retry.lease, output=b"second"))
@@ -293,7 +299,8 @@ async def test_rule6_abort_frees_the_slot_and_a_later_cancelled_is_ignored(serve
     assert lease.task_id == running
     assert (await tasks.Cancel(pb.CancelRequest(task=pb.TaskRef(id=running)))).cancelled
     abort = await worker.recv_kind("abort")
-    assert abort.lease == lease.lease and abort.reason
+    assert abort.lease == lease.lease and abort.reason == "the task was cancelled"
+    assert abort.code == pb.ABORT_REASON_CANCELLED
     nxt = await worker.recv_kind("lease")     # the slot was free at once
     assert nxt.task_id == waiting
     await worker.send(cancelled=pb.Cancelled(lease=lease.lease))   # allowed, ignored
@@ -427,12 +434,21 @@ retry = { max_attempts = 100, initial_backoff_s = 0.01, jitter = false }
 """)
     channel, tasks, admin = stubs(server.target)
     stalled = RawWorker(server.target)
-    # Registers, then never reads again: its transport buffers the first leases,
-    # then the server's writes stall, its queue fills, and it is disconnected.
+    # Registers, then never reads again (but still speaks, so it is not merely
+    # silent: see test_server_worker_health.py): its transport buffers the first
+    # leases, then the server's writes stall, its queue fills, and it is disconnected.
     await stalled.send(register=pb.Register(pool="default", slots=1, protocol_version=3, worker_name="stalled"))
+
+    async def speak() -> None:
+        while True:
+            await stalled.send(heartbeat=pb.Heartbeat(lease=2**64 - 1))   # a lease it does not hold: ignored
+            await asyncio.sleep(0.05)
+
+    speaking = asyncio.get_running_loop().create_task(speak())
     payload = b"x" * (2 * 1024 * 1024)
     ids = [await submit(tasks, "default", payload=payload) for _ in range(3)]
-    server.wait_for("does not read its stream", timeout=60)
+    await asyncio.to_thread(server.wait_for, "does not read its stream", timeout=60)   # (the loop speaks on)
+    speaking.cancel()
     reader = RawWorker(server.target)
     await reader.register("default", slots=3)
     done = set()
@@ -474,7 +490,10 @@ async def test_rule9_sigterm_lets_running_leases_finish_then_sends_shutdown_and_
         await submit(tasks, "default")
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     await worker.send(complete=pb.Complete(lease=leases[finishing].lease, output=b"made it"))
-    shutdown = await worker.recv_kind("shutdown", timeout=30)   # after the grace
+    # After the grace: the lease still running is given up, then the worker is told to go.
+    abort = await worker.recv_kind("abort", timeout=30)
+    assert abort.lease == leases[hanging].lease and abort.code == pb.ABORT_REASON_SHUTDOWN
+    shutdown = await worker.recv_kind("shutdown", timeout=30)
     assert shutdown.not_leader is False and shutdown.reason
     messages, code, _ = await worker.finish()
     assert messages == [] and code == grpc.StatusCode.OK        # the stream ends about a second later

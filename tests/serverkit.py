@@ -187,12 +187,12 @@ class RawWorker:
     A reader task moves what the server sends into a queue, so waiting for a
     message with a timeout never cancels the call (cancelling a read would)."""
 
-    def __init__(self, target: str, token: str | None = None, *, credentials=None) -> None:
+    def __init__(self, target: str, token: str | None = None, *, credentials=None, options=()) -> None:
         import grpc
         from cronoq._proto import cronoq_pb2_grpc as pb_grpc
 
-        self.channel = (grpc.aio.secure_channel(target, credentials) if credentials is not None
-                        else grpc.aio.insecure_channel(target))
+        self.channel = (grpc.aio.secure_channel(target, credentials, options=options) if credentials is not None
+                        else grpc.aio.insecure_channel(target, options=options))
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.call = pb_grpc.WorkersStub(self.channel).Work(metadata=metadata)
         self._queue = None

@@ -148,6 +148,7 @@ class WorkerHub:
         self.workers: dict[int, WorkerConn] = {}
         self._next_id = 1
         self.graceful = False     # a graceful stop (SIGTERM) is under way; else a stop means lost leadership
+        self.waiting = {True: 0, False: 0}   # streams waiting for their first message, by caller valid or not
 
     def factory(self, section: PoolSection) -> Callable[[RunnerLink], RemotePool]:
         def make(link: RunnerLink) -> RemotePool:
@@ -155,6 +156,28 @@ class WorkerHub:
             self.pools[section.name] = pool
             return pool
         return make
+
+    async def first_message(self, read: Reader, *, valid: bool = True) -> pb.WorkerMessage | None:
+        """A new stream's first message, within limits.register_timeout_s.
+
+        At most limits.max_workers streams wait for theirs at once, counted
+        apart for callers whose credential was refused (so that they cannot
+        crowd out workers): a flood of silent streams would otherwise hold
+        the server's memory for the whole timeout."""
+        limits = self.limits
+        waiting = self.waiting
+        if waiting[valid] >= limits.max_workers:
+            raise ServiceError(Code.RESOURCE_EXHAUSTED,
+                               f"{waiting[valid]} streams already wait for their Register (at most "
+                               f"limits.max_workers); send Register at once, or try again later")
+        waiting[valid] += 1
+        try:
+            return await asyncio.wait_for(read(), limits.register_timeout_s)
+        except asyncio.TimeoutError:
+            raise ServiceError(Code.DEADLINE_EXCEEDED,
+                               f"no Register within {limits.register_timeout_s:g} s of opening the stream") from None
+        finally:
+            waiting[valid] -= 1
 
     def next_id(self) -> int:
         worker_id = self._next_id
@@ -455,11 +478,7 @@ class WorkerSession:
         The first message is read before the caller is judged, so a worker
         that is refused has finished sending its Register when it hears why."""
         limits = self.hub.limits
-        try:
-            first = await asyncio.wait_for(read(), limits.register_timeout_s)
-        except asyncio.TimeoutError:
-            raise ServiceError(Code.DEADLINE_EXCEEDED,
-                               f"no Register within {limits.register_timeout_s:g} s of opening the stream") from None
+        first = await self.hub.first_message(read)
         self.caller.require("worker")
         self.serving()
         if first is None:

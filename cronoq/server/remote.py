@@ -79,6 +79,8 @@ class WorkerConn:
         self.reason = "the server ended the stream"
         self.batches = False      # the worker accepts ServerBatch messages
         self.checkpoints = False  # the worker registered with accept_checkpoints
+        self.saves = 0            # its checkpoints being stored
+        self.progress: asyncio.Event = asyncio.Event()   # set when one is stored, or a message went out
 
     @property
     def free(self) -> int:
@@ -110,6 +112,14 @@ class WorkerConn:
         self.leases.clear()
         self.marks.clear()
         return leases
+
+    @property
+    def saves_allowed(self) -> bool:
+        """After a checkpoint, its stream is read on: a worker that waits for
+        each answer (one checkpoint per lease at a time) never reaches this
+        bound; one that sends them without waiting cannot pile up saves the
+        store has not taken, nor their answers past ``bound``."""
+        return self.saves + len(self.out) < max(self.slots, len(self.leases)) + 4
 
     @property
     def bound(self) -> int:
@@ -372,7 +382,12 @@ class RemotePool:
                 answer.error = clean_message(str(exc))
             except Exception as exc:   # not stored (the store is unavailable, ...)
                 answer.error = clean_message(f"{type(exc).__name__}: {exc}")
+            finally:
+                conn.saves -= 1
+                conn.progress.set()
             conn.send(pb.ServerMessage(checkpoint_saved=answer))
+
+        conn.saves += 1
 
         task = asyncio.get_running_loop().create_task(save())
         self.saving.add(task)
@@ -580,6 +595,7 @@ class WorkerSession:
                 while out:
                     if not conn.batches or len(out) == 1:
                         await write(out.popleft())
+                        conn.progress.set()
                         continue
                     batch = pb.ServerBatch()
                     messages = batch.messages
@@ -591,6 +607,7 @@ class WorkerSession:
                         messages.append(out.popleft())
                         size += n
                     await write(pb.ServerMessage(batch=batch))
+                    conn.progress.set()
                 if conn.done.done():
                     return
                 conn.writable.clear()
@@ -615,7 +632,19 @@ class WorkerSession:
                 conn.seen_ns = time.time_ns()
                 if conn.suspect:
                     pool.revive(conn)
-                self._handle(message)
+                kind = message.WhichOneof("msg")
+                if kind != "batch":
+                    self._handle(message)
+                    if kind == "checkpoint":
+                        await self._saves_settle()
+                    continue
+                for inner in message.batch.messages:
+                    kind = inner.WhichOneof("msg")
+                    if kind in ("batch", "register"):
+                        raise ServiceError(Code.INVALID_ARGUMENT, f"a batch may not hold a {kind} message")
+                    self._handle(inner)
+                    if kind == "checkpoint":
+                        await self._saves_settle()
         except asyncio.CancelledError:
             raise
         except ServiceError as exc:
@@ -623,7 +652,18 @@ class WorkerSession:
         except Exception as exc:  # the transport failed (or the worker sent too large a message)
             conn.end(ServiceError(Code.UNAVAILABLE, f"reading from the worker failed: {exc}"))
 
+    async def _saves_settle(self) -> None:
+        """Backpressure, after a checkpoint: with too many of the worker's
+        checkpoints being stored or answered, read its stream on only once
+        one is (gRPC's flow control then holds the worker back)."""
+        conn = self.conn
+        assert conn is not None
+        while not conn.saves_allowed:
+            conn.progress.clear()
+            await conn.progress.wait()
+
     def _handle(self, message: pb.WorkerMessage) -> None:
+        """One message (never a batch: _read unpacks those)."""
         conn = self.conn
         pool = self.pool
         assert conn is not None and pool is not None
@@ -660,12 +700,6 @@ class WorkerSession:
         elif kind == "set_slots":
             granted = pool.set_slots(conn, message.set_slots.slots)
             conn.send(pb.ServerMessage(slots_granted=pb.SlotsGranted(slots=granted)))
-        elif kind == "batch":
-            for inner in message.batch.messages:
-                if inner.WhichOneof("msg") in ("batch", "register"):
-                    raise ServiceError(Code.INVALID_ARGUMENT,
-                                       f"a batch may not hold a {inner.WhichOneof('msg')} message")
-                self._handle(inner)
         elif kind == "register":
             raise ServiceError(Code.INVALID_ARGUMENT, "a second Register ends the stream")
         else:

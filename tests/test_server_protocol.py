@@ -50,6 +50,9 @@ name = "batch"
 name = "size"
 [[pools]]
 name = "labels"
+[[pools]]
+name = "drain"
+retry = { max_attempts = 3, initial_backoff_s = 0.05, jitter = false }
 """
 
 
@@ -124,6 +127,14 @@ async def test_rule1_unknown_pools_are_not_found(server):
     await worker.send(register=pb.Register(pool="no-such-pool", slots=1, protocol_version=3))
     _, code, details = await worker.finish()
     assert code == grpc.StatusCode.NOT_FOUND and "no-such-pool" in details
+    await worker.close()
+
+
+async def test_rule1_register_with_zero_slots_is_refused(server):
+    worker = RawWorker(server.target)
+    await worker.send(register=pb.Register(pool="default", slots=0, protocol_version=3))
+    _, code, details = await worker.finish()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "slots must be at least 1" in details
     await worker.close()
 
 
@@ -339,6 +350,40 @@ async def test_rule8_a_disconnect_fails_running_leases_as_retryable(server):
     for task_id in ids:
         assert (await result(tasks, task_id)).status == pb.TASK_STATUS_SUCCEEDED
     await again.close()
+    await channel.close()
+
+
+# ---------------------------------------------------------------- 13. Draining
+
+
+async def test_rule13_a_drained_worker_reports_what_it_holds_then_half_closes_and_the_stream_ends_ok(server):
+    channel, tasks, _ = stubs(server.target)
+    worker = RawWorker(server.target)
+    await worker.register("drain", slots=2)
+    ids = [await submit(tasks, "drain") for _ in range(3)]
+    leases = [await worker.recv_kind("lease") for _ in range(2)]
+    await worker.send(set_slots=pb.SetSlots(slots=0))
+    assert (await worker.recv_kind("slots_granted")).slots == 0
+    # Its leases are still its to report (a heartbeat, a Complete); the third task gets no lease here.
+    await worker.send(heartbeat=pb.Heartbeat(lease=leases[0].lease))
+    await worker.send(complete=pb.Complete(lease=leases[0].lease, output=b"drained"))
+    done = await result(tasks, leases[0].task_id)
+    assert (done.status, done.output) == (pb.TASK_STATUS_SUCCEEDED, b"drained")
+    await no_message(worker)
+    # Half-closing with a lease still held ends the stream with OK; that lease fails as retryable.
+    await worker.call.done_writing()
+    messages, code, _ = await worker.finish()
+    assert messages == [] and code == grpc.StatusCode.OK
+    other = RawWorker(server.target)
+    await other.register("drain", slots=2)
+    seen = {}
+    for _ in range(2):
+        lease = await other.recv_kind("lease")
+        seen[lease.task_id] = lease.attempt
+        await other.send(complete=pb.Complete(lease=lease.lease))
+    assert seen == {leases[1].task_id: 2, next(i for i in ids if i not in {m.task_id for m in leases}): 1}
+    for w in (worker, other):
+        await w.close()
     await channel.close()
 
 

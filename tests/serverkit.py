@@ -187,12 +187,12 @@ class RawWorker:
     A reader task moves what the server sends into a queue, so waiting for a
     message with a timeout never cancels the call (cancelling a read would)."""
 
-    def __init__(self, target: str, token: str | None = None, *, credentials=None) -> None:
+    def __init__(self, target: str, token: str | None = None, *, credentials=None, options=()) -> None:
         import grpc
         from cronoq._proto import cronoq_pb2_grpc as pb_grpc
 
-        self.channel = (grpc.aio.secure_channel(target, credentials) if credentials is not None
-                        else grpc.aio.insecure_channel(target))
+        self.channel = (grpc.aio.secure_channel(target, credentials, options=options) if credentials is not None
+                        else grpc.aio.insecure_channel(target, options=options))
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.call = pb_grpc.WorkersStub(self.channel).Work(metadata=metadata)
         self._queue = None
@@ -295,24 +295,32 @@ WORKER_SCRIPT = r"""
 import asyncio, sys, time
 from cronoq.client import Worker
 
-target, pool, sleep = sys.argv[1], sys.argv[2], float(sys.argv[3])
+target, pool, sleep, slots, name = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 
 async def handle(lease):
     print(f"started {lease.task_id} {lease.attempt}", flush=True)
-    await asyncio.sleep(sleep)
+    try:
+        await asyncio.sleep(sleep)
+    except asyncio.CancelledError:
+        print(f"aborted {lease.task_id} {lease.attempt} {lease.abort_reason}", flush=True)
+        raise
     print(f"finished {lease.task_id} {lease.attempt}", flush=True)
-    return {"by": "process", "attempt": lease.attempt}
+    return {"by": name, "attempt": lease.attempt}
 
-asyncio.run(Worker(target, pool, handle, slots=1, initial_backoff=0.05, max_backoff=0.5).run())
+asyncio.run(Worker(target, pool, handle, slots=slots, name=name, initial_backoff=0.05, max_backoff=0.5).run())
 """
 
 
 class WorkerProcess:
-    """A cronoq.client.Worker in a child process whose handler prints
-    'started TASK ATTEMPT', sleeps ``sleep`` seconds, then returns."""
+    """A cronoq.client.Worker named ``name`` with ``slots`` in a child process
+    whose handler prints 'started TASK ATTEMPT', sleeps ``sleep`` seconds, then
+    returns ``{"by": name, "attempt": ATTEMPT}`` (an abort prints 'aborted TASK
+    ATTEMPT REASON')."""
 
-    def __init__(self, target: str, pool: str = "default", sleep: float = 3600.0) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, target, pool, str(sleep)],
+    def __init__(self, target: str, pool: str = "default", sleep: float = 3600.0, *, slots: int = 1,
+                 name: str = "process") -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, target, pool, str(sleep), str(slots),
+                                         name],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                         text=True, env=server_env(), cwd=ROOT)
         self.lines: list[str] = []

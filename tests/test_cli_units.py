@@ -17,8 +17,8 @@ from cronoq.cli import ExitCode, main, plugins
 from cronoq.cli.app import _command_of
 from cronoq.cli.connection import CliError, is_loopback, settings_from
 from cronoq.cli.exits import exit_code_for
-from cronoq.cli.output import (CLASS_NAMES, OVERLAP_NAMES, PRIORITY_NAMES, STATUS_NAMES, Output, columns, escape,
-                               escape_bytes)
+from cronoq.cli.output import (CLASS_NAMES, HEALTH_NAMES, OVERLAP_NAMES, PRIORITY_NAMES, STATUS_NAMES, Output,
+                               columns, escape, escape_bytes)
 
 
 class Stream(io.StringIO):
@@ -150,6 +150,9 @@ def test_enum_names_match_the_proto():
         assert PRIORITY_NAMES[pb.Priority.Value("PRIORITY_" + name.upper())] == name
     for value, name in OVERLAP_NAMES.items():
         assert value == 0 or pb.Overlap.Name(value) == "OVERLAP_" + name.upper()
+    assert set(HEALTH_NAMES) == set(pb.WorkerHealth.values())
+    for value, name in HEALTH_NAMES.items():
+        assert value == 0 or pb.WorkerHealth.Name(value) == "WORKER_HEALTH_" + name.upper()
 
 
 def test_the_subcommand_is_found_past_global_options():

@@ -28,6 +28,7 @@ import cronoq.telemetry
 import cronoq.telemetry.otel as otel
 import cronoq.whatif
 from cronoq.telemetry import PrometheusCollector
+from cronoq.telemetry.prometheus import WORKER_FAMILIES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -232,12 +233,15 @@ def test_every_prometheus_series_is_documented_with_its_type():
 
     documented = set(re.findall(r"^\| `(cronoq_[a-z_]+)` \|", METRICS, re.M))
     exposed = set()
-    for family in [*PrometheusCollector.describe(None), *ServerCounters().families()]:
-        name = family.name + ("_total" if family.type == "counter" else "")
+    # The library's collector, and what cronoq-server's /metrics adds (its own counters, its workers).
+    families = [(f.name, f.type) for f in [*PrometheusCollector.describe(None), *ServerCounters().families()]]
+    families += [(name, kind) for name, kind, _ in WORKER_FAMILIES]
+    for family_name, family_type in families:
+        name = family_name + ("_total" if family_type == "counter" else "")
         exposed.add(name)
         row = _row(name)
         assert row is not None, f"docs/metrics.md does not list {name}"
-        assert f"| {family.type} |" in row, f"{name} is a {family.type}: {row}"
+        assert f"| {family_type} |" in row, f"{name} is a {family_type}: {row}"
     assert documented == exposed, f"documented but not exposed: {documented - exposed}"
 
 

@@ -574,6 +574,7 @@ async def test_snapshot_and_workers(gateway):
         (worker,) = structured(await session.call_tool("list_workers", {}))["workers"]
         assert (worker["name"], worker["pool"], worker["slots"], worker["labels"]) == (
             "mcp-test-worker", "default", 4, {"zone": "eu"})
+        assert (worker["health"], worker["lease_expiries"]) == ("healthy", 0)
         assert structured(await session.call_tool("list_workers", {"pools": ["idle"]}))["workers"] == []
 
 

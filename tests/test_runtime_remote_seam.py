@@ -303,3 +303,90 @@ async def test_a_runner_can_give_an_attempt_back_without_using_it():
         await clock.advance(2)                 # a start given back waits a second before the next offer
         assert await asyncio.wait_for(handle, WAIT) == 1          # attempt 1: the refusal did not count
         assert (await sched.info(handle.id)).attempt == 1
+
+
+@pytest.mark.asyncio
+async def test_runners_hear_why_an_attempt_was_given_up_and_older_runners_still_work():
+    from cronoq.runtime.runner import Attempt, RunnerLink
+
+    heard: dict[int, str] = {}          # task id -> reason, from a runner that takes one
+    plain: list[int] = []               # leases aborted on a runner written before reasons
+
+    class Holding:
+        """Runs nothing: each attempt stays running until the scheduler gives it up."""
+
+        def __init__(self, link: RunnerLink) -> None:
+            self.held: dict[int, Attempt] = {}
+            link.set_capacity({}, 4)
+
+        def start(self, attempt: Attempt) -> None:
+            self.held[attempt.lease] = attempt
+
+        def abort(self, lease: int, reason: str = "cancelled") -> bool:
+            attempt = self.held.pop(lease, None)
+            if attempt is None:
+                return False
+            heard[attempt.id] = reason
+            return True
+
+        def close(self) -> None:
+            pass
+
+        def cancel_all(self) -> list[int]:
+            return []
+
+        stray_threads = 0
+
+    class Older(Holding):
+        def abort(self, lease: int) -> bool:   # type: ignore[override]
+            if self.held.pop(lease, None) is None:
+                return False
+            plain.append(lease)
+            return True
+
+    once = cronoq.RetryPolicy(max_attempts=1)
+    pools = [cronoq.Pool("new", runner=Holding, min=0, max=4, initial=0, autoscale=False, lease_ttl=5),
+             cronoq.Pool("old", runner=Older, min=0, max=4, initial=0, autoscale=False)]
+    clock = cronoq.VirtualClock()
+    async with cronoq.Scheduler(pools, clock=clock) as sched:
+        slow = await sched.submit("slow", pool="new", timeout=1, retry=once)
+        doomed = await sched.submit("doomed", pool="new", retry=once)
+        silent = await sched.submit("silent", pool="new", retry=once)
+        older = await sched.submit("older", pool="old", retry=once)
+        await clock.advance(0.1)
+        await sched.cancel(doomed.id)
+        await sched.cancel(older.id)
+        await clock.advance(6)                  # past the timeout, then past the lease TTL without a heartbeat
+        for handle in (slow, silent):
+            with pytest.raises(cronoq.TaskFailed):
+                await asyncio.wait_for(handle, WAIT)
+        assert heard == {slow.id: "timeout", doomed.id: "cancelled", silent.id: "lease expired"}
+        assert len(plain) == 1                  # called with the lease alone, and it worked
+
+
+@pytest.mark.asyncio
+async def test_an_executor_reads_why_its_attempt_was_given_up():
+    reasons: list[str | None] = []
+    started: dict[str, asyncio.Event] = {}
+
+    async def work(ctx, payload):
+        started.setdefault(payload, asyncio.Event()).set()
+        assert ctx.abort_reason is None
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            reasons.append(ctx.abort_reason)
+            raise
+
+    pool = cronoq.Pool("default", work, min=1, max=1, initial=1, autoscale=False)
+    async with cronoq.Scheduler([pool]) as sched:
+        timed = await sched.submit("x", timeout=0.05, retry=cronoq.RetryPolicy(max_attempts=1))
+        with pytest.raises(cronoq.TaskFailed):
+            await asyncio.wait_for(timed, WAIT)
+        running = await sched.submit("y")
+        await asyncio.wait_for(started.setdefault("y", asyncio.Event()).wait(), WAIT)
+        await sched.cancel(running.id)
+        with pytest.raises(cronoq.TaskFailed):
+            await asyncio.wait_for(running, WAIT)
+        await until(lambda: len(reasons) == 2)   # the executor's own task ends after the cancel
+    assert reasons == ["timeout", "cancelled"]

@@ -45,6 +45,8 @@ retry = { max_attempts = 2, initial_backoff_s = 0.05, jitter = false }
 [[pools]]
 name = "nack"
 retry = { max_attempts = 2, initial_backoff_s = 0.05, jitter = false }
+[[pools]]
+name = "aborts"
 
 [[resources]]
 name = "gpu"
@@ -310,6 +312,42 @@ async def test_worker_outcomes(server):
         assert worker.granted_slots == 4
     worker.stop()
     await asyncio.wait_for(running, 30)
+
+
+async def test_a_handler_hears_why_its_attempt_was_given_up(server):
+    started: dict[str, asyncio.Event] = {}
+    reasons: dict[str, asyncio.Future] = {}
+
+    async def handle(lease):
+        what = lease.text()
+        started.setdefault(what, asyncio.Event()).set()
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            future = reasons.setdefault(what, asyncio.get_running_loop().create_future())
+            if not future.done():
+                future.set_result((lease.abort_reason, lease.cancelled.is_set()))
+
+    worker = Worker(server.target, "aborts", handle, slots=2, initial_backoff=0.05)
+    running = asyncio.create_task(worker.run())
+    once = cronoq.RetryPolicy(max_attempts=1)
+    async with Client(server.target) as client:
+        cancelled = await client.submit("cancel me", pool="aborts", retry=once)
+        await asyncio.wait_for(started.setdefault("cancel me", asyncio.Event()).wait(), 30)
+        assert await client.cancel(cancelled.id)
+        assert await asyncio.wait_for(reasons.setdefault("cancel me", asyncio.Future()), 30) == ("cancelled", True)
+        # The server enforces Lease.timeout_s: the handler is told it timed out.
+        timed = await client.submit("too slow", pool="aborts", retry=once, timeout=0.2)
+        result = await client.wait(timed.id, timeout=30)
+        assert result.status == "dead_lettered" and "timed out" in result.message
+        assert await asyncio.wait_for(reasons.setdefault("too slow", asyncio.Future()), 30) == ("timeout", True)
+        # stop() after its grace gives the handlers still running up: a shutdown.
+        await client.submit("still running", pool="aborts", retry=once)
+        await asyncio.wait_for(started.setdefault("still running", asyncio.Event()).wait(), 30)
+    worker.grace = 0.0
+    worker.stop()
+    await asyncio.wait_for(running, 30)
+    assert await asyncio.wait_for(reasons["still running"], 30) == ("shutdown", True)
 
 
 async def test_reject_hands_the_lease_to_another_worker(server):

@@ -251,3 +251,42 @@ async def test_the_http_api_takes_stages_and_shows_checkpoints(server):
     assert checkpoints[0]["data"] == {"stage": "chunk"}
     assert checkpoints[1]["data_text"] == "plain words" and "data" not in checkpoints[1]
     assert all(int(c["saved_unix_ns"]) > 0 and c["data_b64"] for c in checkpoints)
+
+
+async def test_a_worker_that_pipelines_checkpoints_is_read_no_faster_than_they_are_stored(server):
+    # 2,000 checkpoints of 64 KiB sent without waiting (in batches), the answers read
+    # as they come: the server reads on only as saves finish, so its memory stays
+    # bounded and its answers never pile up past the worker's queue bound.
+    channel, tasks, _ = stubs(server.target)
+    worker = RawWorker(server.target)
+    try:
+        await worker.send(register=pb.Register(pool="raw", slots=1, worker_name="eager", protocol_version=3,
+                                               accept_checkpoints=True, accept_batches=True))
+        await worker.recv_kind("registered")
+        task_id = (await tasks.Submit(pb.SubmitRequest(task=pb.TaskSpec(payload=b"x", pool="raw",
+                                                                        stages=STAGES)))).id
+        lease = await worker.recv_kind("lease")
+        data = b"d" * 65536
+        total = 2000
+
+        async def send_all() -> None:
+            for first in range(0, total, 100):
+                await worker.send(batch=pb.WorkerBatch(messages=[
+                    pb.WorkerMessage(checkpoint=pb.Checkpoint(lease=lease.lease, stage="chunk", data=data, seq=seq))
+                    for seq in range(first, first + 100)]))
+
+        sending = asyncio.get_running_loop().create_task(send_all())
+        answered: list[pb.CheckpointSaved] = []
+        while len(answered) < total:
+            message = await worker.recv(timeout=60)
+            assert message is not None, f"the stream ended after {len(answered)} answers: {await worker.status()}"
+            answered += ([m.checkpoint_saved for m in message.batch.messages] if message.WhichOneof("msg") == "batch"
+                         else [message.checkpoint_saved])
+        await sending
+        assert sorted(a.seq for a in answered) == list(range(total)) and not any(a.error for a in answered)
+        await worker.send(complete=pb.Complete(lease=lease.lease, output=b"ok"))
+        done = await tasks.Wait(pb.WaitRequest(task=pb.TaskRef(id=task_id), timeout_s=30))
+        assert done.status == pb.TASK_STATUS_SUCCEEDED
+    finally:
+        await worker.close()
+        await channel.close()

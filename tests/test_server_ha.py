@@ -261,6 +261,8 @@ async def test_sigterm_drains_and_keeps_what_finished_during_the_grace(servers, 
     server.signal(signal.SIGTERM)
     server.wait_for("stopping")
     await worker.send(complete=pb.Complete(lease=leases[finishing], output=b"made it"))
+    abort = await worker.recv_kind("abort", timeout=60)     # after the grace: the running lease is given up
+    assert abort.lease == leases[hanging] and abort.code == pb.ABORT_REASON_SHUTDOWN
     shutdown = await worker.recv_kind("shutdown", timeout=60)
     assert not shutdown.not_leader
     assert server.wait(60) == 0

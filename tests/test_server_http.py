@@ -268,7 +268,9 @@ async def test_workers_recurring_and_snapshot_need_the_metrics_role(server, work
         workers = (await http.get("/v1/workers")).json()["workers"]
         assert {w["pool"] for w in workers} >= {"default", "other"}
         for w in workers:
-            assert set(w) == {"id", "name", "pool", "labels", "slots", "busy", "connected_unix_ns"}
+            assert set(w) == {"id", "name", "pool", "labels", "slots", "busy", "connected_unix_ns", "health",
+                              "lease_expiries", "last_seen_unix_ns"}
+            assert (w["health"], w["lease_expiries"]) == ("healthy", 0) and isinstance(w["last_seen_unix_ns"], str)
             assert isinstance(w["id"], str) and isinstance(w["connected_unix_ns"], str) and w["slots"] == 4
         only = (await http.get("/v1/workers", params={"pool": "other"})).json()["workers"]
         assert [w["pool"] for w in only] == ["other"]

@@ -50,6 +50,9 @@ name = "batch"
 name = "size"
 [[pools]]
 name = "labels"
+[[pools]]
+name = "drain"
+retry = { max_attempts = 3, initial_backoff_s = 0.05, jitter = false }
 """
 
 
@@ -127,6 +130,14 @@ async def test_rule1_unknown_pools_are_not_found(server):
     await worker.close()
 
 
+async def test_rule1_register_with_zero_slots_is_refused(server):
+    worker = RawWorker(server.target)
+    await worker.send(register=pb.Register(pool="default", slots=0, protocol_version=3))
+    _, code, details = await worker.finish()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "slots must be at least 1" in details
+    await worker.close()
+
+
 async def test_protocol_version_other_than_3_is_refused_naming_the_version_needed(server):
     for version in (0, 2, 4):
         worker = RawWorker(server.target)
@@ -200,7 +211,13 @@ async def test_rule3_heartbeats_keep_a_lease_and_without_them_it_expires(server)
     assert (await info(tasks, task_id)).status == pb.TASK_STATUS_RUNNING
     # No more heartbeats: the lease expires, the worker is told, the attempt is retried.
     abort = await worker.recv_kind("abort", timeout=30)
-    assert abort.lease == lease.lease
+    assert abort.lease == lease.lease and abort.code == pb.ABORT_REASON_LEASE_EXPIRED
+    assert "no heartbeat for 1 s" in abort.reason
+    # The worker said nothing for the whole TTL: it is suspect, so the retry waits
+    # for another worker, or for a word from this one (any message: here a
+    # heartbeat of the lease it lost, which is otherwise ignored).
+    await no_message(worker)
+    await worker.send(heartbeat=pb.Heartbeat(lease=lease.lease))
     retry = await worker.recv_kind("lease", timeout=30)
     assert (retry.task_id, retry.attempt) == (task_id, 2)
     await worker.send(complete=pb.Complete(lease=retry.lease, output=b"second"))
@@ -293,7 +310,8 @@ async def test_rule6_abort_frees_the_slot_and_a_later_cancelled_is_ignored(serve
     assert lease.task_id == running
     assert (await tasks.Cancel(pb.CancelRequest(task=pb.TaskRef(id=running)))).cancelled
     abort = await worker.recv_kind("abort")
-    assert abort.lease == lease.lease and abort.reason
+    assert abort.lease == lease.lease and abort.reason == "the task was cancelled"
+    assert abort.code == pb.ABORT_REASON_CANCELLED
     nxt = await worker.recv_kind("lease")     # the slot was free at once
     assert nxt.task_id == waiting
     await worker.send(cancelled=pb.Cancelled(lease=lease.lease))   # allowed, ignored
@@ -332,6 +350,40 @@ async def test_rule8_a_disconnect_fails_running_leases_as_retryable(server):
     for task_id in ids:
         assert (await result(tasks, task_id)).status == pb.TASK_STATUS_SUCCEEDED
     await again.close()
+    await channel.close()
+
+
+# ---------------------------------------------------------------- 13. Draining
+
+
+async def test_rule13_a_drained_worker_reports_what_it_holds_then_half_closes_and_the_stream_ends_ok(server):
+    channel, tasks, _ = stubs(server.target)
+    worker = RawWorker(server.target)
+    await worker.register("drain", slots=2)
+    ids = [await submit(tasks, "drain") for _ in range(3)]
+    leases = [await worker.recv_kind("lease") for _ in range(2)]
+    await worker.send(set_slots=pb.SetSlots(slots=0))
+    assert (await worker.recv_kind("slots_granted")).slots == 0
+    # Its leases are still its to report (a heartbeat, a Complete); the third task gets no lease here.
+    await worker.send(heartbeat=pb.Heartbeat(lease=leases[0].lease))
+    await worker.send(complete=pb.Complete(lease=leases[0].lease, output=b"drained"))
+    done = await result(tasks, leases[0].task_id)
+    assert (done.status, done.output) == (pb.TASK_STATUS_SUCCEEDED, b"drained")
+    await no_message(worker)
+    # Half-closing with a lease still held ends the stream with OK; that lease fails as retryable.
+    await worker.call.done_writing()
+    messages, code, _ = await worker.finish()
+    assert messages == [] and code == grpc.StatusCode.OK
+    other = RawWorker(server.target)
+    await other.register("drain", slots=2)
+    seen = {}
+    for _ in range(2):
+        lease = await other.recv_kind("lease")
+        seen[lease.task_id] = lease.attempt
+        await other.send(complete=pb.Complete(lease=lease.lease))
+    assert seen == {leases[1].task_id: 2, next(i for i in ids if i not in {m.task_id for m in leases}): 1}
+    for w in (worker, other):
+        await w.close()
     await channel.close()
 
 
@@ -427,12 +479,21 @@ retry = { max_attempts = 100, initial_backoff_s = 0.01, jitter = false }
 """)
     channel, tasks, admin = stubs(server.target)
     stalled = RawWorker(server.target)
-    # Registers, then never reads again: its transport buffers the first leases,
-    # then the server's writes stall, its queue fills, and it is disconnected.
+    # Registers, then never reads again (but still speaks, so it is not merely
+    # silent: see test_server_worker_health.py): its transport buffers the first
+    # leases, then the server's writes stall, its queue fills, and it is disconnected.
     await stalled.send(register=pb.Register(pool="default", slots=1, protocol_version=3, worker_name="stalled"))
+
+    async def speak() -> None:
+        while True:
+            await stalled.send(heartbeat=pb.Heartbeat(lease=2**64 - 1))   # a lease it does not hold: ignored
+            await asyncio.sleep(0.05)
+
+    speaking = asyncio.get_running_loop().create_task(speak())
     payload = b"x" * (2 * 1024 * 1024)
     ids = [await submit(tasks, "default", payload=payload) for _ in range(3)]
-    server.wait_for("does not read its stream", timeout=60)
+    await asyncio.to_thread(server.wait_for, "does not read its stream", timeout=60)   # (the loop speaks on)
+    speaking.cancel()
     reader = RawWorker(server.target)
     await reader.register("default", slots=3)
     done = set()
@@ -474,7 +535,10 @@ async def test_rule9_sigterm_lets_running_leases_finish_then_sends_shutdown_and_
         await submit(tasks, "default")
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     await worker.send(complete=pb.Complete(lease=leases[finishing].lease, output=b"made it"))
-    shutdown = await worker.recv_kind("shutdown", timeout=30)   # after the grace
+    # After the grace: the lease still running is given up, then the worker is told to go.
+    abort = await worker.recv_kind("abort", timeout=30)
+    assert abort.lease == leases[hanging].lease and abort.code == pb.ABORT_REASON_SHUTDOWN
+    shutdown = await worker.recv_kind("shutdown", timeout=30)
     assert shutdown.not_leader is False and shutdown.reason
     messages, code, _ = await worker.finish()
     assert messages == [] and code == grpc.StatusCode.OK        # the stream ends about a second later

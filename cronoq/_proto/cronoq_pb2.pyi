@@ -52,6 +52,20 @@ class TaskStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_STATUS_SKIPPED: _ClassVar[TaskStatus]
     TASK_STATUS_MISSED: _ClassVar[TaskStatus]
     TASK_STATUS_SHED: _ClassVar[TaskStatus]
+
+class AbortReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ABORT_REASON_UNSPECIFIED: _ClassVar[AbortReason]
+    ABORT_REASON_CANCELLED: _ClassVar[AbortReason]
+    ABORT_REASON_TIMEOUT: _ClassVar[AbortReason]
+    ABORT_REASON_LEASE_EXPIRED: _ClassVar[AbortReason]
+    ABORT_REASON_SHUTDOWN: _ClassVar[AbortReason]
+
+class WorkerHealth(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKER_HEALTH_UNSPECIFIED: _ClassVar[WorkerHealth]
+    WORKER_HEALTH_HEALTHY: _ClassVar[WorkerHealth]
+    WORKER_HEALTH_SUSPECT: _ClassVar[WorkerHealth]
 PRIORITY_UNSPECIFIED: Priority
 PRIORITY_CRITICAL: Priority
 PRIORITY_HIGH: Priority
@@ -83,6 +97,14 @@ TASK_STATUS_CANCELLED: TaskStatus
 TASK_STATUS_SKIPPED: TaskStatus
 TASK_STATUS_MISSED: TaskStatus
 TASK_STATUS_SHED: TaskStatus
+ABORT_REASON_UNSPECIFIED: AbortReason
+ABORT_REASON_CANCELLED: AbortReason
+ABORT_REASON_TIMEOUT: AbortReason
+ABORT_REASON_LEASE_EXPIRED: AbortReason
+ABORT_REASON_SHUTDOWN: AbortReason
+WORKER_HEALTH_UNSPECIFIED: WorkerHealth
+WORKER_HEALTH_HEALTHY: WorkerHealth
+WORKER_HEALTH_SUSPECT: WorkerHealth
 
 class TaskRef(_message.Message):
     __slots__ = ("id", "key")
@@ -566,12 +588,14 @@ class Lease(_message.Message):
     def __init__(self, lease: _Optional[int] = ..., task_id: _Optional[int] = ..., attempt: _Optional[int] = ..., pool: _Optional[str] = ..., payload: _Optional[bytes] = ..., content_type: _Optional[str] = ..., kind: _Optional[str] = ..., key: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., timeout_s: _Optional[float] = ..., deadline_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., stages: _Optional[_Iterable[str]] = ..., checkpoints: _Optional[_Iterable[_Union[StageCheckpoint, _Mapping]]] = ...) -> None: ...
 
 class Abort(_message.Message):
-    __slots__ = ("lease", "reason")
+    __slots__ = ("lease", "reason", "code")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
     lease: int
     reason: str
-    def __init__(self, lease: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    code: AbortReason
+    def __init__(self, lease: _Optional[int] = ..., reason: _Optional[str] = ..., code: _Optional[_Union[AbortReason, str]] = ...) -> None: ...
 
 class Shutdown(_message.Message):
     __slots__ = ("reason", "not_leader")
@@ -630,7 +654,7 @@ class ListWorkersRequest(_message.Message):
     def __init__(self, pools: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("id", "name", "pool", "labels", "slots", "busy", "connected_unix_ns")
+    __slots__ = ("id", "name", "pool", "labels", "slots", "busy", "connected_unix_ns", "health", "lease_expiries", "last_seen_unix_ns")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -645,6 +669,9 @@ class WorkerInfo(_message.Message):
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRIES_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     id: int
     name: str
     pool: str
@@ -652,7 +679,10 @@ class WorkerInfo(_message.Message):
     slots: int
     busy: int
     connected_unix_ns: int
-    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., slots: _Optional[int] = ..., busy: _Optional[int] = ..., connected_unix_ns: _Optional[int] = ...) -> None: ...
+    health: WorkerHealth
+    lease_expiries: int
+    last_seen_unix_ns: int
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., slots: _Optional[int] = ..., busy: _Optional[int] = ..., connected_unix_ns: _Optional[int] = ..., health: _Optional[_Union[WorkerHealth, str]] = ..., lease_expiries: _Optional[int] = ..., last_seen_unix_ns: _Optional[int] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
     __slots__ = ("workers",)

@@ -18,7 +18,8 @@ from ..client import wire
 from ..errors import SchedulerError, ServerError
 from .exits import CliError, ExitCode
 from .._proto.json_view import info_json as task_json, ordered_totals, result_json, snapshot_json
-from .output import PRIORITY_NAMES, STATUS_NAMES, Output, age, event_json, iso_ns, schedule_json, worker_json
+from .output import (PRIORITY_NAMES, STATUS_NAMES, Output, age, event_json, iso_ns, schedule_json, worker_health,
+                     worker_json)
 from .remote import Connection
 
 __all__ = ["submit", "get", "wait", "cancel", "tasks", "workers", "schedules", "schedule", "snapshot", "watch",
@@ -247,8 +248,8 @@ async def workers(conn: Connection, args: argparse.Namespace, out: Output) -> in
         out.json({"workers": [worker_json(w) for w in response.workers]})
         return ExitCode.OK
     now = time.time()
-    out.table(("ID", "NAME", "POOL", "BUSY", "SLOTS", "LABELS", "CONNECTED"),
-              [(str(w.id), w.name, w.pool, str(w.busy), str(w.slots),
+    out.table(("ID", "NAME", "POOL", "BUSY", "SLOTS", "HEALTH", "EXPIRED", "LABELS", "CONNECTED"),
+              [(str(w.id), w.name, w.pool, str(w.busy), str(w.slots), worker_health(w), str(w.lease_expiries),
                 ",".join(f"{k}={v}" for k, v in sorted(w.labels.items())) or "-",
                 age(now - w.connected_unix_ns / 1e9) + " ago") for w in response.workers])
     return ExitCode.OK

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from .._proto import cronoq_pb2 as pb
 
 __all__ = ["escape", "escape_bytes", "Output", "columns", "iso_ns", "age", "STATUS_NAMES", "PRIORITY_NAMES",
-           "OVERLAP_NAMES", "CLASS_NAMES", "event_json", "worker_json", "schedule_json"]
+           "OVERLAP_NAMES", "CLASS_NAMES", "HEALTH_NAMES", "event_json", "worker_health", "worker_json",
+           "schedule_json"]
 
 # Unicode's bidirectional embeddings, overrides and isolates: they reorder what follows on screen.
 _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
@@ -145,6 +146,7 @@ STATUS_NAMES = {0: "unspecified", 1: "blocked", 2: "scheduled", 3: "ready", 4: "
                 12: "shed"}
 PRIORITY_NAMES = {0: "normal", 1: "critical", 2: "high", 3: "normal", 4: "low"}
 OVERLAP_NAMES = {0: "skip", 1: "skip", 2: "allow", 3: "queue", 4: "queue_on_success"}
+HEALTH_NAMES = {0: "healthy", 1: "healthy", 2: "suspect"}   # WorkerHealth (unspecified: an older server)
 CLASS_NAMES = ("critical", "high", "normal", "low")
 
 
@@ -169,9 +171,15 @@ def event_json(m: pb.StatusEvent) -> dict[str, Any]:
     return out
 
 
+def worker_health(m: pb.WorkerInfo) -> str:
+    return HEALTH_NAMES.get(m.health, "healthy")
+
+
 def worker_json(m: pb.WorkerInfo) -> dict[str, Any]:
     return {"id": str(m.id), "name": m.name, "pool": m.pool, "labels": dict(sorted(m.labels.items())),
-            "slots": m.slots, "busy": m.busy, "connected_unix_ns": str(m.connected_unix_ns)}
+            "slots": m.slots, "busy": m.busy, "connected_unix_ns": str(m.connected_unix_ns),
+            "health": worker_health(m), "lease_expiries": m.lease_expiries,
+            "last_seen_unix_ns": str(m.last_seen_unix_ns)}
 
 
 def schedule_json(m: pb.RecurringInfo) -> dict[str, Any]:

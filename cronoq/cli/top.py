@@ -359,7 +359,7 @@ class TopView:
             return problem
         table = self._table(f"Workers ({len(workers)})", [("NAME", "l"), ("POOL", "l"), ("BUSY", "r"),
                                                            ("LABELS", "l"), ("CONNECTED", "r")])
-        rows = [(_cell(w.name or f"#{w.id}"), _cell(w.pool), f"{w.busy}/{w.slots}",
+        rows = [(_worker_name(w), _cell(w.pool), f"{w.busy}/{w.slots}",
                  _cell(",".join(f"{k}={v}" for k, v in sorted(w.labels.items())) or "-"),
                  age(now - w.connected_unix_ns / 1e9) + " ago") for w in workers]
         return self._fit(table, rows, room)
@@ -446,6 +446,13 @@ def _title(title: str) -> Text:
 def _cell(value: str) -> Text:
     """Text from the server, never markup, never a control character."""
     return Text(escape(value))
+
+
+def _worker_name(w: pb.WorkerInfo) -> Text:
+    name = _cell(w.name or f"#{w.id}")
+    if w.health == pb.WORKER_HEALTH_SUSPECT:   # silent while a lease expired: it gets no new leases
+        name.append(" suspect", style="red")
+    return name
 
 
 def _seconds(value: float) -> str:

@@ -154,6 +154,9 @@ class WorkerInfo:
     slots: int
     busy: int
     connected: float
+    health: str = "healthy"        # or "suspect": a lease expired while it was silent; no new leases
+    lease_expiries: int = 0        # its leases that expired
+    last_seen: float | None = None  # its last message, Unix seconds
 
 
 @dataclass(frozen=True)
@@ -321,7 +324,9 @@ class Client:
         _, admin = self._stubs()
         request = pb.ListWorkersRequest(pools=list(pools))
         response = await self._call(lambda: admin.ListWorkers(request, metadata=self._metadata))
-        return [WorkerInfo(w.id, w.name, w.pool, dict(w.labels), w.slots, w.busy, w.connected_unix_ns / NS)
+        return [WorkerInfo(w.id, w.name, w.pool, dict(w.labels), w.slots, w.busy, w.connected_unix_ns / NS,
+                           "suspect" if w.health == pb.WORKER_HEALTH_SUSPECT else "healthy", w.lease_expiries,
+                           w.last_seen_unix_ns / NS if w.last_seen_unix_ns else None)
                 for w in response.workers]
 
     async def recurring(self) -> builtins.list[ScheduleInfo]:

@@ -3,7 +3,8 @@
 The worker opens the Workers.Work stream, registers for its pool with a
 number of slots, and runs ``handler(lease)`` for every lease it receives, at
 most ``granted_slots`` at once. It heartbeats running leases every
-``lease_ttl / 3``, cancels a handler when the server aborts its attempt,
+``lease_ttl / 3``, cancels a handler when the server aborts its attempt
+(``lease.abort_reason`` says why),
 reconnects with exponential backoff when the stream ends (at once when the
 server announces a leadership change), and on ``stop()`` drains: no new
 leases, running handlers get ``grace`` seconds, the rest are cancelled and
@@ -46,6 +47,9 @@ log = logging.getLogger("cronoq.client")
 
 _PRIORITIES = {pb.PRIORITY_CRITICAL: "critical", pb.PRIORITY_HIGH: "high", pb.PRIORITY_NORMAL: "normal",
                pb.PRIORITY_LOW: "low", pb.PRIORITY_UNSPECIFIED: "normal"}
+# Lease.abort_reason for each Abort.code (a code this worker does not know: "unknown").
+_ABORT_REASONS = {pb.ABORT_REASON_CANCELLED: "cancelled", pb.ABORT_REASON_TIMEOUT: "timeout",
+                  pb.ABORT_REASON_LEASE_EXPIRED: "lease expired", pb.ABORT_REASON_SHUTDOWN: "shutdown"}
 # Status codes that retrying cannot fix: run() raises them.
 _FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND,
           grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
@@ -59,7 +63,11 @@ class Lease:
     (``json()`` and ``text()`` decode it). ``timeout`` (seconds) and
     ``deadline`` (Unix seconds) are None when the task has none;
     ``lease_ttl`` is the heartbeat horizon the worker keeps; ``cancelled``
-    (an ``asyncio.Event``) is set when the server aborts the attempt.
+    (an ``asyncio.Event``) is set when the attempt is given up, and
+    ``abort_reason`` then says why: "cancelled" (the task ended: no retry
+    follows), "timeout" or "lease expired" (retryable failures), "shutdown"
+    (the server stops or lost leadership, or this worker's ``stop()``),
+    "disconnected" (the stream broke), "unknown" (a server that does not say).
 
     Checkpointed stages: ``stages`` (as declared, or None), the checkpoints
     earlier attempts saved (``checkpoints``, ``completed_stages``,
@@ -68,8 +76,8 @@ class Lease:
     """
 
     __slots__ = ("id", "task_id", "attempt", "pool", "payload", "content_type", "kind", "key", "tags", "labels",
-                 "priority", "tenant", "timeout", "deadline", "lease_ttl", "cancelled", "stages", "_saved",
-                 "_session", "_loop")
+                 "priority", "tenant", "timeout", "deadline", "lease_ttl", "cancelled", "abort_reason", "stages",
+                 "_saved", "_session", "_loop")
 
     def __init__(self, m: pb.Lease, lease_ttl: float, session: _Session | None = None) -> None:
         self.id: int = m.lease
@@ -88,6 +96,7 @@ class Lease:
         self.deadline: float | None = m.deadline_unix_ns / NS if m.HasField("deadline_unix_ns") else None
         self.lease_ttl = lease_ttl
         self.cancelled = asyncio.Event()
+        self.abort_reason: str | None = None
         self.stages: tuple[str, ...] | None = tuple(m.stages) or None
         self._saved: dict[str, Checkpoint] = {c.stage: checkpoint_from(c) for c in m.checkpoints}
         self._session = session
@@ -362,6 +371,8 @@ class Worker:
             for task in tasks:
                 task.cancel()
             for handler_task, lease in list(session.running.values()):
+                if lease.abort_reason is None:
+                    lease.abort_reason = "shutdown" if session.shut or self._stop.is_set() else "disconnected"
                 lease.cancelled.set()
                 handler_task.cancel()
             call.cancel()
@@ -393,11 +404,17 @@ class Worker:
             task = asyncio.get_running_loop().create_task(self._run_one(lease, session))
             session.running[lease.id] = (task, lease)
         elif kind == "abort":
-            running = session.running.pop(message.abort.lease, None)
+            abort = message.abort
+            running = session.running.pop(abort.lease, None)
             if running is not None:
                 task, lease = running
+                lease.abort_reason = _ABORT_REASONS.get(abort.code, "unknown")
                 lease.cancelled.set()
                 task.cancel()
+            if abort.code == pb.ABORT_REASON_LEASE_EXPIRED:
+                # The server heard nothing from us for a lease TTL (a pause): any message
+                # shows it this worker is alive again, so that it gets leases again.
+                session.out.put_nowait(pb.WorkerMessage(heartbeat=pb.Heartbeat(lease=abort.lease)))
         elif kind == "checkpoint_saved":
             saved = message.checkpoint_saved
             future = session.saving.get(saved.seq)
@@ -451,6 +468,7 @@ class Worker:
         if running:
             await asyncio.wait(running, timeout=self.grace)
         for task, lease in list(session.running.values()):
+            lease.abort_reason = "shutdown"
             lease.cancelled.set()
             task.cancel()
             session.running.pop(lease.id, None)

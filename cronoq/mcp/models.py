@@ -262,11 +262,17 @@ class WorkerView(BaseModel):
     slots: int = Field(description="Tasks it may run at once (granted by the server).")
     busy: int = Field(description="Tasks it is running now.")
     connected: _dt.datetime | None
+    health: Literal["healthy", "suspect"] = Field(
+        description="suspect: a lease of it expired while it sent nothing (paused, frozen or cut off); it gets no "
+                    "new task until it speaks again.")
+    lease_expiries: int = Field(description="Its leases that expired (no heartbeat in time).")
 
 
 def worker_view(worker: WorkerInfo) -> WorkerView:
     return WorkerView(id=worker.id, name=worker.name, pool=worker.pool, labels=worker.labels, slots=worker.slots,
-                      busy=worker.busy, connected=unix(worker.connected))
+                      busy=worker.busy, connected=unix(worker.connected),
+                      health="suspect" if worker.health == "suspect" else "healthy",
+                      lease_expiries=worker.lease_expiries)
 
 
 class ScheduleView(BaseModel):

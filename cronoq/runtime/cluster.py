@@ -47,7 +47,7 @@ from ..store.cluster import ClusterTransport, Incoming, MemberRow, Offer, Outgoi
 from ..store.codec import Codec
 from ..store.sql import Worker
 from .handle import TaskHandle
-from .runner import Attempt, Checkpoints, Runner, RunnerLink
+from .runner import ABORT_CANCELLED, ABORT_SHUTDOWN, Attempt, Checkpoints, Runner, RunnerLink, aborter
 
 __all__ = ["Cluster", "ClusterRunner", "MemberCheckpoints", "encode_error", "decode_error", "snapshot_from_dict",
            "info_from_dict", "RemoteEntry"]
@@ -307,6 +307,7 @@ class Cluster:
         self._watch_new = False
         # Member: runners of this process's executors, and attempts leased to it.
         self._runners: dict[str, Runner] = {}
+        self._aborts: dict[str, Callable[[int, str], bool]] = {}   # each runner's abort(lease, reason)
         self._leased_here: dict[int, Attempt] = {}
         # task -> (lease, its checkpoints), for the attempts in _leased_here
         self._remote_saved: dict[int, tuple[int, dict[str, Checkpoint]]] = {}
@@ -399,6 +400,7 @@ class Cluster:
                           lambda labels, slots: None, checkpoints=reach)
         runner = make(link)
         self._runners[pool] = runner
+        self._aborts[pool] = aborter(runner)
         return runner
 
     async def stop(self, grace: float) -> None:
@@ -712,12 +714,15 @@ class Cluster:
         if self._own.pop(lease, None) is not None:
             self._unload(self.identity)
 
-    def abort(self, lease: int) -> bool:
+    def abort(self, lease: int, reason: str = ABORT_CANCELLED) -> bool:
+        """Give up an attempt: one of this process's own runs (with ``reason``),
+        or one leased to another member (told through the store, which carries
+        no reason: that member's runner hears the default)."""
         if lease in self._own:
             attempt_runner = None
-            for runner in self._runners.values():
-                if runner.abort(lease):
-                    attempt_runner = runner
+            for abort in self._aborts.values():
+                if abort(lease, reason):
+                    attempt_runner = abort
                     break
             self._own.pop(lease, None)
             self._unload(self.identity)
@@ -1105,8 +1110,8 @@ class ClusterRunner:
             return
         cluster.offer(member, attempt, self, payload)
 
-    def abort(self, lease: int) -> bool:
-        return self.cluster.abort(lease)
+    def abort(self, lease: int, reason: str = ABORT_CANCELLED) -> bool:
+        return self.cluster.abort(lease, reason)
 
     def close(self) -> None:
         self.closed = True
@@ -1126,7 +1131,7 @@ class ClusterRunner:
                 else:
                     self.cluster.returned_here(lease)
         for lease in self.cluster.leased_elsewhere(self):
-            self.cluster.abort(lease)
+            self.cluster.abort(lease, ABORT_SHUTDOWN)
         return unstarted
 
     @property

@@ -86,6 +86,12 @@ class TaskContext:
         lease, shutdown). Long-running sync executors should check it."""
         return self._attempt.cancelled
 
+    @property
+    def abort_reason(self) -> str | None:
+        """Why the scheduler gave this attempt up: "cancelled", "timeout",
+        "lease expired" or "shutdown" (None while it is not given up)."""
+        return self._attempt.abort_reason
+
     # -- checkpointed stages
 
     @property

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ..core.types import SUCCESS
 from .context import TaskContext
-from .runner import Attempt, RunnerLink, outcome_of
+from .runner import ABORT_CANCELLED, ABORT_SHUTDOWN, Attempt, RunnerLink, outcome_of
 
 __all__ = ["LocalRunner"]
 
@@ -69,15 +69,17 @@ class LocalRunner:
         if not task.cancelled():
             task.exception()   # retrieved: a KeyboardInterrupt already went to the loop's runner
 
-    def abort(self, lease: int) -> bool:
+    def abort(self, lease: int, reason: str = ABORT_CANCELLED) -> bool:
         running = self.current.get(lease)
         if running is not None:
             task, attempt = running
+            attempt.abort_reason = reason
             attempt.cancelled = True
             task.cancel()
             return True
         for attempt in self.queue:
             if attempt.lease == lease:
+                attempt.abort_reason = reason
                 attempt.cancelled = True   # the worker that takes it skips it
                 return True
         return False
@@ -105,6 +107,7 @@ class LocalRunner:
         leases of attempts that no worker had started: they never ran."""
         self.close()
         for task, attempt in list(self.current.values()):
+            attempt.abort_reason = ABORT_SHUTDOWN
             attempt.cancelled = True
             task.cancel()
         unstarted = [attempt.lease for attempt in self.queue if not attempt.cancelled]

@@ -8,6 +8,10 @@ with: the outcome of each attempt, heartbeats, an attempt it could not start
 (given back without using an attempt), and, for runners whose capacity comes
 from outside (remote workers), the slots of a worker group.
 
+``abort`` may take a ``reason`` keyword (one of ``ABORT_REASONS``: why the
+scheduler gave the attempt up); the scheduler passes it to runners whose
+``abort`` accepts it, and calls ``abort(lease)`` on the others.
+
 Every call in both directions happens on the scheduler's event loop thread;
 a runner whose work ends elsewhere (threads, other processes, the network)
 comes back to the loop with ``loop.call_soon_threadsafe``.
@@ -22,6 +26,7 @@ attempts to workers over the network. A pool takes a runner with
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Protocol
 
 from ..core.errors import Permanent, Retryable
@@ -30,9 +35,18 @@ from ..core.types import CLASSES, NS, PERMANENT, RETRYABLE
 if TYPE_CHECKING:
     from ..core.snapshot import Checkpoint
 
-__all__ = ["Attempt", "Checkpoints", "Runner", "RunnerLink", "RunnerFactory", "clean_message", "outcome_of"]
+__all__ = ["Attempt", "Checkpoints", "Runner", "RunnerLink", "RunnerFactory", "clean_message", "outcome_of",
+           "ABORT_CANCELLED", "ABORT_TIMEOUT", "ABORT_LEASE_EXPIRED", "ABORT_SHUTDOWN", "ABORT_REASONS",
+           "abort_reason", "aborter"]
 
 _MAX_MESSAGE = 8192
+
+# Why the scheduler gave an attempt up (``Runner.abort``'s ``reason``).
+ABORT_CANCELLED = "cancelled"            # the task ended while it ran (cancelled): no retry follows
+ABORT_TIMEOUT = "timeout"                # it ran past its timeout: a retryable failure
+ABORT_LEASE_EXPIRED = "lease expired"    # no heartbeat within the lease TTL: a retryable failure
+ABORT_SHUTDOWN = "shutdown"              # the scheduler stops, or lost the lead
+ABORT_REASONS = (ABORT_CANCELLED, ABORT_TIMEOUT, ABORT_LEASE_EXPIRED, ABORT_SHUTDOWN)
 
 
 class Attempt:
@@ -43,10 +57,11 @@ class Attempt:
     record of the task when asked for, so handing one over costs little.
     Read-only but for ``cancelled``, which the runner sets when the
     scheduler gives the attempt up (executors see it as
-    ``ctx.is_cancelled()``).
+    ``ctx.is_cancelled()``), and ``abort_reason``, which it sets then to
+    the reason it was given (``ctx.abort_reason``).
     """
 
-    __slots__ = ("_entry", "id", "lease", "attempt", "payload", "_group", "cancelled")
+    __slots__ = ("_entry", "id", "lease", "attempt", "payload", "_group", "cancelled", "abort_reason")
 
     def __init__(self, entry: Any, lease: int, attempt: int) -> None:
         self._entry = entry
@@ -56,6 +71,7 @@ class Attempt:
         self.payload: Any = entry.payload
         self._group = entry.group
         self.cancelled = False
+        self.abort_reason: str | None = None
 
     @property
     def pool(self) -> str:
@@ -185,8 +201,10 @@ class Runner(Protocol):
         """Run ``attempt``; report its outcome later through the link."""
 
     def abort(self, lease: int) -> bool:
-        """The scheduler gave the attempt up (cancel, timeout, lost lease):
-        stop it if possible and do not report it. False if unknown here."""
+        """The scheduler gave the attempt up (cancel, timeout, lost lease,
+        shutdown): stop it if possible and do not report it. False if
+        unknown here. A runner that wants to know why declares
+        ``abort(self, lease, reason=ABORT_CANCELLED)`` (see ``aborter``)."""
 
     def close(self) -> None:
         """No new attempts will come; running ones go on."""
@@ -201,6 +219,35 @@ class Runner(Protocol):
 
 
 RunnerFactory = Callable[[RunnerLink], Runner]
+
+
+def abort_reason(engine_reason: object) -> str:
+    """The ``ABORT_REASONS`` entry for the reason of an engine's ABORT action
+    ("timeout", "lease expired", or the status the task ended with)."""
+    if engine_reason == ABORT_TIMEOUT or engine_reason == ABORT_LEASE_EXPIRED or engine_reason == ABORT_SHUTDOWN:
+        return str(engine_reason)
+    return ABORT_CANCELLED
+
+
+def aborter(runner: Runner) -> Callable[[int, str], bool]:
+    """``runner.abort`` as a callable of ``(lease, reason)``: the reason goes
+    to runners whose ``abort`` takes a ``reason`` keyword (or ``**kwargs``);
+    runners written before reasons existed are called with the lease only."""
+    abort: Callable[..., bool] = runner.abort
+    try:
+        parameters = inspect.signature(abort).parameters.values()
+    except (TypeError, ValueError):   # no signature to read (a builtin, a C extension)
+        parameters = None
+    if parameters is not None and any(
+            p.kind is p.VAR_KEYWORD or (p.name == "reason" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+            for p in parameters):
+        def with_reason(lease: int, reason: str) -> bool:
+            return abort(lease, reason=reason)
+        return with_reason
+
+    def lease_only(lease: int, reason: str) -> bool:
+        return abort(lease)
+    return lease_only
 
 
 # ---------------------------------------------------------------- outcomes

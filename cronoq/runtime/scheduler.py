@@ -49,7 +49,7 @@ from .pool import Pool
 from . import listing as _listing
 from . import process as _process
 from .local import LocalRunner
-from .runner import Attempt, Runner, RunnerLink
+from .runner import ABORT_SHUTDOWN, Attempt, Runner, RunnerLink, abort_reason, aborter
 from .threads import ThreadRunner
 from .cluster import Cluster, ClusterRunner, info_from_dict, snapshot_from_dict
 from ..core.persist import spec_record
@@ -196,6 +196,7 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._core: Core | None = None
         self._runners: dict[str, Runner] = {}
+        self._aborts: list[Callable[[int, str], bool]] = []   # each runner's abort(lease, reason)
         self._handles: dict[int, Any] = {}          # task id -> handle or [handles]
         self._outputs: dict[int, Any] = {}           # recent outputs, oldest first
         self._output_order: deque[int] = deque()
@@ -251,7 +252,7 @@ class Scheduler:
             aborted = self._abort_start is not None and self._abort_start.done()
             self._state = _STOPPED if aborted else _NEW
             raise
-        self._runners = {p.name: self._make_runner(p) for p in self.pools}
+        self._use_runners({p.name: self._make_runner(p) for p in self.pools})
         with self._lock:
             self._state = _RUNNING
             self._leading = True
@@ -267,6 +268,16 @@ class Scheduler:
 
         return RunnerLink(name, loop, self._report, self._heartbeat, self._not_started, set_capacity,
                           checkpoints=self._checkpoints)
+
+    def _use_runners(self, runners: dict[str, Runner]) -> None:
+        self._runners = runners
+        self._aborts = [aborter(runner) for runner in runners.values()]
+
+    def _abort(self, lease: int, reason: str) -> None:
+        """The runner that holds ``lease`` gives it up (``reason``: one of ABORT_REASONS)."""
+        for abort in self._aborts:
+            if abort(lease, reason):
+                break
 
     def _make_runner(self, pool: Pool) -> Runner:
         link = self._engine_link(pool)
@@ -627,9 +638,7 @@ class Scheduler:
                     for sink in sinks:
                         sink.deliver(event)
             elif kind == 2:   # ABORT
-                for runner in runners.values():
-                    if runner.abort(raw[1]):
-                        break
+                self._abort(raw[1], abort_reason(raw[3]))
         # (_after_effects, inline: this runs after every engine step)
         if self._room:
             self._wake_room()
@@ -681,9 +690,7 @@ class Scheduler:
                 for sink in self._sinks:
                     sink.deliver(event)
         elif kind == 2:
-            for runner in self._runners.values():
-                if runner.abort(raw[1]):
-                    break
+            self._abort(raw[1], abort_reason(raw[3]))
 
     def _release(self, effects: list[Any]) -> None:
         """Effects whose mutations were committed (the durable log's hook)."""
@@ -1545,7 +1552,7 @@ class Scheduler:
         """Under the lock, recovered: run the engine from now on."""
         cluster = self._cluster
         assert cluster is not None
-        self._runners = {p.name: self._cluster_runner(p, cluster) for p in self.pools}
+        self._use_runners({p.name: self._cluster_runner(p, cluster) for p in self.pools})
         self._leading = True
         cluster.lead(self.epoch, self._serve_request, self._lost_threadsafe)
         self._pump()
@@ -1626,9 +1633,7 @@ class Scheduler:
         error = SchedulerError(f"this process lost the lead ({reason}); call again: another process leads")
         self._fail_in_flight(self._take_room_waiters(), error)
         for lease in list(core.running):
-            for runner in self._runners.values():
-                if runner.abort(lease):
-                    break
+            self._abort(lease, ABORT_SHUTDOWN)
         cluster.step_down()
         if self._timer is not None:
             self._timer.cancel()
@@ -1641,7 +1646,7 @@ class Scheduler:
         self._delivering.clear()
         self._core = None
         self._log = None
-        self._runners = {}
+        self._use_runners({})
         self.lost_reason = reason
         loop = self._loop
         assert loop is not None

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from ..core.types import SUCCESS
 from .context import TaskContext
-from .runner import Attempt, RunnerLink, outcome_of
+from .runner import ABORT_CANCELLED, ABORT_SHUTDOWN, Attempt, RunnerLink, outcome_of
 
 __all__ = ["ThreadRunner"]
 
@@ -89,10 +89,11 @@ class ThreadRunner:
             job.state = _DROPPED
             self._loop.call_soon(self.link.not_started, lease, f"no thread to run it: {exc}")
 
-    def abort(self, lease: int) -> bool:
+    def abort(self, lease: int, reason: str = ABORT_CANCELLED) -> bool:
         job = self.current.pop(lease, None)
         if job is None:
             return False
+        job.attempt.abort_reason = reason
         job.attempt.cancelled = True
         if self._give_up(job) == _RUNNING:
             # A function that checks ctx.is_cancelled() returns soon: warn only if it lingers.
@@ -135,6 +136,7 @@ class ThreadRunner:
             was = self._give_up(job)
             if was == _DONE:
                 continue   # its outcome is on its way to the loop: let it be reported
+            job.attempt.abort_reason = ABORT_SHUTDOWN
             job.attempt.cancelled = True
             del self.current[lease]
             if was == _RUNNING:

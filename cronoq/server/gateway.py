@@ -499,7 +499,10 @@ class Gateway:
         response = await self.service.list_workers(call.caller, pb.ListWorkersRequest(pools=call.query.get("pool", ())))
         return self.json({"workers": [
             {"id": str(w.id), "name": w.name, "pool": w.pool, "labels": dict(w.labels), "slots": w.slots,
-             "busy": w.busy, "connected_unix_ns": str(w.connected_unix_ns)} for w in response.workers]})
+             "busy": w.busy, "connected_unix_ns": str(w.connected_unix_ns),
+             "health": "suspect" if w.health == pb.WORKER_HEALTH_SUSPECT else "healthy",
+             "lease_expiries": w.lease_expiries, "last_seen_unix_ns": str(w.last_seen_unix_ns)}
+            for w in response.workers]})
 
     async def recurring(self, call: Call) -> Response:
         assert call.caller is not None
@@ -603,7 +606,7 @@ class Gateway:
         snap = await self.service.metrics(call.caller)
         took = time.perf_counter() - started
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Scrape(snap, took, self.counters))
+        registry.register(_Scrape(snap, took, self.counters, self.service.worker_health(call.caller)))
         return Response(200, generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
     async def openapi(self, call: Call) -> Response:
@@ -707,17 +710,21 @@ def route_path(routes: dict[str, Route]) -> str:
 
 
 class _Scrape:
-    """One scrape's metric families, from one snapshot (cronoq.telemetry's series)."""
+    """One scrape's metric families, from one snapshot (cronoq.telemetry's
+    series), and the health of the remote workers."""
 
-    def __init__(self, snap: Any, took: float, counters: ServerCounters) -> None:
+    def __init__(self, snap: Any, took: float, counters: ServerCounters,
+                 workers: list[tuple[str, int, int, int]]) -> None:
         self.snap = snap
         self.took = took
         self.counters = counters
+        self.workers = workers
 
     def collect(self) -> Iterator[Any]:
-        from ..telemetry.prometheus import scrape_families
+        from ..telemetry.prometheus import scrape_families, worker_families
         yield from scrape_families(self.snap, self.took)
         yield from self.counters.families()
+        yield from worker_families(self.workers)
 
 
 # ---------------------------------------------------------------- the routes

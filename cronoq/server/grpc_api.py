@@ -166,8 +166,8 @@ class WorkersServicer(_Base, pb_grpc.WorkersServicer):
                 refusal = exc
             if caller is None:
                 try:
-                    await asyncio.wait_for(read(), self.service.limits.register_timeout_s)
-                except (asyncio.TimeoutError, Exception):
+                    await self.hub.first_message(read, valid=False)
+                except Exception:   # timed out, too many waiting, or the stream broke: the refusal says why
                     pass
                 raise refusal
             session = WorkerSession(self.hub, caller, self.service.check_serving, self.service.pools)

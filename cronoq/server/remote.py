@@ -3,8 +3,14 @@
 A pool's capacity is the sum of the slots its connected workers were
 granted, per worker group (workers with exactly the same labels). The engine
 picks the group of each attempt; ``RemotePool.start`` leases it to the
-worker of that group with the most free slots. Heartbeats, outcomes, Nack
-and disconnects go back to the scheduler through the pool's ``RunnerLink``.
+healthy worker of that group with the most free slots. Heartbeats, outcomes,
+Nack and disconnects go back to the scheduler through the pool's ``RunnerLink``.
+
+Health: a worker whose lease expires although it sent no message at all
+since that lease's last heartbeat (so for a whole lease TTL) is *suspect*:
+it is paused, frozen or cut off. A suspect worker gets no new lease and its
+free slots leave the pool's capacity (so the retries go to the others) until
+it sends any message again.
 
 ``WorkerSession`` runs one Workers.Work stream, independent of the transport:
 it gets a ``read()`` coroutine (the next message, or None at the end) and a
@@ -25,7 +31,8 @@ from .._proto import PROTOCOL_VERSION
 from .._proto import cronoq_pb2 as pb
 from ..core.errors import CheckpointError
 from ..core.types import CANCELLED_OUTCOME, NS, PERMANENT, RETRYABLE, SUCCESS
-from ..runtime.runner import Attempt, RunnerLink, clean_message
+from ..runtime.runner import (
+    ABORT_CANCELLED, ABORT_LEASE_EXPIRED, ABORT_SHUTDOWN, ABORT_TIMEOUT, Attempt, RunnerLink, clean_message)
 from .codec import OCTETS, Blob, check_content_type
 from .service import checkpoint_message
 from .errors import Code, ServiceError
@@ -41,10 +48,13 @@ log = logging.getLogger("cronoq.server")
 _PRIORITY = (pb.PRIORITY_CRITICAL, pb.PRIORITY_HIGH, pb.PRIORITY_NORMAL, pb.PRIORITY_LOW)
 _MAX_RETRY_AFTER = 100 * 365 * 86_400.0
 _BATCH = 512   # messages in one ServerBatch at most
+_ABORT_CODES = {ABORT_CANCELLED: pb.ABORT_REASON_CANCELLED, ABORT_TIMEOUT: pb.ABORT_REASON_TIMEOUT,
+                ABORT_LEASE_EXPIRED: pb.ABORT_REASON_LEASE_EXPIRED, ABORT_SHUTDOWN: pb.ABORT_REASON_SHUTDOWN}
 
 
 class WorkerConn:
-    """One connected worker: its slots, the leases it holds, its outbound queue."""
+    """One connected worker: its slots, the leases it holds, its outbound
+    queue, and what its health is judged by (see the module docstring)."""
 
     def __init__(self, hub: WorkerHub, worker_id: int, name: str, pool: str, labels: dict[str, str],
                  slots: int) -> None:
@@ -56,18 +66,60 @@ class WorkerConn:
         self.group = frozenset(labels.items())
         self.slots = slots
         self.leases: dict[int, Attempt] = {}
+        self.marks: dict[int, int] = {}   # lease -> ``said`` when it was leased or last heartbeated
+        self.said = 0                     # messages read from the worker so far
+        self.suspect = False
+        self.lease_expiries = 0
         self.out: deque[pb.ServerMessage] = deque()
         self.connected_ns = time.time_ns()
+        self.seen_ns = self.connected_ns  # its last message
         self.writable: asyncio.Event = asyncio.Event()
         self.done: asyncio.Future[ServiceError | None] = asyncio.get_running_loop().create_future()
         self.draining = False     # Shutdown sent: the stream ends shortly
         self.reason = "the server ended the stream"
         self.batches = False      # the worker accepts ServerBatch messages
         self.checkpoints = False  # the worker registered with accept_checkpoints
+        self.saves = 0            # its checkpoints being stored
+        self.progress: asyncio.Event = asyncio.Event()   # set when one is stored, or a message went out
 
     @property
     def free(self) -> int:
         return self.slots - len(self.leases)
+
+    @property
+    def placeable(self) -> bool:
+        """It may get a new lease (when it has a free slot)."""
+        return not self.draining and not self.suspect
+
+    @property
+    def capacity(self) -> int:
+        """The slots it adds to its group's capacity: a suspect worker keeps
+        only those of the leases it still holds (they end as they expire)."""
+        if self.draining:
+            return 0
+        return min(self.slots, len(self.leases)) if self.suspect else self.slots
+
+    def hold(self, attempt: Attempt) -> None:
+        self.leases[attempt.lease] = attempt
+        self.marks[attempt.lease] = self.said
+
+    def drop(self, lease: int) -> Attempt | None:
+        self.marks.pop(lease, None)
+        return self.leases.pop(lease, None)
+
+    def drop_all(self) -> list[tuple[int, Attempt]]:
+        leases = list(self.leases.items())
+        self.leases.clear()
+        self.marks.clear()
+        return leases
+
+    @property
+    def saves_allowed(self) -> bool:
+        """After a checkpoint, its stream is read on: a worker that waits for
+        each answer (one checkpoint per lease at a time) never reaches this
+        bound; one that sends them without waiting cannot pile up saves the
+        store has not taken, nor their answers past ``bound``."""
+        return self.saves + len(self.out) < max(self.slots, len(self.leases)) + 4
 
     @property
     def bound(self) -> int:
@@ -106,6 +158,7 @@ class WorkerHub:
         self.workers: dict[int, WorkerConn] = {}
         self._next_id = 1
         self.graceful = False     # a graceful stop (SIGTERM) is under way; else a stop means lost leadership
+        self.waiting = {True: 0, False: 0}   # streams waiting for their first message, by caller valid or not
 
     def factory(self, section: PoolSection) -> Callable[[RunnerLink], RemotePool]:
         def make(link: RunnerLink) -> RemotePool:
@@ -113,6 +166,28 @@ class WorkerHub:
             self.pools[section.name] = pool
             return pool
         return make
+
+    async def first_message(self, read: Reader, *, valid: bool = True) -> pb.WorkerMessage | None:
+        """A new stream's first message, within limits.register_timeout_s.
+
+        At most limits.max_workers streams wait for theirs at once, counted
+        apart for callers whose credential was refused (so that they cannot
+        crowd out workers): a flood of silent streams would otherwise hold
+        the server's memory for the whole timeout."""
+        limits = self.limits
+        waiting = self.waiting
+        if waiting[valid] >= limits.max_workers:
+            raise ServiceError(Code.RESOURCE_EXHAUSTED,
+                               f"{waiting[valid]} streams already wait for their Register (at most "
+                               f"limits.max_workers); send Register at once, or try again later")
+        waiting[valid] += 1
+        try:
+            return await asyncio.wait_for(read(), limits.register_timeout_s)
+        except asyncio.TimeoutError:
+            raise ServiceError(Code.DEADLINE_EXCEEDED,
+                               f"no Register within {limits.register_timeout_s:g} s of opening the stream") from None
+        finally:
+            waiting[valid] -= 1
 
     def next_id(self) -> int:
         worker_id = self._next_id
@@ -147,6 +222,8 @@ class RemotePool:
         self.closed = False
         self.capacity = 0
         self.saving: set[asyncio.Task[None]] = set()    # checkpoints being stored
+        self.lease_expiries = 0                         # leases of its workers that expired, since start
+        self.suspicions = 0                             # times one of its workers was found silent
 
     @property
     def stray_threads(self) -> int:
@@ -159,24 +236,54 @@ class RemotePool:
         best = None
         if workers:
             for conn in workers:
-                if not conn.draining and conn.free > 0 and (best is None or conn.free > best.free):
+                if conn.placeable and conn.free > 0 and (best is None or conn.free > best.free):
                     best = conn
         if best is None:   # the engine and this runner disagree on capacity: give it back unused
-            self.link.not_started(attempt.lease, "no connected worker of its group has a free slot")
+            self.link.not_started(attempt.lease, "no healthy connected worker of its group has a free slot")
             return
         self._lease(best, attempt)
 
-    def abort(self, lease: int) -> bool:
+    def abort(self, lease: int, reason: str = ABORT_CANCELLED) -> bool:
         conn = self.where.pop(lease, None)
         if conn is None:
             return False
         self.nacked.pop(lease, None)
-        attempt = conn.leases.pop(lease, None)
+        mark = conn.marks.get(lease)
+        attempt = conn.drop(lease)
         if attempt is not None:
+            attempt.abort_reason = reason
             attempt.cancelled = True
-        conn.send(pb.ServerMessage(abort=pb.Abort(
-            lease=lease, reason="the scheduler gave the attempt up (cancelled, timed out or its lease expired)")))
+        if reason == ABORT_LEASE_EXPIRED:
+            self.lease_expiries += 1
+            conn.lease_expiries += 1
+            if mark == conn.said and not conn.suspect:   # not a word since the lease's last heartbeat
+                conn.suspect = True
+                self.suspicions += 1
+                log.warning("worker %d %r of pool %s is suspect: a lease expired and it sent nothing for %g s; "
+                            "it gets no new lease until it sends a message", conn.id, conn.name, self.name,
+                            self.lease_ttl, extra={"action": "worker_suspect", "pool": self.name, "worker": conn.id})
+        if conn.suspect:
+            self._set_capacity(conn.group)
+        conn.send(pb.ServerMessage(abort=pb.Abort(lease=lease, reason=self._abort_text(reason, attempt),
+                                                  code=_ABORT_CODES.get(reason, pb.ABORT_REASON_UNSPECIFIED))))
         return True
+
+    def _abort_text(self, reason: str, attempt: Attempt | None) -> str:
+        if reason == ABORT_TIMEOUT:
+            timeout = attempt.timeout if attempt is not None else None
+            return f"the attempt ran past its timeout of {timeout:g} s" if timeout else "the attempt timed out"
+        if reason == ABORT_LEASE_EXPIRED:
+            return f"no heartbeat for {self.lease_ttl:g} s: the lease expired"
+        if reason == ABORT_SHUTDOWN:
+            return "the server gave the attempt up: it is stopping or lost leadership"
+        return "the task was cancelled"
+
+    def revive(self, conn: WorkerConn) -> None:
+        """A suspect worker sent a message: it is placed again."""
+        conn.suspect = False
+        self._set_capacity(conn.group)
+        log.info("worker %d %r of pool %s shows life again: it gets leases again", conn.id, conn.name, self.name,
+                 extra={"action": "worker_healthy", "pool": self.name, "worker": conn.id})
 
     def close(self) -> None:
         self.closed = True
@@ -189,9 +296,11 @@ class RemotePool:
         reason = "the server lost leadership" if not_leader else "the server is shutting down"
         for workers in self.groups.values():
             for conn in workers:
-                for attempt in conn.leases.values():
+                for lease, attempt in conn.drop_all():
+                    attempt.abort_reason = ABORT_SHUTDOWN
                     attempt.cancelled = True
-                conn.leases.clear()
+                    conn.send(pb.ServerMessage(abort=pb.Abort(lease=lease, reason=reason,
+                                                              code=pb.ABORT_REASON_SHUTDOWN)))
                 self.hub.shut(conn, reason, not_leader)
         self.where.clear()
         self.nacked.clear()
@@ -220,9 +329,7 @@ class RemotePool:
             return
         workers.remove(conn)
         self._set_capacity(conn.group)
-        leases = list(conn.leases.items())
-        conn.leases.clear()
-        for lease, attempt in leases:
+        for lease, attempt in conn.drop_all():
             self.where.pop(lease, None)
             self.nacked.pop(lease, None)
             self.link.report(attempt, RETRYABLE, None, clean_message(f"worker disconnected: {reason}"), None)
@@ -234,13 +341,12 @@ class RemotePool:
 
     def _set_capacity(self, group: frozenset[tuple[str, str]]) -> None:
         workers = self.groups.get(group, ())
-        slots = sum(c.slots for c in workers if not c.draining)
-        self.link.set_capacity(dict(group), slots)
+        self.link.set_capacity(dict(group), sum(c.capacity for c in workers))
 
     # -- leases
 
     def _lease(self, conn: WorkerConn, attempt: Attempt) -> None:
-        conn.leases[attempt.lease] = attempt
+        conn.hold(attempt)
         self.where[attempt.lease] = conn
         message = lease_message(attempt)
         book = self.link.checkpoints
@@ -276,7 +382,12 @@ class RemotePool:
                 answer.error = clean_message(str(exc))
             except Exception as exc:   # not stored (the store is unavailable, ...)
                 answer.error = clean_message(f"{type(exc).__name__}: {exc}")
+            finally:
+                conn.saves -= 1
+                conn.progress.set()
             conn.send(pb.ServerMessage(checkpoint_saved=answer))
+
+        conn.saves += 1
 
         task = asyncio.get_running_loop().create_task(save())
         self.saving.add(task)
@@ -287,7 +398,7 @@ class RemotePool:
 
     def report(self, conn: WorkerConn, lease: int, outcome: str, output: Any, message: str | None,
                retry_after_ns: int | None) -> None:
-        attempt = conn.leases.pop(lease, None)
+        attempt = conn.drop(lease)
         if attempt is None:
             return   # not held (already aborted, or unknown): ignored
         self.where.pop(lease, None)
@@ -295,20 +406,21 @@ class RemotePool:
         self.link.report(attempt, outcome, output, message, retry_after_ns)
 
     def heartbeat(self, conn: WorkerConn, lease: int) -> None:
-        if lease in conn.leases:
+        if lease in conn.leases:   # (for a lease not held: ignored)
+            conn.marks[lease] = conn.said
             self.link.heartbeat(lease)
 
     def nack(self, conn: WorkerConn, lease: int, reason: str) -> None:
         """Offer the attempt to another worker of its group, without using an
         attempt; if none has a free slot, it fails as retryable."""
-        attempt = conn.leases.pop(lease, None)
+        attempt = conn.drop(lease)
         if attempt is None:
             return
         tried = self.nacked.setdefault(lease, set())
         tried.add(conn.id)
         best = None
         for other in self.groups.get(conn.group, ()):
-            if other.id not in tried and not other.draining and other.free > 0 and (
+            if other.id not in tried and other.placeable and other.free > 0 and (
                     best is None or other.free > best.free):
                 best = other
         if best is not None:
@@ -381,11 +493,7 @@ class WorkerSession:
         The first message is read before the caller is judged, so a worker
         that is refused has finished sending its Register when it hears why."""
         limits = self.hub.limits
-        try:
-            first = await asyncio.wait_for(read(), limits.register_timeout_s)
-        except asyncio.TimeoutError:
-            raise ServiceError(Code.DEADLINE_EXCEEDED,
-                               f"no Register within {limits.register_timeout_s:g} s of opening the stream") from None
+        first = await self.hub.first_message(read)
         self.caller.require("worker")
         self.serving()
         if first is None:
@@ -487,6 +595,7 @@ class WorkerSession:
                 while out:
                     if not conn.batches or len(out) == 1:
                         await write(out.popleft())
+                        conn.progress.set()
                         continue
                     batch = pb.ServerBatch()
                     messages = batch.messages
@@ -498,6 +607,7 @@ class WorkerSession:
                         messages.append(out.popleft())
                         size += n
                     await write(pb.ServerMessage(batch=batch))
+                    conn.progress.set()
                 if conn.done.done():
                     return
                 conn.writable.clear()
@@ -509,7 +619,8 @@ class WorkerSession:
 
     async def _read(self, read: Reader) -> None:
         conn = self.conn
-        assert conn is not None
+        pool = self.pool
+        assert conn is not None and pool is not None
         try:
             while True:
                 message = await read()
@@ -517,7 +628,23 @@ class WorkerSession:
                     conn.reason = "the worker closed the stream"
                     conn.end(None)
                     return
-                self._handle(message)
+                conn.said += 1
+                conn.seen_ns = time.time_ns()
+                if conn.suspect:
+                    pool.revive(conn)
+                kind = message.WhichOneof("msg")
+                if kind != "batch":
+                    self._handle(message)
+                    if kind == "checkpoint":
+                        await self._saves_settle()
+                    continue
+                for inner in message.batch.messages:
+                    kind = inner.WhichOneof("msg")
+                    if kind in ("batch", "register"):
+                        raise ServiceError(Code.INVALID_ARGUMENT, f"a batch may not hold a {kind} message")
+                    self._handle(inner)
+                    if kind == "checkpoint":
+                        await self._saves_settle()
         except asyncio.CancelledError:
             raise
         except ServiceError as exc:
@@ -525,7 +652,18 @@ class WorkerSession:
         except Exception as exc:  # the transport failed (or the worker sent too large a message)
             conn.end(ServiceError(Code.UNAVAILABLE, f"reading from the worker failed: {exc}"))
 
+    async def _saves_settle(self) -> None:
+        """Backpressure, after a checkpoint: with too many of the worker's
+        checkpoints being stored or answered, read its stream on only once
+        one is (gRPC's flow control then holds the worker back)."""
+        conn = self.conn
+        assert conn is not None
+        while not conn.saves_allowed:
+            conn.progress.clear()
+            await conn.progress.wait()
+
     def _handle(self, message: pb.WorkerMessage) -> None:
+        """One message (never a batch: _read unpacks those)."""
         conn = self.conn
         pool = self.pool
         assert conn is not None and pool is not None
@@ -562,12 +700,6 @@ class WorkerSession:
         elif kind == "set_slots":
             granted = pool.set_slots(conn, message.set_slots.slots)
             conn.send(pb.ServerMessage(slots_granted=pb.SlotsGranted(slots=granted)))
-        elif kind == "batch":
-            for inner in message.batch.messages:
-                if inner.WhichOneof("msg") in ("batch", "register"):
-                    raise ServiceError(Code.INVALID_ARGUMENT,
-                                       f"a batch may not hold a {inner.WhichOneof('msg')} message")
-                self._handle(inner)
         elif kind == "register":
             raise ServiceError(Code.INVALID_ARGUMENT, "a second Register ends the stream")
         else:

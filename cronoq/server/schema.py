@@ -615,7 +615,12 @@ WORKER = Obj("Worker", {
     "slots": Integer("Slots granted.", maximum=2 ** 32 - 1),
     "busy": Integer("Leases running now.", maximum=2 ** 32 - 1),
     "connected_unix_ns": UnixNs("When it connected."),
-}, "A connected remote worker.", required=("id", "name", "pool", "labels", "slots", "busy", "connected_unix_ns"))
+    "health": Choice(("healthy", "suspect"), "suspect: a lease expired while it sent no message at all; it gets "
+                                             "no new lease until it sends one."),
+    "lease_expiries": Integer("Its leases that expired, since it connected."),
+    "last_seen_unix_ns": UnixNs("Its last message (its Register at first)."),
+}, "A connected remote worker.", required=("id", "name", "pool", "labels", "slots", "busy", "connected_unix_ns",
+                                           "health", "lease_expiries", "last_seen_unix_ns"))
 
 WORKERS_OUT = Obj("WorkerList", {"workers": Array(WORKER, "In connection order.")},
                   "Connected workers of the pools the caller may use.", required=("workers",))

@@ -901,8 +901,22 @@ class Service:
             if pools is not None and conn.pool not in pools:
                 continue
             response.workers.add(id=conn.id, name=conn.name, pool=conn.pool, labels=conn.labels, slots=conn.slots,
-                                 busy=len(conn.leases), connected_unix_ns=conn.connected_ns)
+                                 busy=len(conn.leases), connected_unix_ns=conn.connected_ns,
+                                 health=pb.WORKER_HEALTH_SUSPECT if conn.suspect else pb.WORKER_HEALTH_HEALTHY,
+                                 lease_expiries=conn.lease_expiries, last_seen_unix_ns=conn.seen_ns)
         return response
+
+    def worker_health(self, caller: Principal) -> list[tuple[str, int, int, int]]:
+        """Per visible pool, for /metrics: (pool, lease expiries of its workers
+        and times one was found silent, both since start, suspect workers now)."""
+        out = []
+        for name in self.pools:
+            pool = self.hub.pools.get(name)
+            if pool is None or not caller.sees(name):
+                continue
+            suspect = sum(conn.suspect for workers in pool.groups.values() for conn in workers)
+            out.append((name, pool.lease_expiries, pool.suspicions, suspect))
+        return out
 
     async def list_recurring(self, caller: Principal, request: pb.ListRecurringRequest
                              ) -> pb.ListRecurringResponse:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 from wsgiref.types import WSGIApplication
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 ASGIApplication = Callable[..., Awaitable[None]]
 
 __all__ = ["PrometheusCollector", "MetricsServer", "serve_metrics", "make_wsgi_app", "make_asgi_app",
-           "metrics_registry", "TASK_STATUSES", "WAIT_QUANTILES"]
+           "metrics_registry", "TASK_STATUSES", "WAIT_QUANTILES", "WORKER_FAMILIES", "worker_families"]
 
 TASK_STATUSES = ("succeeded", "failed", "dead_lettered", "cancelled", "skipped", "missed", "shed")
 WAIT_QUANTILES = (("0.5", "wait_p50"), ("0.9", "wait_p90"), ("0.99", "wait_p99"))
@@ -179,6 +179,31 @@ def families(snap: Snapshot) -> list[Metric]:
         worker_seconds.add_metric(of_pool, p.worker_seconds)
         cost.add_metric(of_pool, p.cost)
     return out
+
+
+# cronoq-server's remote workers: its /metrics serves these beside the families above.
+WORKER_FAMILIES = (
+    ("cronoq_worker_lease_expiries", "counter",
+     "Leases held by the pool's remote workers that expired (no heartbeat within the lease TTL)."),
+    ("cronoq_worker_suspicions", "counter",
+     "Times a remote worker of the pool was marked suspect: a lease expired while it sent no message at all."),
+    ("cronoq_pool_suspect_workers", "gauge",
+     "Remote workers of the pool that are suspect now: they get no new lease until they send a message."),
+)
+
+
+def worker_families(pools: Iterable[tuple[str, int, int, int]]) -> list[Metric]:
+    """The ``WORKER_FAMILIES`` of ``(pool, lease_expiries, suspicions, suspect_now)`` per pool."""
+    (expiries_name, _, expiries_doc), (suspicions_name, _, suspicions_doc), (suspect_name, _, suspect_doc) = \
+        WORKER_FAMILIES
+    expiries = CounterMetricFamily(expiries_name, expiries_doc, labels=("pool",))
+    suspicions = CounterMetricFamily(suspicions_name, suspicions_doc, labels=("pool",))
+    suspect = GaugeMetricFamily(suspect_name, suspect_doc, labels=("pool",))
+    for pool, expired, found_silent, suspect_now in pools:
+        expiries.add_metric((pool,), expired)
+        suspicions.add_metric((pool,), found_silent)
+        suspect.add_metric((pool,), suspect_now)
+    return [expiries, suspicions, suspect]
 
 
 _HELP = {name: doc for name, _, doc in _FAMILIES}

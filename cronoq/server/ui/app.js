@@ -754,9 +754,10 @@ async function loadWorkers() {
     $("#worker-table tbody").replaceChildren(...answer.workers.map((w) => {
       const row = document.createElement("tr");
       row.dataset.id = w.id;
+      if (w.health === "suspect") row.classList.add("suspect");
       row.append(cell(w.id), cell(w.name), cell(w.pool),
                  cell(Object.entries(w.labels).map(([k, v]) => `${k}=${v}`).join(", ")), cell(w.slots), cell(w.busy),
-                 cell(dateTime(w.connected_unix_ns)));
+                 cell(w.health), cell(w.lease_expiries), cell(dateTime(w.connected_unix_ns)));
       return row;
     }));
   } catch (err) {

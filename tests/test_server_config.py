@@ -207,6 +207,7 @@ def start_and_fail(tmp_path: pathlib.Path, text: str, *, env: dict[str, str] | N
 
 
 LOCAL = '[server]\ngrpc_addr = "127.0.0.1:0"\nhttp_addr = "127.0.0.1:0"\n'
+WIDE = "0.0.0.0"   # every interface: refused without credentials (no test listens on it)
 
 
 def _tls(tmp_path: pathlib.Path, *, matching: bool) -> str:
@@ -233,12 +234,12 @@ ENVIRONMENT_RULES = [
                                  '[[auth.tokens]]\ntoken_env = "CRONOQ_TEST_TOKEN"\nrole = "admin"\n',
      {"CRONOQ_TEST_TOKEN": GOOD_TOKEN},
      "auth.tokens[1] (from CRONOQ_TEST_TOKEN): the token is the same as that of auth.tokens[0]"),
-    ("gRPC off loopback, refused without credentials", '[server]\ngrpc_addr = "0.0.0.0:0"\nhttp_addr = "127.0.0.1:0"\n',
-     {}, "server.grpc_addr: 0.0.0.0 is not a loopback address and no credentials are configured"),
-    ("HTTP off loopback, refused without credentials", '[server]\ngrpc_addr = "127.0.0.1:0"\nhttp_addr = "0.0.0.0:0"\n',
-     {}, "server.http_addr: 0.0.0.0 is not a loopback address"),
-    ("metrics off loopback, refused without credentials", LOCAL + 'metrics_addr = "0.0.0.0:0"\n', {},
-     "server.metrics_addr: 0.0.0.0 is not a loopback address"),
+    ("gRPC off loopback, refused without credentials", f'[server]\ngrpc_addr = "{WIDE}:0"\nhttp_addr = "127.0.0.1:0"\n',
+     {}, f"server.grpc_addr: {WIDE} is not a loopback address and no credentials are configured"),
+    ("HTTP off loopback, refused without credentials", f'[server]\ngrpc_addr = "127.0.0.1:0"\nhttp_addr = "{WIDE}:0"\n',
+     {}, f"server.http_addr: {WIDE} is not a loopback address"),
+    ("metrics off loopback, refused without credentials", LOCAL + f'metrics_addr = "{WIDE}:0"\n', {},
+     f"server.metrics_addr: {WIDE} is not a loopback address"),
     ("unset PostgreSQL url_env", LOCAL + '[store]\nkind = "postgres"\nurl_env = "CRONOQ_TEST_UNSET_URL"\n', {},
      "store.url_env: the environment variable CRONOQ_TEST_UNSET_URL is not set"),
     ("a missing TLS file", LOCAL + '[server.tls]\ncert = "/nonexistent/cert.pem"\nkey = "/nonexistent/key.pem"\n', {},

@@ -18,9 +18,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Run a realistic mixed workload through a live scheduler: interactive clicks "
                     "(high priority, deadlines), reports, background re-indexing (low), chat turns "
                     "through a rate-limited API (token bucket), a fixed-start job, a small DAG whose "
-                    "load step fails and triggers its failure handler, and a flaky task that retries. "
-                    "A live view shows the pools; the run ends by itself with a per-pool table "
-                    "(waits, adherence, fixed-start hit rate, utilization, cost) and waits by class.")
+                    "load step fails and triggers its failure handler, a flaky task that retries, and a "
+                    "checkpointed ingest whose retry resumes where it stopped. The live view tells what "
+                    "happens as it happens (in a pipe, each moment is one line); the run ends by itself "
+                    "with a report that explains its terms: the pools (desired workers, priority "
+                    "adherence, fixed starts on time, busy share, cost), waits by class, totals, and "
+                    "where to go next.")
     demo.add_argument("--seconds", type=float, default=20.0,
                       help="how long to submit work (default 20; the run ends a few seconds later)")
     demo.add_argument("--seed", type=int, default=7, help="random seed of the workload (default 7)")

@@ -6,11 +6,13 @@ Each request handler calls the legacy API from its own server thread:
     GET /wait?id=job-1                                -> 200 {"status": "succeeded"}
     GET /metrics                                      -> 200 QualityMetrics as JSON
 
-Run it with ``python examples/wsgi_legacy.py`` and open http://127.0.0.1:8000/metrics.
+Run it with ``python examples/wsgi_legacy.py [--port 8000]`` and open
+http://127.0.0.1:8000/metrics.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import socketserver
@@ -65,7 +67,10 @@ def make_server_for(scheduler: ElasticPriorityScheduler, host: str = "127.0.0.1"
 
 
 def main(argv: list[str]) -> int:
-    port = int(argv[1]) if len(argv) > 1 else 8000
+    parser = argparse.ArgumentParser(prog="wsgi_legacy.py", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=8000, help="the port to serve on, on 127.0.0.1 (default 8000)")
+    args = parser.parse_args(argv[1:])
+    port = args.port
     with ElasticPriorityScheduler(initial_workers=2, max_workers=8) as scheduler:
         server = make_server_for(scheduler, port=port)
         print(f"serving on http://127.0.0.1:{server.server_port}/metrics (Ctrl-C stops)")

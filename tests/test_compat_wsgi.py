@@ -64,3 +64,15 @@ def test_request_handlers_submit_from_their_own_threads():
         finally:
             server.shutdown()
             server.server_close()
+
+
+def test_the_example_explains_itself_and_refuses_a_bad_port():
+    import subprocess
+    import sys
+
+    shown = subprocess.run([sys.executable, str(EXAMPLE), "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "usage: wsgi_legacy.py" in shown.stdout and "--port" in shown.stdout
+    refused = subprocess.run([sys.executable, str(EXAMPLE), "--port", "eighty"], capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 2 and "invalid int value: 'eighty'" in refused.stderr
+    assert "Traceback" not in shown.stderr + refused.stderr

@@ -118,3 +118,5 @@ def test_the_quickstart_runs_as_written(tmp_path, store):
         else:
             assert got.splitlines() == answer.strip("\n").splitlines(), f"block {number}:\n{got}\n!=\n{answer}"
     assert "stopped" in err   # the server's log: it drained and stopped on SIGTERM
+    assert "worker: connected to localhost:" in err   # the worker says where it connected
+    assert "worker: SIGTERM: draining" in err        # and drains on SIGTERM

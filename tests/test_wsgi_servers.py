@@ -335,3 +335,49 @@ def test_flask_reloader_serving_child_leads(store_env, tmp_path):
         assert set(run_pids(wsgikit.runs_by_key(env["APP_LOG"]))) == {child}
     finally:
         server.stop()
+
+
+def test_the_threaded_apps_howto_gunicorn_app_runs_as_written(tmp_path):
+    """docs/howto/threaded-apps.md, section gunicorn: its myapp.py and
+    gunicorn.conf.py written as they are, its two shell lines run as they are
+    (on a free port instead of 8000), and the app answers every request."""
+    import re
+    import shutil
+
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed (the how-to uses it)")
+    page = open(os.path.join(wsgikit.REPO, "docs", "howto", "threaded-apps.md")).read()
+    section = page[page.index("### gunicorn"):page.index("### waitress")]
+    blocks = re.findall(r"^```(\w+)\n(.*?)^```", section, re.M | re.S)
+    python = [text for kind, text in blocks if kind == "python"]
+    shell = [text for kind, text in blocks if kind == "sh"]
+    assert len(python) == 2 and len(shell) == 1, blocks
+    (tmp_path / "myapp.py").write_text(python[0])
+    (tmp_path / "gunicorn.conf.py").write_text(python[1])
+    serve, ask = shell[0].strip().splitlines()
+    assert serve.endswith(" &")
+    port = str(wsgikit.free_port())
+    serve, ask = serve[:-2].replace("8000", port), ask.replace("8000", port)
+    env = dict(os.environ, MYAPP_DB=str(tmp_path / "myapp.db"), PYTHONPATH=wsgikit.REPO,
+               PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    server = subprocess.Popen(["bash", "-c", "exec " + serve], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        answers = []
+        for _ in range(300):
+            result = subprocess.run(["bash", "-c", ask], cwd=tmp_path, env=env, capture_output=True, timeout=60)
+            if result.returncode == 0 and result.stdout:
+                answers.append(json.loads(result.stdout))
+                if len(answers) == 4:
+                    break
+            else:
+                time.sleep(0.1)
+        assert answers == [{"rows": 42, "params": {"month": "2026-01"}}] * 4
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(10)
+    assert server.returncode == 0, server.stderr.read().decode() if server.stderr else ""

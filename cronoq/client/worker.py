@@ -24,6 +24,7 @@ import inspect
 import json
 import logging
 import random
+import signal
 import threading
 import time
 from typing import Any, Callable, Iterable, Mapping
@@ -210,6 +211,48 @@ class _Session:
                 future.set_result("the worker's stream ended before the server confirmed the checkpoint")
 
 
+# The workers of each loop that SIGTERM and SIGINT drain (one handler a loop, for all of them).
+_DRAINED: dict[asyncio.AbstractEventLoop, set[Worker]] = {}
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _drain_on_signals(loop: asyncio.AbstractEventLoop, worker: Worker) -> bool:
+    """Have SIGTERM and SIGINT stop ``worker`` (False where signals cannot be
+    caught: off the main thread, or a loop without signal handlers)."""
+    workers = _DRAINED.get(loop)
+    if workers is None:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        try:
+            for signum in _SIGNALS:
+                loop.add_signal_handler(signum, _on_signal, loop, signum)
+        except (NotImplementedError, RuntimeError, ValueError):
+            for signum in _SIGNALS:
+                loop.remove_signal_handler(signum)
+            return False
+        workers = _DRAINED[loop] = set()
+    workers.add(worker)
+    return True
+
+
+def _forget_on_signals(loop: asyncio.AbstractEventLoop, worker: Worker) -> None:
+    workers = _DRAINED.get(loop)
+    if workers is None:
+        return
+    workers.discard(worker)
+    if not workers:
+        del _DRAINED[loop]
+        for signum in _SIGNALS:
+            loop.remove_signal_handler(signum)
+
+
+def _on_signal(loop: asyncio.AbstractEventLoop, signum: int) -> None:
+    for worker in list(_DRAINED.get(loop, ())):
+        log.info("%s: draining the worker of pool %s (running handlers get %g s)", signal.Signals(signum).name,
+                 worker.pool, worker.grace)
+        worker.stop()
+
+
 class Worker:
     """A remote worker for ``pool`` of the server at ``target`` (see the module docstring).
 
@@ -282,14 +325,25 @@ class Worker:
         elif not loop.is_closed():
             loop.call_soon_threadsafe(event.set)
 
-    async def run(self) -> None:
+    async def run(self, *, handle_signals: bool = True) -> None:
         """Serve the pool until ``stop()``. Raises for what retrying cannot fix
         (a rejected token, an unknown pool, a protocol version the server does
-        not speak); reconnects after anything else."""
+        not speak); reconnects after anything else. With ``handle_signals``
+        (and on the main thread), SIGTERM and SIGINT drain the worker as
+        ``stop()`` does: running handlers get ``grace`` seconds."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         if self._stop_requested:
             return
+        caught = handle_signals and _drain_on_signals(self._loop, self)
+        try:
+            await self._run()
+        finally:
+            if caught:
+                _forget_on_signals(self._loop, self)
+
+    async def _run(self) -> None:
+        assert self._stop is not None
         backoff = self.initial_backoff
         channel = wire.channel(self.target, tls=self._tls, credentials=self._credentials, options=self._options)
         try:
@@ -349,7 +403,8 @@ class Worker:
             session.max_bytes = registered.max_message_bytes or session.max_bytes
             session.checkpoints = registered.checkpoints
             self.connected = True
-            log.info("worker %d registered for pool %s with %d slots", registered.worker_id, self.pool,
+            log.info("connected to %s: worker %d of pool %s with %d slots", self.target, registered.worker_id,
+                     self.pool,
                      registered.slots)
             for message in rest:
                 self._receive(message, session)

@@ -101,7 +101,7 @@ def test_with_block_submit_and_result():
         assert (dup.id, dup.duplicate) == (handle.id, True)
         assert dup.result(timeout=10) == 42
     assert bs.running is False
-    assert not bs._thread.is_alive()
+    assert not bs._portal.thread.is_alive()
 
 
 def test_explicit_start_and_shutdown_and_errors_around_them():
@@ -516,7 +516,7 @@ def test_calls_from_the_loop_thread_raise_instead_of_deadlocking():
     finally:
         bs.shutdown()
     assert not bs.running
-    assert not bs._thread.is_alive()
+    assert not bs._portal.thread.is_alive()
 
 
 def test_shutdown_called_from_an_executor_during_shutdown_raises_instead_of_deadlocking():
@@ -550,7 +550,7 @@ def test_shutdown_called_from_an_executor_during_shutdown_raises_instead_of_dead
     stopper.join(10)
     assert not stopper.is_alive(), "shutdown deadlocked"
     assert handle.result(timeout=0).startswith("refused: ")
-    assert not bs._thread.is_alive()
+    assert not bs._portal.thread.is_alive()
 
 
 # ---------------------------------------------------------------- atexit
@@ -577,7 +577,7 @@ def test_the_atexit_hook_shuts_the_scheduler_down():
     handle = bs.submit("x")
     try:
         bs._at_exit()        # what the interpreter does at exit
-        assert not bs.running and not bs._thread.is_alive()
+        assert not bs.running and not bs._portal.thread.is_alive()
         assert failure(handle, timeout=5).status == "shutdown"
     finally:
         bs.shutdown()
@@ -687,7 +687,7 @@ def test_blocking_scheduler_inside_a_threaded_wsgi_server():
         serving.join(10)
         sched.shutdown()
     assert not serving.is_alive()
-    assert not sched.running and not sched._thread.is_alive()
+    assert not sched.running and not sched._portal.thread.is_alive()
 
 
 def test_a_submit_from_a_thread_does_not_wait_for_the_loop():

@@ -144,8 +144,6 @@ class BlockingEventStream(EventBuffer):
         self.close()
 
 
-_RUNNING, _STARTING, _STOPPED = PortalState.RUNNING, PortalState.STARTING, PortalState.STOPPED
-
 # Every BlockingScheduler that may be serving, for the exit hook.
 _live: weakref.WeakSet[BlockingScheduler] = weakref.WeakSet()
 # Every BlockingScheduler of this process (and those it inherited through a fork), for server hooks.
@@ -209,7 +207,8 @@ def _exit_on_sigterm() -> None:
 
 def _on_sigterm(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM kills at once
-    if any(not bs._forked() and bs._portal.state in (_STARTING, _RUNNING) for bs in list(_live)):
+    serving = (PortalState.STARTING, PortalState.RUNNING)
+    if any(not bs._forked() and bs._portal.state in serving for bs in list(_live)):
         log.info("SIGTERM: exiting; the schedulers shut down first", extra={"action": "sigterm"})
         raise SystemExit(128 + signum)
     os.kill(os.getpid(), signum)   # nothing to shut down: the default action
@@ -264,7 +263,7 @@ class BlockingScheduler:
         a fork); returns it. ``SchedulerError`` if it was shut down here."""
         if self._forks != _process.forks:
             self._adopt()
-        elif self._portal.state is not _RUNNING:
+        elif self._portal.state is not PortalState.RUNNING:
             with self._lifecycle:
                 if self._portal.state is PortalState.NEW:
                     self._start_locked()
@@ -284,7 +283,7 @@ class BlockingScheduler:
 
     @property
     def running(self) -> bool:
-        return self._portal.state is _RUNNING and self._sched.running and not self._forked()
+        return self._portal.state is PortalState.RUNNING and self._sched.running and not self._forked()
 
     @property
     def state_here(self) -> str:
@@ -322,7 +321,7 @@ class BlockingScheduler:
             # Interrupted (Ctrl-C while a standby waits), it stops without a grace.
             self._portal.start(self._sched.start, functools.partial(self._sched.shutdown, 0.0))
         except BaseException:
-            if self._portal.state in (PortalState.NEW, _STOPPED):   # not "already started"
+            if self._portal.state in (PortalState.NEW, PortalState.STOPPED):   # not "already started"
                 _live.discard(self)
             raise
         _exit_on_sigterm()
@@ -337,7 +336,7 @@ class BlockingScheduler:
         try:
             self._portal.stop(functools.partial(self._sched.shutdown, grace))
         finally:
-            if self._portal.state is _STOPPED:
+            if self._portal.state is PortalState.STOPPED:
                 _live.discard(self)
 
     def _adopt(self) -> None:
@@ -506,8 +505,8 @@ class BlockingScheduler:
 def _share_docstrings() -> None:
     """A twin that says nothing of its own says what its ``Scheduler`` method says."""
     for name, twin in vars(BlockingScheduler).items():
-        original = getattr(Scheduler, name, None)
-        if not name.startswith("_") and inspect.isfunction(twin) and not twin.__doc__ and original is not None:
+        original = None if name.startswith("_") else getattr(Scheduler, name, None)
+        if original is not None and inspect.isfunction(twin) and not twin.__doc__:
             twin.__doc__ = original.__doc__
 
 

@@ -106,7 +106,7 @@ def test_the_public_surfaces_are_equal_but_for_the_listed_differences():
             assert not inspect.iscoroutinefunction(twin), f"BlockingScheduler.{name} must be synchronous"
             assert twin.__doc__, f"BlockingScheduler.{name} has no docstring"
             if name not in OWN_DOCSTRINGS:
-                assert twin.__doc__ == original.__doc__, f"BlockingScheduler.{name} does not share its docstring"
+                assert twin.__doc__ == original.__doc__, f"BlockingScheduler.{name}: not the shared docstring"
 
 
 def test_blocking_scheduler_takes_the_same_options():

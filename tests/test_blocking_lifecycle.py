@@ -215,7 +215,8 @@ leader.start()
 standby = cronoq.BlockingScheduler(pools(), store=InMemoryStore(database))
 
 def interrupt():
-    while not [t for t in threading.enumerate() if t.name == "cronoq-scheduler" and t is not leader._portal.thread]:
+    leaders = leader._portal.thread
+    while not [t for t in threading.enumerate() if t.name == "cronoq-scheduler" and t is not leaders]:
         threading.Event().wait(0.005)
     os.kill(os.getpid(), signal.SIGINT)     # Ctrl-C while the standby waits in start()
 

@@ -1,32 +1,30 @@
 """``cronoq.BlockingScheduler``: the scheduler for threaded code.
 
-It runs a ``Scheduler`` on an event loop in a thread of its own and offers the
-same operations as blocking calls, safe from any number of threads.
-Submissions from many threads are handed to the loop in batches: a thread
-adds its task to an inbox and the loop admits everything waiting there in one
-step, so submitting threads do not pay a loop round trip each.
+It runs a ``Scheduler`` on an event loop in a thread of its own (owned by a
+``Portal``, ``cronoq.runtime.portal``) and offers the same operations as
+blocking calls, safe from any number of threads. Submissions and snapshots do
+not wait for that thread: they run on the calling thread, under the
+scheduler's engine lock (``Scheduler.submit_from_thread``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import contextvars
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (ours runs first)
+import functools
+import inspect
 import logging
 import os
 import signal
 import threading
-import time
 import weakref
-import _thread
-from typing import Any, Awaitable, Callable, Iterable, ParamSpec, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from .core.actions import StatusEvent
 from .core.errors import AdmissionError, SchedulerError
 from .core.snapshot import Snapshot, TaskInfo
 from .core.types import CoreConfig, ResourceConfig, TaskSpec
-from . import realtime
 from .runtime.checkpoints import DEFAULT_MAX_CHECKPOINT_BYTES
 from .runtime.clock import Clock
 from .runtime.events import EventBuffer, EventSink
@@ -34,6 +32,7 @@ from .runtime.handle import TaskHandle
 from .runtime.listing import RecurringInfo
 from .runtime import process as _process
 from .runtime.pool import Pool
+from .runtime.portal import Portal, PortalState
 from .runtime.scheduler import Scheduler, configuration_of, fresh_copy
 from .store.base import Store
 from .store.codec import Codec
@@ -43,7 +42,6 @@ __all__ = ["BlockingScheduler", "BlockingHandle", "BlockingEventStream", "schedu
 log = logging.getLogger("cronoq.scheduler")
 
 _T = TypeVar("_T")
-_P = ParamSpec("_P")
 
 
 class BlockingHandle:
@@ -146,53 +144,6 @@ class BlockingEventStream(EventBuffer):
         self.close()
 
 
-class _Waiter:
-    """One blocked caller: a lock the loop releases with the answer.
-
-    Settled once: the first answer wins (the loop's, or the error given to
-    every call still in flight when the scheduler stops). While ``calls`` is
-    set, the waiter is in that set of calls in flight and leaves it when settled.
-    """
-
-    __slots__ = ("lock", "value", "error", "settled", "calls")
-
-    def __init__(self) -> None:
-        self.lock = _thread.allocate_lock()
-        self.lock.acquire()
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self.settled = False
-        self.calls: set[_Waiter] | None = None
-
-    def track(self, calls: set[_Waiter]) -> None:
-        self.calls = calls
-        calls.add(self)
-
-    def set(self, value: Any) -> None:
-        if not self.settled:
-            self.settled = True
-            self.value = value
-            if self.calls is not None:
-                self.calls.discard(self)
-            self.lock.release()
-
-    def fail(self, error: BaseException) -> None:
-        if not self.settled:
-            self.settled = True
-            self.error = error
-            if self.calls is not None:
-                self.calls.discard(self)
-            self.lock.release()
-
-    def wait(self) -> Any:
-        self.lock.acquire()
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-_NEW, _STARTING, _RUNNING, _STOPPING, _STOPPED = "new", "starting", "running", "stopping", "stopped"
-
 # Every BlockingScheduler that may be serving, for the exit hook.
 _live: weakref.WeakSet[BlockingScheduler] = weakref.WeakSet()
 # Every BlockingScheduler of this process (and those it inherited through a fork), for server hooks.
@@ -204,6 +155,10 @@ def schedulers() -> list[BlockingScheduler]:
     inherited from its parent included: for server hooks that start or stop
     them all (``cronoq.contrib.gunicorn``)."""
     return list(_made)
+
+
+# ---------------------------------------------------------------- interpreter exit
+
 _exit_hook_lock = threading.Lock()
 _exit_hook_registered = False
 # How long interpreter exit waits, beyond the grace and a store's commit timeout,
@@ -212,19 +167,24 @@ _EXIT_MARGIN = 10.0
 
 
 def _register_exit_hook() -> None:
-    """Shut schedulers down at interpreter exit, before the interpreter waits
-    for non-daemon threads and before ``concurrent.futures`` shuts its thread
-    pools (both happen in ``threading._shutdown``, before ``atexit``)."""
+    """Shut schedulers down at interpreter exit, before the interpreter joins
+    its non-daemon threads (one may wait for a task's result) and before
+    ``concurrent.futures`` shuts its thread pools down."""
     global _exit_hook_registered
     with _exit_hook_lock:
         if _exit_hook_registered:
             return
-        register = getattr(threading, "_register_atexit", None)   # private, hence the fallback
+        # Both happen in threading._shutdown, before atexit's hooks, and no public
+        # API runs a hook that early (python/cpython#86128): this private one is
+        # what concurrent.futures itself uses. Where it is missing, or refuses
+        # (the interpreter already shuts down), atexit still stops the
+        # schedulers, only after those threads were joined.
+        register = getattr(threading, "_register_atexit", None)
         try:
             if register is None:
                 raise RuntimeError("threading._register_atexit is not available")
             register(_shutdown_at_exit)
-        except RuntimeError:   # missing, or the interpreter is already shutting down
+        except RuntimeError:
             atexit.register(_shutdown_at_exit)
         _exit_hook_registered = True
 
@@ -247,7 +207,8 @@ def _exit_on_sigterm() -> None:
 
 def _on_sigterm(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM kills at once
-    if any(not bs._forked() and bs._state in (_STARTING, _RUNNING) for bs in list(_live)):
+    serving = (PortalState.STARTING, PortalState.RUNNING)
+    if any(not bs._forked() and bs._portal.state in serving for bs in list(_live)):
         log.info("SIGTERM: exiting; the schedulers shut down first", extra={"action": "sigterm"})
         raise SystemExit(128 + signum)
     os.kill(os.getpid(), signum)   # nothing to shut down: the default action
@@ -256,9 +217,12 @@ def _on_sigterm(signum: int, frame: object) -> None:
 def _shutdown_at_exit() -> None:
     schedulers = [bs for bs in list(_live) if not bs._forked()]
     for bs in schedulers:       # all stop at once: the graces overlap
-        bs._request_stop(None)
+        bs._portal.request_stop(bs._sched.shutdown)
     for bs in schedulers:
         bs._wait_stopped_at_exit()
+
+
+# ---------------------------------------------------------------- the facade
 
 
 class BlockingScheduler:
@@ -268,6 +232,11 @@ class BlockingScheduler:
     thread; ``shutdown()`` stops it (also done at interpreter exit). Calls
     from the scheduler's own loop thread (that is, from inside an async
     executor) raise ``SchedulerError``: use the async API there.
+
+    Each method is the ``Scheduler`` method of the same name, called on that
+    loop through a ``Portal`` (``cronoq.runtime.portal``); ``submit``,
+    ``enqueue``, ``snapshot`` and ``subscribe`` do their work on the calling
+    thread instead, through the scheduler's entry points for threads.
     """
 
     def __init__(self, pools: Sequence[Pool], resources: Sequence[ResourceConfig] | None = None,
@@ -280,18 +249,8 @@ class BlockingScheduler:
                                 event_capacity=event_capacity, store=store, codec=codec, clock=clock,
                                 max_pending_total=max_pending_total, output_cache=output_cache,
                                 seed=seed, config=config, max_checkpoint_bytes=max_checkpoint_bytes)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        # The gate guards the state and the calls in flight: a call
-        # checks the state and reaches the loop under it, so a call that does
-        # not raise is one the loop will answer (or fail when it stops).
-        self._gate = threading.Lock()
-        self._state = _NEW
-        self._calls: set[_Waiter] = set()
-        self._lifecycle = threading.Lock()     # one start() at a time
-        self._stop_grace: float | None = None
-        self._stop_requested: asyncio.Future[None] | None = None
-        self._stop_error: Exception | None = None
+        self._portal = Portal("BlockingScheduler", "cronoq-scheduler")
+        self._lifecycle = threading.Lock()     # one start at a time
         self._forks = _process.forks
         self._pid = os.getpid()
         _process.after_fork(self._after_fork)
@@ -304,42 +263,34 @@ class BlockingScheduler:
         a fork); returns it. ``SchedulerError`` if it was shut down here."""
         if self._forks != _process.forks:
             self._adopt()
-        elif self._state != _RUNNING:
+        elif self._portal.state is not PortalState.RUNNING:
             with self._lifecycle:
-                if self._state == _NEW:
+                if self._portal.state is PortalState.NEW:
                     self._start_locked()
-            if self._state != _RUNNING:
-                raise self._refuse()
+            self._portal.check()
         return self
 
     @property
     def scheduler(self) -> Scheduler:
         """The async ``Scheduler`` underneath (use it only from its loop). In
         a fork's child, the one started there (not the parent's copy)."""
-        self._here()
+        self._portal_here()
         return self._sched
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
-        return self._loop
+        return self._portal.loop
 
     @property
     def running(self) -> bool:
-        return self._state == _RUNNING and self._sched.running and not self._forked()
+        return self._portal.state is PortalState.RUNNING and self._sched.running and not self._forked()
 
     @property
     def state_here(self) -> str:
         """``"new"``, ``"starting"``, ``"running"``, ``"stopping"`` or
         ``"stopped"`` in this process; ``"inherited"`` for a scheduler a
         fork's child holds from its parent (its first call starts it here)."""
-        return "inherited" if self._forked() else self._state
-
-    @property
-    def _ev(self) -> asyncio.AbstractEventLoop:
-        """The loop, once started (internal use, where it is known to be set)."""
-        loop = self._loop
-        assert loop is not None
-        return loop
+        return "inherited" if self._forked() else self._portal.state.value
 
     # ================================================================ lifecycle
 
@@ -362,116 +313,71 @@ class BlockingScheduler:
         with self._lifecycle:
             self._start_locked()
 
+    def _start_locked(self) -> None:
+        """start(), holding the lifecycle lock."""
+        _register_exit_hook()
+        _live.add(self)
+        try:
+            # Interrupted (Ctrl-C while a standby waits), it stops without a grace.
+            self._portal.start(self._sched.start, functools.partial(self._sched.shutdown, 0.0))
+        except BaseException:
+            if self._portal.state in (PortalState.NEW, PortalState.STOPPED):   # not "already started"
+                _live.discard(self)
+            raise
+        _exit_on_sigterm()
+
+    def shutdown(self, grace: float | None = None) -> None:
+        """Stop admitting, let running attempts finish for ``grace`` seconds,
+        cancel the rest, and stop the loop thread. A standby that waits to
+        lead stops waiting. Calls still in flight get ``SchedulerError``."""
+        self._portal.check_thread()     # the loop thread must never wait for itself
+        if self._forks != _process.forks:
+            return   # inherited through a fork and never started here: nothing runs in this process
+        try:
+            self._portal.stop(functools.partial(self._sched.shutdown, grace))
+        finally:
+            if self._portal.state is PortalState.STOPPED:
+                _live.discard(self)
+
     def _adopt(self) -> None:
         """In a fork's child: start afresh here (once, whichever thread comes first)."""
         with self._lifecycle:
             if self._forks == _process.forks:
                 return
             self._sched = fresh_copy(self._sched)
-            self._loop = None
-            self._thread = None
-            self._calls = set()
-            self._stop_grace = None
-            self._stop_requested = None
-            self._stop_error = None
-            self._state = _NEW
+            self._portal = Portal("BlockingScheduler", "cronoq-scheduler")
             self._pid = os.getpid()
             self._start_locked()
             # Only now: the other threads of the child wait above (on the lock)
             # until it serves, instead of being told it is starting.
             self._forks = _process.forks
 
-    def _here(self) -> None:
-        """Before a call: a scheduler inherited through a fork starts here first."""
+    def _after_fork(self) -> None:
+        # In the child of a fork: a thread of the parent may have held it. (The
+        # parent's portal is never used here: the first call makes a new one.)
+        self._lifecycle = threading.Lock()
+
+    def _forked(self) -> bool:
+        return self._forks != _process.forks
+
+    def _portal_here(self) -> Portal:
+        """The portal of this process: a scheduler inherited through a fork
+        starts here first. Read ``self._sched`` after this call, not before
+        (starting here replaces it): in ``self._portal_here().call(self._sched.x)``
+        Python evaluates the portal before the argument."""
         if self._forks != _process.forks:
+            self._portal.check_thread()
             self._adopt()
-
-    def _start_locked(self) -> None:
-        """start(), holding the lifecycle lock."""
-        with self._gate:
-            if self._state in (_STOPPING, _STOPPED):
-                raise SchedulerError("this BlockingScheduler is shut down; create a new one to start again")
-            if self._state != _NEW:
-                raise SchedulerError(f"this BlockingScheduler was already started (it is {self._state})")
-            self._state = _STARTING
-        loop = realtime.new_event_loop()   # real timers even while a test freezes time
-        ready = _Waiter()
-        thread = threading.Thread(target=self._run, args=(loop, ready), name="cronoq-scheduler",
-                                  daemon=True)
-        self._loop = loop
-        self._thread = thread
-        self._stop_grace = None
-        _register_exit_hook()
-        _live.add(self)
-        try:
-            thread.start()
-            ready.wait()
-        except BaseException as exc:  # noqa: B036 - re-raised once the thread is gone
-            self._start_failed(thread, loop, failed=exc is ready.error)
-            raise
-        with self._gate:
-            serving = self._state == _STARTING
-            if serving:
-                self._state = _RUNNING
-        if not serving:   # shut down meanwhile, from another thread
-            thread.join()
-            raise SchedulerError("the scheduler was shut down while it started")
-        _exit_on_sigterm()
-
-    def _start_failed(self, thread: threading.Thread, loop: asyncio.AbstractEventLoop, failed: bool) -> None:
-        """Leave no thread behind after a start that failed (``failed``) or was
-        interrupted (Ctrl-C while a standby waits, no thread to be had)."""
-        if not failed:
-            self._request_stop(0.0)
-        deadline = realtime.real_monotonic() + 1.0
-        while True:
-            try:
-                thread.join()
-                return
-            except RuntimeError:   # not started: interrupted inside Thread.start(), or never will be
-                if realtime.real_monotonic() > deadline and thread.ident is None:
-                    break
-                time.sleep(0.001)
-        loop.close()               # nothing ran on it
-        with self._gate:
-            self._state = _NEW
-        _live.discard(self)
-
-    def shutdown(self, grace: float | None = None) -> None:
-        """Stop admitting, let running attempts finish for ``grace`` seconds,
-        cancel the rest, and stop the loop thread. A standby that waits to
-        lead stops waiting. Calls still in flight get ``SchedulerError``."""
-        self._check_thread()     # the loop thread must never wait for itself
-        if self._forks != _process.forks:
-            return   # inherited through a fork and never started here: nothing runs in this process
-        thread = self._request_stop(grace)
-        if thread is not None:
-            thread.join()
-        error, self._stop_error = self._stop_error, None
-        if error is not None:
-            raise error
-
-    def _request_stop(self, grace: float | None) -> threading.Thread | None:
-        """Ask the loop to stop (once); the thread to wait for, if any."""
-        with self._gate:
-            state = self._state
-            if state == _NEW:
-                self._state = _STOPPED
-                return None
-            if state in (_STARTING, _RUNNING):
-                self._state = _STOPPING
-                self._stop_grace = grace
-                self._ev.call_soon_threadsafe(self._on_stop_request)   # the loop is open: see _run
-            return self._thread
+        return self._portal
 
     def _at_exit(self) -> None:
         """What interpreter exit does for this scheduler."""
         if not self._forked():
-            self._request_stop(None)
+            self._portal.request_stop(self._sched.shutdown)
             self._wait_stopped_at_exit()
 
     def _wait_stopped_at_exit(self) -> None:
-        thread = self._thread
+        thread = self._portal.thread
         if thread is None or thread is threading.current_thread():
             return
         store = self._sched.store
@@ -481,6 +387,8 @@ class BlockingScheduler:
         if thread.is_alive():
             log.error("the scheduler did not stop within %g s at interpreter exit (is an async executor "
                       "blocking its loop?); exiting without it", limit, extra={"action": "exit_timeout"})
+        else:
+            _live.discard(self)
 
     def __enter__(self) -> BlockingScheduler:
         self.start()
@@ -489,153 +397,22 @@ class BlockingScheduler:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    # ================================================================ the loop thread
+    def __repr__(self) -> str:
+        return f"<cronoq.BlockingScheduler {'running' if self.running else 'stopped'}>"
 
-    def _run(self, loop: asyncio.AbstractEventLoop, ready: _Waiter) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            main = loop.create_task(self._main(ready))
-            while True:
-                try:
-                    loop.run_until_complete(main)
-                    break
-                except (KeyboardInterrupt, SystemExit) as exc:
-                    # An async executor raised it (its attempt already failed): a
-                    # private loop thread has no caller to hand it to, so it goes on.
-                    log.error("an executor raised %s on the scheduler's loop thread; the scheduler goes "
-                              "on", type(exc).__name__, extra={"action": "executor_exit"})
-        finally:
-            with self._gate:
-                # From here no call reaches the loop: fail those in flight.
-                self._state = _NEW if self._state == _STARTING else _STOPPED
-                pending = list(self._calls)
-            error = SchedulerError("the scheduler shut down")
-            for waiter in pending:
-                waiter.fail(error)
-            ready.fail(error)    # only if the start never answered
-            self._close_loop(loop)
-            _live.discard(self)
-
-    async def _main(self, ready: _Waiter) -> None:
-        self._stop_requested = asyncio.get_running_loop().create_future()
-        with self._gate:
-            stop_early = self._state == _STOPPING
-        try:
-            if stop_early:
-                raise SchedulerError("the scheduler was shut down while it started")
-            await self._sched.start()
-        except BaseException as exc:
-            ready.fail(exc)
-            return
-        ready.set(None)
-        await self._stop_requested
-        try:
-            await self._sched.shutdown(self._stop_grace)
-        except Exception as exc:  # handed to the shutdown() caller
-            self._stop_error = exc
-
-    def _on_stop_request(self) -> None:
-        """On the loop: shutdown() was called."""
-        stop = self._stop_requested
-        if stop is not None and not stop.done():
-            stop.set_result(None)
-        if not self._sched.running:
-            # A standby waiting to lead (or recovering) gives up: shutdown()
-            # of a scheduler that is still starting makes its start() raise.
-            self._ev.create_task(self._sched.shutdown())
-
-    @staticmethod
-    def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
-        try:
-            tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in tasks:
-                task.cancel()
-            if tasks:
-                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            loop.close()
-
-    # ================================================================ plumbing
-
-    def _forked(self) -> bool:
-        return self._forks != _process.forks
-
-    def _check_process(self) -> None:
-        if self._forks != _process.forks:
-            raise _process.forked_error(self._pid)
-
-    def _after_fork(self) -> None:
-        # In the child of a fork: a thread of the parent may have held these.
-        self._gate = threading.Lock()
-        self._lifecycle = threading.Lock()
-
-    def _check_thread(self) -> None:
-        if self._thread is not None and threading.current_thread() is self._thread:
-            raise SchedulerError("BlockingScheduler was called from its own event loop thread (an async "
-                                 "executor?); that would deadlock: use the async Scheduler there")
-
-    def _refuse(self) -> BaseException:
-        """The error for a call made while the scheduler does not serve (under the gate)."""
-        if self._forks != _process.forks:
-            return _process.forked_error(self._pid)
-        if self._state == _NEW:
-            return RuntimeError("the scheduler is not started: use 'with' or call start()")
-        if self._state == _STARTING:
-            return SchedulerError("the scheduler is starting")
-        return SchedulerError("the scheduler is shut down")
-
-    def _send(self, fn: Callable[..., None], *args: Any) -> _Waiter:
-        """Call ``fn(waiter, *args)`` on the loop; the waiter is answered there
-        (or failed when the scheduler stops). Raises if the scheduler does not serve."""
-        self._check_thread()
-        self._here()
-        waiter = _Waiter()
-        with self._gate:
-            if self._state != _RUNNING or self._forks != _process.forks:
-                raise self._refuse()
-            waiter.track(self._calls)
-            self._ev.call_soon_threadsafe(fn, waiter, *args)
-        return waiter
-
-    def _call(self, coro_fn: Callable[_P, Awaitable[_T]], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """Run ``coro_fn(*args)`` on the loop and wait for its result. It runs
-        in a copy of the caller's context, as it would on the caller's thread
-        (submission hooks read the caller's context variables: its trace)."""
-        context = contextvars.copy_context()
-        value: _T = self._send(self._start_call, coro_fn, args, kwargs, context).wait()
-        return value
-
-    def _start_call(self, waiter: _Waiter, coro_fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
-                    kwargs: dict[str, Any], context: contextvars.Context) -> None:
-        self._ev.create_task(self._run_call(waiter, coro_fn, args, kwargs), context=context)
-
-    @staticmethod
-    async def _run_call(waiter: _Waiter, coro_fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
-                        kwargs: dict[str, Any]) -> None:
-        try:
-            value = await coro_fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: B036 - handed to the caller
-            waiter.fail(exc)
-        else:
-            waiter.set(value)
+    # ================================================================ on the calling thread
 
     def _post(self, spec: TaskSpec, want_handle: bool) -> Any:
         """Submit on this thread (see ``Scheduler.submit_from_thread``): the
         engine answers at once; the loop is needed only to wait for a
         commit, or for room in a full queue."""
-        self._check_thread()
-        self._here()
-        with self._gate:
-            if self._state != _RUNNING or self._forks != _process.forks:
-                raise self._refuse()
+        portal = self._portal_here()
+        portal.check()
         value, later = self._sched.submit_from_thread(spec, handle=want_handle,
                                                       wrap=BlockingHandle if want_handle else None)
         if later is not None:
-            value = self._call(later)
+            value = portal.call(later)
         return value if want_handle else value[0]
-
-    # ================================================================ the API
 
     def submit(self, payload: Any = None, **options: Any) -> BlockingHandle:
         """Submit a task; returns a ``BlockingHandle`` (``.result(timeout)``)."""
@@ -643,131 +420,97 @@ class BlockingScheduler:
         return handle
 
     def enqueue(self, payload: Any = None, **options: Any) -> int:
-        """Submit a task without a handle; returns its id."""
         task_id: int = self._post(TaskSpec(payload, **options), False)
         return task_id
 
-    def submit_batch(self, tasks: Iterable[TaskSpec]) -> list[BlockingHandle]:
-        """Submit ``cronoq.Task`` objects atomically (all or none)."""
-        tasks = list(tasks)
-
-        async def run() -> list[BlockingHandle]:
-            return [BlockingHandle(h) for h in await self._sched.submit_batch(tasks)]
-
-        return self._call(run)
-
-    def enqueue_batch(self, tasks: Iterable[TaskSpec]) -> list[int]:
-        """``submit_batch`` without handles; returns the ids."""
-        return self._call(self._sched.enqueue_batch, list(tasks))
-
-    def cancel(self, ref: int | str) -> bool:
-        """Cancel a task by id or key (False if it already finished)."""
-        return self._call(self._sched.cancel, ref)
-
-    def handle(self, ref: int | str) -> BlockingHandle:
-        """A handle on an existing task, live or finished (within retention)."""
-
-        async def run() -> BlockingHandle:
-            return BlockingHandle(await self._sched.handle(ref))
-
-        return self._call(run)
-
-    def info(self, ref: int | str) -> TaskInfo:
-        """What the scheduler knows of a task."""
-        return self._call(self._sched.info, ref)
-
     def snapshot(self) -> Snapshot:
-        """Pools, quality metrics over the window, and totals since start."""
-        self._check_thread()
-        self._here()
-        with self._gate:
-            if self._state != _RUNNING or self._forks != _process.forks:
-                raise self._refuse()
+        self._portal_here().check()
         return self._sched.snapshot_from_thread()
 
     def events(self, on_lag: str = "drop") -> BlockingEventStream:
         """A blocking iterator of status events; close it (or use ``with``)."""
-        self._check_thread()
-        self._here()
-        with self._gate:
-            if self._state != _RUNNING or self._forks != _process.forks:
-                raise self._refuse()
+        self._portal_here().check()
         stream = BlockingEventStream(self._sched.event_capacity, on_lag, self)
         self._sched.subscribe(stream)
         return stream
+
+    def subscribe(self, sink: EventSink) -> None:
+        self._portal_here().check()
+        self._sched.subscribe(sink)
+
+    def unsubscribe(self, sink: EventSink) -> None:
+        self._sched.unsubscribe(sink)
+
+    def add_submit_hook(self, hook: Callable[[TaskSpec], TaskSpec]) -> Callable[[], None]:
+        return self._sched.add_submit_hook(hook)
+
+    def add_admission_listener(
+            self, listener: Callable[[int, Sequence[TaskSpec], Sequence[tuple[int, bool]] | None,
+                                      AdmissionError | None], None]) -> Callable[[], None]:
+        return self._sched.add_admission_listener(listener)
+
+    def add_executor_middleware(
+            self, middleware: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> Callable[[], None]:
+        return self._sched.add_executor_middleware(middleware)
+
+    # ================================================================ on the loop, through the portal
 
     def call(self, coro_fn: Callable[[], Awaitable[_T]]) -> _T:
         """Run ``await coro_fn()`` on the scheduler's loop and return its
         result (in a copy of this thread's context). A call in flight when the
         scheduler stops raises ``SchedulerError``. For an answer that
         ``Scheduler.submit_from_thread`` leaves to the loop, say."""
-        return self._call(coro_fn)
+        return self._portal_here().call(coro_fn)
 
-    def subscribe(self, sink: EventSink) -> None:
-        """Deliver every status event to ``sink`` (its ``deliver`` and ``end``
-        run on the scheduler's loop thread); ``events()`` is the ready-made one."""
-        self._check_thread()
-        self._here()
-        with self._gate:
-            if self._state != _RUNNING or self._forks != _process.forks:
-                raise self._refuse()
-        self._sched.subscribe(sink)
+    def submit_batch(self, tasks: Iterable[TaskSpec]) -> list[BlockingHandle]:
+        return [BlockingHandle(h) for h in self._portal_here().call(self._sched.submit_batch, list(tasks))]
 
-    def unsubscribe(self, sink: EventSink) -> None:
-        """Stop delivering events to ``sink``."""
-        self._sched.unsubscribe(sink)
+    def enqueue_batch(self, tasks: Iterable[TaskSpec]) -> list[int]:
+        return self._portal_here().call(self._sched.enqueue_batch, list(tasks))
 
-    def add_submit_hook(self, hook: Callable[[TaskSpec], TaskSpec]) -> Callable[[], None]:
-        """Call ``hook(task)`` for every task before it is admitted (see
-        ``Scheduler.add_submit_hook``); returns a function that removes it."""
-        return self._sched.add_submit_hook(hook)
+    def cancel(self, ref: int | str) -> bool:
+        return self._portal_here().call(self._sched.cancel, ref)
 
-    def add_admission_listener(
-            self, listener: Callable[[int, Sequence[TaskSpec], Sequence[tuple[int, bool]] | None,
-                                      AdmissionError | None], None]) -> Callable[[], None]:
-        """Call ``listener(now_ns, tasks, results, error)`` after every admission
-        (see ``Scheduler.add_admission_listener``); returns a function that removes it."""
-        return self._sched.add_admission_listener(listener)
+    def handle(self, ref: int | str) -> BlockingHandle:
+        return BlockingHandle(self._portal_here().call(self._sched.handle, ref))
 
-    def add_executor_middleware(
-            self, middleware: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> Callable[[], None]:
-        """Before ``start()``: wrap every pool's executor (see
-        ``Scheduler.add_executor_middleware``)."""
-        return self._sched.add_executor_middleware(middleware)
+    def info(self, ref: int | str) -> TaskInfo:
+        return self._portal_here().call(self._sched.info, ref)
 
     def set_capacity(self, pool: str, capacity: int) -> None:
-        """Set the capacity of a pool's unlabeled workers."""
-        return self._call(self._sched.set_capacity, pool, capacity)
+        self._portal_here().call(self._sched.set_capacity, pool, capacity)
 
     def set_group_capacity(self, pool: str, labels: dict[str, str], capacity: int) -> None:
-        """Set the capacity of the pool's workers that carry exactly ``labels``."""
-        return self._call(self._sched.set_group_capacity, pool, labels, capacity)
+        self._portal_here().call(self._sched.set_group_capacity, pool, labels, capacity)
 
     def add_recurring(self, name: str, cron: str, payload: Any = None, *, tz: str = "UTC",
                       overlap: str = "skip", tolerance: float | None = None,
                       on_miss: str | None = None, key: str | None = None,
                       **task_options: Any) -> None:
-        """Register (or replace) a cron schedule."""
-        return self._call(self._sched.add_recurring, name, cron, payload, tz=tz, overlap=overlap,
-                          tolerance=tolerance, on_miss=on_miss, key=key, **task_options)
+        self._portal_here().call(self._sched.add_recurring, name, cron, payload, tz=tz, overlap=overlap,
+                                 tolerance=tolerance, on_miss=on_miss, key=key, **task_options)
 
     def remove_recurring(self, name: str) -> bool:
-        """Stop a schedule (an occurrence already created still runs)."""
-        return self._call(self._sched.remove_recurring, name)
-
-    def __repr__(self) -> str:
-        return f"<cronoq.BlockingScheduler {'running' if self.running else 'stopped'}>"
-
-    # ================================================================ listings (Scheduler's twins)
+        return self._portal_here().call(self._sched.remove_recurring, name)
 
     def list_tasks(self, *, pools: Iterable[str] | None = None, statuses: Iterable[str] | None = None,
                    after: int = 0, limit: int = 100) -> list[TaskInfo]:
-        """Tasks with ids above ``after`` in id order (see ``Scheduler.list_tasks``)."""
-        return self._call(self._sched.list_tasks, pools=pools, statuses=statuses, after=after, limit=limit)
+        return self._portal_here().call(self._sched.list_tasks, pools=pools, statuses=statuses, after=after,
+                                        limit=limit)
 
     def recurring(self) -> list[RecurringInfo]:
-        """The recurring schedules, sorted by name, with their next occurrence."""
-        return self._call(self._sched.recurring)
+        return self._portal_here().call(self._sched.recurring)
+
+
+def _share_docstrings() -> None:
+    """A twin that says nothing of its own says what its ``Scheduler`` method says."""
+    for name, twin in vars(BlockingScheduler).items():
+        original = None if name.startswith("_") else getattr(Scheduler, name, None)
+        if original is not None and inspect.isfunction(twin) and not twin.__doc__:
+            twin.__doc__ = original.__doc__
+
+
+_share_docstrings()
 
 
 def fresh_blocking_copy(blocking: BlockingScheduler) -> BlockingScheduler:

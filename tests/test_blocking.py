@@ -69,6 +69,46 @@ def test_every_public_scheduler_method_has_a_synchronous_twin():
         assert not inspect.iscoroutinefunction(twin), f"BlockingScheduler.{name} must be synchronous"
 
 
+# Public members of Scheduler that BlockingScheduler deliberately lacks, and why.
+NO_TWIN = {
+    "submit_from_thread": "the entry point of other threads into a running Scheduler: "
+                          "BlockingScheduler.submit and enqueue are built on it",
+    "snapshot_from_thread": "likewise: BlockingScheduler.snapshot is built on it",
+    "config": "read it on .scheduler: a plain attribute, safe from any thread",
+    "leading": "read it on .scheduler (start() says so): a plain attribute, safe from any thread",
+}
+# Public members of BlockingScheduler alone, and why.
+FACADE_ONLY = {
+    "call": "runs a coroutine function on the scheduler's loop: async code awaits it instead",
+    "ensure_started": "starts the loop thread unless it runs in this process (server hooks, forks)",
+    "scheduler": "the async Scheduler underneath",
+    "loop": "the event loop of the facade's thread",
+    "state_here": "the facade's lifecycle in this process, fork included",
+}
+# Twins with a docstring of their own: the async one does not describe the blocking call.
+OWN_DOCSTRINGS = {"submit", "events", "start", "shutdown"}
+
+
+def _public_members(cls):
+    return {name: inspect.getattr_static(cls, name) for name in dir(cls) if not name.startswith("_")}
+
+
+def test_the_public_surfaces_are_equal_but_for_the_listed_differences():
+    async_members = _public_members(cronoq.Scheduler)
+    sync_members = _public_members(cronoq.BlockingScheduler)
+    assert sorted(set(async_members) - set(sync_members)) == sorted(NO_TWIN)
+    assert sorted(set(sync_members) - set(async_members)) == sorted(FACADE_ONLY)
+    for name in sorted(set(async_members) & set(sync_members)):
+        original, twin = async_members[name], sync_members[name]
+        assert type(twin) is type(original), f"BlockingScheduler.{name} is not of the same kind"
+        if inspect.isfunction(original):
+            assert _shape(twin) == _shape(original), name
+            assert not inspect.iscoroutinefunction(twin), f"BlockingScheduler.{name} must be synchronous"
+            assert twin.__doc__, f"BlockingScheduler.{name} has no docstring"
+            if name not in OWN_DOCSTRINGS:
+                assert twin.__doc__ == original.__doc__, f"BlockingScheduler.{name}: not the shared docstring"
+
+
 def test_blocking_scheduler_takes_the_same_options():
     assert _shape(cronoq.BlockingScheduler.__init__) == _shape(cronoq.Scheduler.__init__)
     assert isinstance(inspect.getattr_static(cronoq.BlockingScheduler, "running"), property)
@@ -101,7 +141,7 @@ def test_with_block_submit_and_result():
         assert (dup.id, dup.duplicate) == (handle.id, True)
         assert dup.result(timeout=10) == 42
     assert bs.running is False
-    assert not bs._thread.is_alive()
+    assert not bs._portal.thread.is_alive()
 
 
 def test_explicit_start_and_shutdown_and_errors_around_them():
@@ -516,7 +556,7 @@ def test_calls_from_the_loop_thread_raise_instead_of_deadlocking():
     finally:
         bs.shutdown()
     assert not bs.running
-    assert not bs._thread.is_alive()
+    assert not bs._portal.thread.is_alive()
 
 
 def test_shutdown_called_from_an_executor_during_shutdown_raises_instead_of_deadlocking():
@@ -550,7 +590,7 @@ def test_shutdown_called_from_an_executor_during_shutdown_raises_instead_of_dead
     stopper.join(10)
     assert not stopper.is_alive(), "shutdown deadlocked"
     assert handle.result(timeout=0).startswith("refused: ")
-    assert not bs._thread.is_alive()
+    assert not bs._portal.thread.is_alive()
 
 
 # ---------------------------------------------------------------- atexit
@@ -577,7 +617,7 @@ def test_the_atexit_hook_shuts_the_scheduler_down():
     handle = bs.submit("x")
     try:
         bs._at_exit()        # what the interpreter does at exit
-        assert not bs.running and not bs._thread.is_alive()
+        assert not bs.running and not bs._portal.thread.is_alive()
         assert failure(handle, timeout=5).status == "shutdown"
     finally:
         bs.shutdown()
@@ -604,6 +644,58 @@ print("submitted", handle.id, flush=True)
 def test_interpreter_exit_without_shutdown_is_clean():
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["submitted 1", "executor cancelled"]
+    assert "Traceback" not in proc.stderr
+
+
+WAITER_AT_EXIT = """
+import asyncio, threading, cronoq
+
+async def stuck(ctx, x):
+    await asyncio.Event().wait()
+
+bs = cronoq.BlockingScheduler([cronoq.Pool("default", stuck, autoscale=False)], shutdown_grace=0.05)
+bs.start()
+handle = bs.submit(1)
+
+def wait_for_it():
+    try:
+        handle.result()          # no timeout: only the scheduler's shutdown ends this wait
+    except cronoq.TaskFailed as exc:
+        print("the waiter saw", exc.status, flush=True)
+
+threading.Thread(target=wait_for_it).start()   # not a daemon: interpreter exit joins it
+# the main thread ends without calling shutdown()
+"""
+
+
+def test_interpreter_exit_shuts_down_before_it_joins_a_thread_that_waits_for_a_task():
+    # Why the exit hook runs before the interpreter joins non-daemon threads:
+    # one that waits for a task's result would otherwise be waited for forever.
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", WAITER_AT_EXIT], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["the waiter saw shutdown"]
+
+
+WITHOUT_THE_EARLY_HOOK = {
+    "missing": "del threading._register_atexit\n",
+    "refusing": "def refuse(fn):\n    raise RuntimeError(\"can't register atexit after shutdown\")\n"
+                "threading._register_atexit = refuse\n",
+}
+
+
+@pytest.mark.parametrize("how", sorted(WITHOUT_THE_EARLY_HOOK))
+def test_without_threadings_early_exit_hook_interpreter_exit_still_shuts_down(how):
+    # The fallback (atexit) where threading._register_atexit is missing or
+    # refuses: the scheduler still stops at exit, its executors cancelled.
+    # (concurrent.futures registers its own hook with it first, at import.)
+    script = "import threading, concurrent.futures.thread\n" + WITHOUT_THE_EARLY_HOOK[how] + SCRIPT
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["submitted 1", "executor cancelled"]
@@ -687,7 +779,7 @@ def test_blocking_scheduler_inside_a_threaded_wsgi_server():
         serving.join(10)
         sched.shutdown()
     assert not serving.is_alive()
-    assert not sched.running and not sched._thread.is_alive()
+    assert not sched.running and not sched._portal.thread.is_alive()
 
 
 def test_a_submit_from_a_thread_does_not_wait_for_the_loop():

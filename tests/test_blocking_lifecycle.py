@@ -60,7 +60,7 @@ def test_a_call_that_passed_its_checks_as_shutdown_ends_gets_a_scheduler_error(n
     bs.start()
     stopped = threading.Event()
     waiting = threading.Event()
-    real_check = bs._check_thread
+    real_check = bs._portal.check_thread
 
     def check_then_wait():
         # The call has passed its first checks; the scheduler stops before it goes on.
@@ -69,7 +69,7 @@ def test_a_call_that_passed_its_checks_as_shutdown_ends_gets_a_scheduler_error(n
             waiting.set()
             assert stopped.wait(WAIT)
 
-    bs._check_thread = check_then_wait
+    bs._portal.check_thread = check_then_wait
     thread, outcome = in_thread(lambda: CALLS[name](bs), name="racer")
     assert waiting.wait(WAIT)
     bs.shutdown()
@@ -155,7 +155,7 @@ def test_a_standby_waiting_to_lead_can_be_shut_down():
         [(kind, error)] = outcome
         assert kind == "error" and isinstance(error, cronoq.SchedulerError)
         assert "shut down" in str(error)
-        assert not standby._thread.is_alive()
+        assert not standby._portal.thread.is_alive()
         assert leader.submit(2).result(timeout=WAIT) == 4     # the leader did not notice
     finally:
         leader.shutdown()
@@ -181,7 +181,7 @@ def test_a_failed_start_leaves_no_thread_and_can_be_tried_again():
     with pytest.raises(cronoq.SchedulerError, match="recovery failed"):
         bs.start()
     assert len(loop_threads()) == before
-    assert not bs._thread.is_alive()
+    assert not bs._portal.thread.is_alive()
     with pytest.raises(RuntimeError, match="not started"):
         bs.submit(1)
     bs.start()          # the store recovers this time
@@ -215,7 +215,8 @@ leader.start()
 standby = cronoq.BlockingScheduler(pools(), store=InMemoryStore(database))
 
 def interrupt():
-    while not [t for t in threading.enumerate() if t.name == "cronoq-scheduler" and t is not leader._thread]:
+    leaders = leader._portal.thread
+    while not [t for t in threading.enumerate() if t.name == "cronoq-scheduler" and t is not leaders]:
         threading.Event().wait(0.005)
     os.kill(os.getpid(), signal.SIGINT)     # Ctrl-C while the standby waits in start()
 
@@ -262,7 +263,7 @@ def test_in_a_fork_child_the_parents_handles_and_streams_raise_instead_of_waitin
         stream.close()
         bs._at_exit()       # the child's exit hook leaves the parent's scheduler alone
         monkeypatch.undo()
-        assert bs.running and bs._thread.is_alive()
+        assert bs.running and bs._portal.thread.is_alive()
         release.set()
         assert handle.result(timeout=WAIT) == "pending"
     finally:
@@ -306,3 +307,78 @@ def test_a_scheduler_started_before_a_fork_starts_afresh_in_the_child_on_first_u
                           timeout=120, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["child exit: 0", "parent still runs here: True"], proc.stderr
+
+
+FORK_CHILD_FIRST_CALL_ON_THE_LOOP = r"""
+import os, sys
+import cronoq
+
+async def double(ctx, x):
+    return x * 2
+
+async def answer():
+    return 42
+
+CALLS = {   # each the child's first call: one that runs on the (child's own) loop
+    "recurring": lambda bs: bs.recurring() == [],
+    "list_tasks": lambda bs: isinstance(bs.list_tasks(), list),
+    "set_capacity": lambda bs: bs.set_capacity("p", 2) is None,
+    "remove_recurring": lambda bs: bs.remove_recurring("none") is False,
+    "enqueue_batch": lambda bs: len(bs.enqueue_batch([cronoq.Task(1)])) == 1,
+    "submit_batch": lambda bs: [h.result(timeout=30) for h in bs.submit_batch([cronoq.Task(2)])] == [4],
+    "call": lambda bs: bs.call(answer) == 42,
+}
+
+bs = cronoq.BlockingScheduler([cronoq.Pool("p", double, min=1, max=4, autoscale=False)])
+bs.start()
+for name, call in CALLS.items():
+    pid = os.fork()
+    if pid == 0:
+        try:
+            outcome = "ok" if call(bs) else "wrong answer"
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        print(f"{name}: {outcome}", flush=True)
+        bs.shutdown()
+        os._exit(0)
+    os.waitpid(pid, 0)
+print("parent:", bs.submit(5).result(timeout=30))
+bs.shutdown()
+"""
+
+
+def test_in_a_fork_child_a_first_call_that_runs_on_the_loop_starts_the_childs_own_scheduler():
+    """The first call in a fork's child starts a scheduler of the child's own,
+    whichever call it is: not only a submit, also one the loop answers."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", FORK_CHILD_FIRST_CALL_ON_THE_LOOP], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "recurring: ok", "list_tasks: ok", "set_capacity: ok", "remove_recurring: ok", "enqueue_batch: ok",
+        "submit_batch: ok", "call: ok", "parent: 10"], proc.stderr
+
+
+def test_a_shutdown_while_start_makes_its_loop_gives_no_error_and_leaves_no_thread(monkeypatch):
+    """shutdown() from another thread at any moment of start() (here: while
+    start() makes its event loop) stops the scheduler without an error of
+    its own; start() raises SchedulerError and leaves no thread."""
+    from cronoq import realtime
+
+    bs = cronoq.BlockingScheduler([fixed("default", double)])
+    real_new_event_loop = realtime.new_event_loop
+    stopped = []
+
+    def new_event_loop():
+        stopper, outcome = in_thread(bs.shutdown)
+        stopper.join(WAIT)
+        stopped.extend(outcome)
+        return real_new_event_loop()
+
+    monkeypatch.setattr(realtime, "new_event_loop", new_event_loop)
+    before = len(loop_threads())
+    with pytest.raises(cronoq.SchedulerError, match="shut down"):
+        bs.start()
+    assert stopped == [("ok", None)]
+    assert len(loop_threads()) == before
+    assert bs.state_here == "stopped"

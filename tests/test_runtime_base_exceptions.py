@@ -123,7 +123,7 @@ def test_a_blocking_schedulers_loop_thread_survives_an_async_executors_keyboard_
                 bad.result(timeout=WAIT)
             assert info.value.message == f"gave up after 1 attempt: {exc_type.__name__}"
             assert bs.submit("next").result(timeout=WAIT) == "next"
-            assert bs._thread.is_alive()
+            assert bs._portal.thread.is_alive()
     [record] = [r for r in caplog.records if getattr(r, "action", None) == "executor_exit"]
     assert exc_type.__name__ in record.getMessage()
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -51,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
         return simulate(seed=args.seed)
     if not args.seconds > 0 or not args.speed > 0:
         args.demo_parser.error("--seconds and --speed must be positive")
+    if args.store is not None:
+        directory = os.path.dirname(os.path.abspath(args.store))
+        if not os.path.isdir(directory):
+            args.demo_parser.error(f"--store {args.store}: the directory {directory} does not exist")
+        if os.path.isdir(args.store):
+            args.demo_parser.error(f"--store {args.store}: a directory, not a SQLite file")
     from .demo import run_demo
     return run_demo(seconds=args.seconds, seed=args.seed, speed=args.speed, live=not args.no_live,
                     store_path=args.store, record=args.record)

@@ -278,7 +278,7 @@ def _frame(snap: Any, rec: Recorder, elapsed: float, height: int) -> Any:
 
 
 def _report(console: Any, snap: Any, rec: Recorder, seconds: float, elapsed: float, seed: int, window: float,
-            where: str, epoch: int | None) -> None:
+            kept_path: str | None, epoch: int | None) -> None:
     from rich.table import Table
 
     span = (f"the whole {elapsed:.0f} s run" if elapsed <= window
@@ -333,8 +333,13 @@ def _report(console: Any, snap: Any, rec: Recorder, seconds: float, elapsed: flo
         f"{totals['retries']} retries; deadlines met: {met} of {total}."))
     console.print(_paragraph(_ingest_line(rec)))
     epoch_text = f", leader epoch {epoch}" if epoch else ""
-    console.print(_paragraph(f"State was kept in {where}{epoch_text}: every submission was committed "
-                             f"before it was acknowledged."))
+    if kept_path is None:
+        console.print(_paragraph(f"State was kept in a temporary SQLite file{epoch_text}: every submission "
+                                 f"was committed before it was acknowledged."))
+    else:   # the path on a line of its own, never wrapped, so that it can be copied
+        console.print(_paragraph(f"State was kept in this SQLite file{epoch_text}: every submission was "
+                                 f"committed before it was acknowledged."))
+        console.print(f"  {kept_path}", soft_wrap=True, markup=False)
     console.print()
     console.print("[bold]Next steps[/]")
     for what, where_ in NEXT_STEPS:
@@ -373,7 +378,7 @@ async def _main(seconds: float, seed: int, speed: float, live: bool, store_path:
         recorder = TraceRecorder(sched, record)   # before start: it times every attempt
     try:
         await _run(sched, rec, console, seconds, seed, rng, speed, live and console.is_terminal,
-                   store_path if kept else "a temporary SQLite file")
+                   store_path if kept else None)
     finally:
         if recorder is not None:
             recorder.close()
@@ -383,7 +388,7 @@ async def _main(seconds: float, seed: int, speed: float, live: bool, store_path:
 
 
 async def _run(sched: cronoq.Scheduler, rec: Recorder, console: Any, seconds: float, seed: int,
-               rng: random.Random, speed: float, live: bool, where: str) -> None:
+               rng: random.Random, speed: float, live: bool, kept_path: str | None) -> None:
     from rich.live import Live
 
     if not live:   # a pipe or a log: each moment once, as it happens
@@ -412,7 +417,7 @@ async def _run(sched: cronoq.Scheduler, rec: Recorder, console: Any, seconds: fl
         await work
         snap = await sched.snapshot()
     window = CoreConfig().metrics_window_ns / 1e9   # (the demo keeps the default window)
-    _report(console, snap, rec, seconds, time.time() - rec.began, seed, window, where, sched.epoch)
+    _report(console, snap, rec, seconds, time.time() - rec.began, seed, window, kept_path, sched.epoch)
 
 
 def run_demo(seconds: float = 20.0, seed: int = 7, speed: float = 1.0, live: bool = True,

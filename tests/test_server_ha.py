@@ -12,12 +12,14 @@ import http.client
 import json
 import os
 import signal
+import time
 import uuid
 
 import grpc
 import pytest
 
 from cronoq._proto import cronoq_pb2 as pb
+from cronoq import UnknownTask
 from cronoq.client import Client, Worker
 from serverkit import LISTEN, RawWorker, WorkerProcess, stubs
 
@@ -226,17 +228,29 @@ async def test_a_second_server_on_a_deleted_sqlite_path_never_leads_beside_the_f
     async with Client(first.target) as client:
         await client.submit("before", pool="idle", key="before")
     remove_sqlite(path)
-    second = servers(config, name="b")   # a new, empty database at the path: it leads there
+    first.wait_for("was deleted or replaced while open")   # (its next renewal notices)
     await submit_refused(first)
-    first.wait_for("was deleted or replaced while open")
-    first.wait_for("standing by", occurrences=2)
-    assert (readyz(first), readyz(second)) == (503, 200)
-    async with Client(second.target) as client:
+    second = servers(config, name="b", wait_for="standing by")   # it creates a new, empty database there
+    # Both contend for the new file's lease, fairly: one leads it, never both.
+    deadline = time.monotonic() + 60
+    while True:
+        if any("serving as the leader" in line for line in second.lines):
+            leader, other, times_led = second, first, 1
+            break
+        if sum("serving as the leader" in line for line in first.lines) >= 2:
+            leader, other, times_led = first, second, 2
+            break
+        assert time.monotonic() < deadline, "neither server leads the new file"
+        await asyncio.sleep(0.1)
+    assert (readyz(leader), readyz(other)) == (200, 503)
+    async with Client(leader.target) as client:
+        with pytest.raises(UnknownTask):   # the new file knows nothing of the old one
+            await client.get("before")
         new_id = (await client.submit("after", pool="idle", key="after")).id
-    # The first now stands by on the new file, and takes over from it.
-    assert second.stop() == 0
-    first.wait_for("serving as the leader", occurrences=2, timeout=60)
-    async with Client(first.target) as client:
+    # The other stands by on the new file, and takes over from it.
+    assert leader.stop() == 0
+    other.wait_for("serving as the leader", occurrences=3 - times_led, timeout=60)
+    async with Client(other.target) as client:
         assert (await client.get("after")).id == new_id
 
 

@@ -175,7 +175,7 @@ def test_the_demo_keeps_its_state_in_the_store_it_is_given(tmp_path, capsys):
     path = str(tmp_path / "demo.db")
     assert main(["demo", "--seconds", "0.3", "--speed", "0.2", "--no-live", "--store", path]) == 0
     out = capsys.readouterr().out
-    assert f"state kept in {path}" in out.replace("\n", "")   # rich wraps long lines
+    assert f"  {path}" in out.splitlines()   # on a line of its own, however long: it can be copied
     conn = sqlite3.connect(path)
     try:
         statuses = dict(conn.execute("SELECT status, count(*) FROM cronoq_tasks GROUP BY status"))
@@ -184,6 +184,20 @@ def test_the_demo_keeps_its_state_in_the_store_it_is_given(tmp_path, capsys):
         conn.close()
     assert statuses.get("succeeded", 0) >= 5 and statuses.get("failed") == 1   # the pipeline's load step
     assert outputs == statuses["succeeded"]   # every result was JSON and got stored
+
+
+def test_the_demo_refuses_a_store_it_cannot_create_by_name(tmp_path, capsys):
+    from cronoq.__main__ import main
+
+    missing = tmp_path / "no-such-directory" / "demo.db"
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--seconds", "0.3", "--no-live", "--store", str(missing)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"the directory {missing.parent} does not exist" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main(["demo", "--seconds", "0.3", "--no-live", "--store", str(tmp_path)])
+    assert "a directory, not a SQLite file" in capsys.readouterr().err
 
 
 @pytest.mark.asyncio

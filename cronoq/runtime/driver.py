@@ -101,26 +101,17 @@ class EngineDriver:
 
     # ================================================================ the pump
 
-    def pump(self) -> None:
-        """Carry out everything the engine asked for, then re-arm the timer."""
-        with self.lock:
-            core = self.core
-            assert core is not None
-            log_ = self.log
-            self._carry_out(core.actions, log_)
-            if log_ is not None:
-                log_.kick()
-            if self.room:
-                self.admission.wake_room()
-            if self.drained is not None and not core.running:
-                self.drained.set()
-            if self.timer_at is not None or core.timer_heap:
-                self._arm()
-
-    def _carry_out(self, actions: deque[tuple[Any, ...]], log_: DurableLog | None) -> None:
-        """Each action in turn, the one place they are carried out. With
-        ``log_``, mutations go to its open batch and the effects after them
-        are held until they are committed (``release`` brings them back)."""
+    def pump(self, released: int = 0) -> None:
+        """Carry out everything the engine asked for, then re-arm the timer
+        (under the lock). Each action is carried out here and only here.
+        With a store, mutations go to the durable log's open batch and the
+        effects after them are held until they are committed; ``released``:
+        how many actions at the front are effects the log let go (see
+        ``release``), carried out as they are."""
+        core = self.core
+        assert core is not None
+        actions = core.actions
+        log_ = self.log
         runners = self.runners
         results = self.results
         handles = results.handles
@@ -129,7 +120,9 @@ class EngineDriver:
         while actions:
             raw = actions.popleft()
             kind = raw[0]
-            if log_ is not None:
+            if released:
+                released -= 1
+            elif log_ is not None:
                 if kind == PERSIST:
                     log_.add(raw[1])
                     continue
@@ -139,8 +132,6 @@ class EngineDriver:
                 if life.state is not RUNNING:
                     # Committed before the shutdown began: it has not started, so it
                     # goes back to the queue (and the store) without using an attempt.
-                    core = self.core
-                    assert core is not None
                     core.give_back(self.now_ns(), raw[2])
                     continue
                 entry = raw[1]
@@ -162,14 +153,25 @@ class EngineDriver:
                         sink.deliver(event)
             elif kind == ABORT:
                 self.abort(raw[1], abort_reason(raw[3]))
+        if log_ is not None:
+            log_.kick()
+        if self.room:
+            self.admission.wake_room()
+        if self.drained is not None and not core.running:
+            self.drained.set()
+        if self.timer_at is not None or core.timer_heap:
+            self._arm()
 
     def release(self, effects: list[Any]) -> None:
-        """Effects whose mutations were committed (the durable log's hook)."""
+        """Effects whose mutations were committed (the durable log's hook):
+        carried out first, before whatever the engine asked for since."""
         with self.lock:
             if self.life.state not in SERVING:
                 return
-            self._carry_out(deque(effects), None)
-            self.pump()   # what giving back a dispatch changed, and the timer
+            core = self.core
+            assert core is not None
+            core.actions.extendleft(reversed(effects))
+            self.pump(len(effects))
 
     def ask_pump(self) -> None:
         """From another thread, under the lock: have the loop pump (once)."""

@@ -161,7 +161,8 @@ class EngineBackend:
     async def enqueue_batch(self, specs: list[TaskSpec]) -> list[tuple[int, bool]]:
         results = await self._admit_batch(specs)
         driver = self.driver
-        driver.pump()
+        with driver.lock:
+            driver.pump()
         if driver.log is not None:
             await driver.log.durable(*claims(results))
         return results

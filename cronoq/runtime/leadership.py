@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from .. import realtime
 from ..core.engine import Core
 from ..core.errors import CheckpointError, SchedulerError
 from ..core.types import CoreConfig, ResourceConfig
-from ..store.base import ClusterStore, Fenced, LeaderUnavailable, StoreRejected, StoreUnavailable
+from ..store.base import ClusterStore, Fenced, LeaderUnavailable, Store, StoreRejected, StoreUnavailable
 from . import operations as ops
 from . import process as _process
 from .backend import Backend
@@ -45,7 +45,7 @@ log = logging.getLogger("cronoq.scheduler")
 
 class Leadership:
     def __init__(self, engine: EngineBackend, pools: Sequence[Pool], resources: Sequence[ResourceConfig],
-                 config: CoreConfig, store: Any, payloads: EncodedPayloads, checkpoints: CheckpointBook,
+                 config: CoreConfig, store: Store | None, payloads: EncodedPayloads, checkpoints: CheckpointBook,
                  on_swap: Callable[[Backend], None]) -> None:
         self.engine = engine
         self.driver: EngineDriver = engine.driver
@@ -86,7 +86,7 @@ class Leadership:
         store = self.store
         driver = self.driver
         if store is not None and getattr(store, "cluster", False) is True:
-            await self._start_cluster(store)
+            await self._start_cluster(cast(ClusterStore, store))
             return
         if store is not None:
             await self._start_durable(store)
@@ -100,7 +100,7 @@ class Leadership:
             driver.leading = True
             driver.pump()
 
-    async def _start_durable(self, store: Any) -> None:
+    async def _start_durable(self, store: Store) -> None:
         """Lead (a standby waits here, until shutdown() gives up), take a new
         epoch, recover, restore. If anything fails after leading, step down."""
         loop = self.life.loop
@@ -128,6 +128,7 @@ class Leadership:
 
     async def _recover(self) -> None:
         store = self.store
+        assert store is not None
         driver = self.driver
         core = await recover(store, self.codec, self.config, self.epoch, self.pools, self.resources,
                              driver.clock.now_ns(), self.checkpoints)
@@ -181,14 +182,16 @@ class Leadership:
             raise
         follower = FollowerBackend(self.life, cluster, self.payloads, driver.clock, self._leave)
         with driver.lock:
+            if epoch is None:
+                self._use(follower)   # before any call can see it running
             self.life.state = RUNNING
             if epoch is not None:
                 self._become_leader()
             else:
-                self._use(follower)
                 self._lead_task = self.life.tasks.spawn(self._lead_later())
 
     async def _release_quietly(self) -> None:
+        assert self.store is not None
         try:
             await self.store.release_leadership()
         except Exception as exc:
@@ -224,6 +227,7 @@ class Leadership:
     async def _lead_later(self) -> None:
         """A follower's background: wait for the store's leadership, recover, lead."""
         store = self.store
+        assert store is not None
         logged = False
         while self.life.state is RUNNING:
             try:
@@ -336,6 +340,7 @@ class Leadership:
 
     async def _save_checkpoint(self, task_id: int, stage: str, data: bytes, attempt: int, at_ns: int) -> None:
         """Write a checkpoint to the store, fenced by this leader's epoch."""
+        assert self.store is not None
         try:
             await self.store.save_checkpoint(self.epoch, task_id, stage, data, attempt, at_ns)
         except Fenced as exc:

@@ -4,6 +4,7 @@ their outcomes, heartbeats and give-backs on the way back."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -242,8 +243,9 @@ class MemberCheckpoints:
         self._book = book
 
     @property
-    def loop(self) -> Any:
-        return self._book.loop
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        loop: asyncio.AbstractEventLoop | None = self._book.loop
+        return loop
 
     @property
     def loop_thread(self) -> int | None:

@@ -68,7 +68,7 @@ async def cronoq_throughput(n: int, handles: bool) -> float:
         if handles:
             await last[-1]          # one class, FIFO: the last task ends last
         else:
-            core = sched._core      # no handles to wait on: watch the engine drain
+            core = sched._driver.core   # no handles to wait on: watch the engine drain
             while core.pending or core.running:
                 await asyncio.sleep(0)
         elapsed = time.perf_counter() - start

@@ -109,7 +109,7 @@ async def one_run(make_store, scenario: str, total: int, run: bool, profile: cPr
             elapsed = time.perf_counter() - start
             if profile is not None:
                 profile.disable()
-            commits = sched._log.commits
+            commits = sched._driver.log.commits
         finally:
             await sched.shutdown(grace=0)
     finally:
@@ -166,7 +166,7 @@ async def _child_recover(path: str) -> dict:
     start = time.perf_counter()
     await sched.start()
     elapsed = time.perf_counter() - start
-    pending = len(sched._core.tasks)
+    pending = len(sched._driver.core.tasks)
     gc.collect()
     rss = _rss_mib()
     await sched.shutdown(grace=0)
@@ -186,7 +186,7 @@ async def _child_memory(total: int) -> dict:
         n += 1000
     gc.collect()
     rss = _rss_mib()
-    pending = len(sched._core.tasks)
+    pending = len(sched._driver.core.tasks)
     await sched.shutdown(grace=0)
     return {"tasks": pending, "rss": rss - base, "peak": _peak_mib() - base}
 

@@ -198,7 +198,7 @@ async def test_checkpoints_survive_a_failover(backend):
     while (await a.info(task_id)).status != "retrying":
         assert time.monotonic() < deadline, "attempt 1 did not fail"
         await asyncio.sleep(0.01)
-    a._lost("simulated crash")
+    a._leadership.lost("simulated crash")
     await backend.crash(a.store)
     work_b = Pipeline()
     b = cronoq.Scheduler([staged(work_b)], store=backend.store(cluster=False))
@@ -405,33 +405,33 @@ async def test_attempts_on_a_follower_process_checkpoint_and_resume(backend, tmp
         while not leader.leading:
             assert time.monotonic() < deadline, "the test's scheduler did not lead"
             await asyncio.sleep(0.01)
-        cluster = leader._cluster
-        place = cluster.place
+        cluster = leader._leadership.cluster
+        place = cluster.leader.place
 
         def elsewhere(attempt, runner):   # the leader's own process takes no attempt
-            cluster._serving = False
+            cluster.member.serving = False
             try:
                 return place(attempt, runner)
             finally:
-                cluster._serving = True
+                cluster.member.serving = True
 
-        cluster.place = elsewhere
+        cluster.leader.place = elsewhere
         child = subprocess.Popen([sys.executable, "-c", FOLLOWER, json.dumps(STAGES), str(log), make, mode],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  env=child_env(), text=True)
         line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 60)
         assert line.strip() == "started", child.stderr.read()
-        while not any(m.id != cluster.identity and m.state == "serving" for m in cluster._members.values()):
+        while not any(m.id != cluster.identity and m.state == "serving" for m in cluster.leader.members.values()):
             assert time.monotonic() < deadline + 40, "the follower did not join"
             await asyncio.sleep(0.01)
         handle = await leader.submit(None, key="doc", stages=STAGES)
         assert await asyncio.wait_for(handle, 30) == STAGES
         info = await leader.info(handle.id)
-        follower = next(m.id for m in cluster._members.values() if m.id != cluster.identity)
+        follower = next(m.id for m in cluster.leader.members.values() if m.id != cluster.identity)
         # a save for an attempt that is over (as a late or stale member would send) is refused
         with pytest.raises(cronoq.CheckpointError, match="attempt 2 of task .* is over"):
-            await leader._save_for_member({"lease": 1, "member": follower, "task": handle.id, "attempt": 2,
-                                           "stage": "index"}, b"null")
+            await leader._leadership.serve("checkpoint", {"lease": 1, "member": follower, "task": handle.id,
+                                                          "attempt": 2, "stage": "index"}, [b"null"])
     finally:
         if child is not None:
             child.stdin.close()
@@ -478,15 +478,15 @@ async def test_a_newer_attempt_claimed_with_the_cancel_of_the_older_keeps_its_ch
     codec = JsonCodec()
     cluster = Cluster(types.SimpleNamespace(identity="member"), codec, pools=["default"], request_timeout=1.0,
                       poll=0.1)
-    cluster._runners["default"] = Idle()
+    cluster.member.runners["default"] = Idle()
     book = types.SimpleNamespace(of=lambda task_id, stages=None: [], loop=None, loop_thread=None)
     reach = MemberCheckpoints(cluster, book)
     carried = [["chunk", base64.b64encode(codec.encode({"n": 1})).decode(), 1, 1.0]]
     older = Claimed(7, 1, 42, "default", 1, json.dumps({"stages": STAGES}), codec.encode(None))
-    cluster._start_claimed(Incoming(claimed=[older]))
+    cluster.member.start_claimed(Incoming(claimed=[older]))
     newer = Claimed(8, 1, 42, "default", 2, json.dumps({"stages": STAGES, "checkpoints": carried}),
                     codec.encode(None))
-    cluster._start_claimed(Incoming(claimed=[newer], cancelled=[7]))
+    cluster.member.start_claimed(Incoming(claimed=[newer], cancelled=[7]))
     assert [(c.stage, c.data, c.attempt) for c in reach.of(42, tuple(STAGES))] == [("chunk", {"n": 1}, 1)]
-    cluster._release(8)
+    cluster.member.release(8)
     assert reach.of(42) == []

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.asyncio
 def count_cycles(sched: cronoq.Scheduler) -> list[int]:
     """Counts the store cycles of ``sched``'s cluster that its leader ran
     (``[n]``, updated from the cluster's worker thread)."""
-    transport = sched._cluster.transport
+    transport = sched._leadership.cluster.transport
     cycle = transport.cycle
     counted = [0]
 
@@ -62,7 +62,7 @@ async def test_a_call_that_reaches_a_stopping_leader_waits_for_the_next_leader(b
     stopping = asyncio.create_task(leader.shutdown(grace=60))
     late = None
     try:
-        await eventually(lambda: leader._state == "stopping", what="the leader to stop")
+        await eventually(lambda: leader._life.state == "stopping", what="the leader to stop")
         late = asyncio.create_task(follower.submit({"name": "late"}, key="late"))
         await eventually(lambda: inbox(backend), what="the call in the inbox")
         seen = cycles[0]
@@ -96,12 +96,12 @@ async def test_a_call_the_stopping_leader_admitted_is_answered_by_it_and_not_adm
     leader = cronoq.Scheduler([pool(Work(), capacity=0)], store=backend.store())
     await leader.start()
     assert leader.leading
-    cluster = leader._cluster
+    cluster = leader._leadership.cluster
     follower, _ = await started_follower(backend, request_timeout=60)
     admitted: list[int] = []
     answer_held = asyncio.Event()
     let_answer = asyncio.Event()
-    serve = cluster._serve
+    serve = cluster.leader.serve
 
     async def serve_then_hold(kind, body, payloads):
         value = await serve(kind, body, payloads)   # admitted and committed
@@ -111,7 +111,7 @@ async def test_a_call_the_stopping_leader_admitted_is_answered_by_it_and_not_adm
             await let_answer.wait()
         return value
 
-    cluster._serve = serve_then_hold
+    cluster.leader.serve = serve_then_hold
     cycle_now = cluster._cycle_now
     cycle_loop_held = asyncio.Event()
 
@@ -131,7 +131,7 @@ async def test_a_call_the_stopping_leader_admitted_is_answered_by_it_and_not_adm
         cluster.wake()
         await asyncio.wait_for(cycle_loop_held.wait(), 20)
         stopping = asyncio.create_task(leader.shutdown())
-        await eventually(lambda: leader._state != "running", what="the leader to stop")
+        await eventually(lambda: leader._life.state != "running", what="the leader to stop")
         let_answer.set()
         await asyncio.wait_for(stopping, 30)
         handle = await asyncio.wait_for(submitted, 30)
@@ -165,25 +165,25 @@ async def test_an_attempt_on_a_follower_checkpoints_through_the_leader_during_it
     assert leader.leading
     follower = cronoq.Scheduler([pool(on_the_follower, capacity=1)], store=backend.store(request_timeout=60))
     await follower.start()
-    cluster = leader._cluster
-    place = cluster.place
+    cluster = leader._leadership.cluster
+    place = cluster.leader.place
 
     def elsewhere(attempt, runner):   # the leader's own process takes no attempt
-        cluster._serving = False
+        cluster.member.serving = False
         try:
             return place(attempt, runner)
         finally:
-            cluster._serving = True
+            cluster.member.serving = True
 
-    cluster.place = elsewhere
+    cluster.leader.place = elsewhere
     stopping = None
     try:
         await eventually(lambda: any(m.id != cluster.identity and m.state == "serving"
-                                     for m in cluster._members.values()), timeout=20, what="the follower")
+                                     for m in cluster.leader.members.values()), timeout=20, what="the follower")
         handle = await leader.submit(None, stages=["only"])
         await asyncio.wait_for(started.wait(), 20)
         stopping = asyncio.create_task(leader.shutdown(grace=60))
-        await eventually(lambda: leader._state == "stopping", what="the leader to stop")
+        await eventually(lambda: leader._life.state == "stopping", what="the leader to stop")
         go.set()
         # "done" comes after ctx.checkpoint returned: the save was made, not refused or timed out.
         assert await asyncio.wait_for(handle, 30) == "done"

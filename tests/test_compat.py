@@ -215,9 +215,9 @@ def test_idle_scheduler_arms_no_timer():
         inner = sched.native.scheduler
 
         def idle():
-            return inner._core.next_wakeup() is None or inner._core.next_wakeup() > time.time_ns() + 3600e9
+            return inner._driver.core.next_wakeup() is None or inner._driver.core.next_wakeup() > time.time_ns() + 3600e9
 
-        wait_for(lambda: inner._core.pools["legacy"].scaler.armed is None)
+        wait_for(lambda: inner._driver.core.pools["legacy"].scaler.armed is None)
         assert idle()
 
 

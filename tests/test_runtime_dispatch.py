@@ -31,28 +31,28 @@ async def test_idle_scheduler_arms_no_timer_with_a_virtual_clock():
 
     fires = 0
     async with cronoq.Scheduler([fixed("default", run, capacity=2)], clock=clock) as sched:
-        real_on_timer = sched._on_timer
+        real_on_timer = sched._driver.on_timer
 
         def counting():
             nonlocal fires
             fires += 1
             real_on_timer()
 
-        sched._on_timer = counting
+        sched._driver.on_timer = counting
         # freshly started: nothing to wait for
-        assert sched._timer is None and clock.pending == 0
+        assert sched._driver.timer is None and clock.pending == 0
         handles = [await sched.submit(d, timeout=60.0) for d in (1.0, 2.0, 3.0)]
         # a timeout is pending: the driver sleeps exactly until the first one is due
-        assert sched._timer is not None
+        assert sched._driver.timer is not None
         await clock.advance(6.0)
         assert [await h for h in handles] == [1.0, 2.0, 3.0]
-        assert sched._timer is None
+        assert sched._driver.timer is None
         assert clock.pending == 0
         fired_while_busy = fires
         # an hour of idleness: nothing fires
         await clock.advance(3600.0)
         assert fires == fired_while_busy
-        assert sched._timer is None and clock.pending == 0
+        assert sched._driver.timer is None and clock.pending == 0
 
 
 @pytest.mark.asyncio
@@ -64,11 +64,11 @@ async def test_idle_scheduler_arms_no_timer_with_the_system_clock():
 
     pool = fixed("default", run, capacity=2, retry=cronoq.RetryPolicy(initial_backoff=0.001, jitter=False))
     async with cronoq.Scheduler([pool]) as sched:
-        assert sched._timer is None
+        assert sched._driver.timer is None
         handles = [await sched.submit(p, timeout=30.0) for p in ("a", "flaky", "b")]
         assert [await h for h in handles] == ["a", "flaky", "b"]
-        assert sched._timer is None
-        assert sched._timer_at is None
+        assert sched._driver.timer is None
+        assert sched._driver.timer_at is None
 
 
 @pytest.mark.asyncio
@@ -83,21 +83,21 @@ async def test_autoscaled_pool_goes_quiet_once_idle():
     auto = cronoq.Pool("auto", run, min=1, max=4, autoscale=cronoq.AutoscaleConfig(interval=1.0))
     async with cronoq.Scheduler([auto], clock=clock) as sched:
         fires = 0
-        real_on_timer = sched._on_timer
+        real_on_timer = sched._driver.on_timer
 
         def counting():
             nonlocal fires
             fires += 1
             real_on_timer()
 
-        sched._on_timer = counting
+        sched._driver.on_timer = counting
         assert await (await sched.submit(1)) == 1
         # never more often than the autoscaling interval
         assert clock.next_timer() - clock.now() == pytest.approx(1.0)
         await clock.advance(300.0)
         assert 1 <= fires <= 300
         settled = fires
-        assert clock.pending == 0 and sched._timer is None
+        assert clock.pending == 0 and sched._driver.timer is None
         await clock.advance(3600.0)
         assert fires == settled
 
@@ -124,7 +124,7 @@ async def test_driver_sleeps_until_the_next_wakeup_not_on_a_tick():
         sooner = await sched.submit("sooner", start_in=60.0)
         await clock.advance(3600.0)
         assert await sooner == "sooner" and await later == "later"
-        assert sched._timer is None and clock.pending == 0
+        assert sched._driver.timer is None and clock.pending == 0
     assert ran == [("sooner", first - 0.001 + 60.0), ("later", t0 + 3600.0)]
 
 
@@ -189,7 +189,7 @@ async def test_freed_slot_of_a_sync_executor_is_reused_without_polling():
         handles = [await sched.submit(i) for i in range(5)]
         # completions arrive from threads; no virtual time has to pass for them
         assert [await h for h in handles] == list(range(5))
-        assert clock.pending == 0 and sched._timer is None
+        assert clock.pending == 0 and sched._driver.timer is None
     assert [t for _, t in starts] == [clock.now()] * 5
 
 
@@ -236,7 +236,7 @@ async def test_add_recurring_runs_every_minute_in_virtual_time():
         assert await sched.remove_recurring("tick") is False
         await clock.advance(600.0)
         snap = await sched.snapshot()
-        assert sched._timer is None and clock.pending == 0
+        assert sched._driver.timer is None and clock.pending == 0
     assert [r[2] for r in runs] == [t0 + 60.0 * i for i in range(1, 6)]
     assert [r[0] for r in runs] == [f"tick@2026-01-01T00:0{i}:00Z" for i in range(1, 6)]
     assert all(r[1] == {"job": "tick"} and r[3] == "cron" and r[4]["src"] == "cron" for r in runs)

@@ -207,7 +207,7 @@ async def test_closed_stream_stops_receiving_but_keeps_its_buffer():
         await first
         events.close()
         assert events.closed is True
-        assert events not in sched._sinks
+        assert events not in sched._driver.sinks
         second = await sched.submit(2)
         await second
         got = [e.id async for e in events]
@@ -219,8 +219,8 @@ async def test_closed_stream_stops_receiving_but_keeps_its_buffer():
 async def test_leaving_async_with_closes_the_stream():
     async with cronoq.Scheduler([fixed("default", run)]) as sched:
         async with sched.events() as events:
-            assert sched._sinks == [events]
-        assert events.closed and sched._sinks == []
+            assert sched._driver.sinks == [events]
+        assert events.closed and sched._driver.sinks == []
 
 
 @pytest.mark.asyncio

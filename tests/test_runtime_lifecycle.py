@@ -175,7 +175,7 @@ def test_loop_closed_without_shutdown_then_calls_raise_scheduler_error():
     assert sched.running is False
     # _check reports it directly as well
     with pytest.raises(cronoq.SchedulerError):
-        sched._check()
+        sched._engine.check()
 
 
 def test_loop_closed_with_a_running_task_does_not_hang_later_calls():

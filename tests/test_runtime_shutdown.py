@@ -11,7 +11,7 @@ import cronoq
 
 def waiting(sched) -> int:
     """Submitters waiting for queue room (the scheduler keeps one line per pool and class)."""
-    return sum(len(line) for line in sched._room.values())
+    return sum(len(line) for line in sched._admission.room.values())
 
 
 def fixed(name, executor, capacity=1, **kwargs):
@@ -388,7 +388,7 @@ async def test_idle_shutdown_returns_immediately_and_scheduled_work_is_dropped()
     await sched.shutdown()
     assert time.monotonic() - t < 1.0
     assert (await failure(later)).status == "shutdown"
-    assert sched._timer is None
+    assert sched._driver.timer is None
     await clock.advance(600.0)
     assert ran == []
 
@@ -408,7 +408,7 @@ async def test_concurrent_shutdowns_both_return_after_stop():
     gate.release.set()
     await asyncio.wait_for(asyncio.gather(first, second), 5)
     assert await handle == "x"
-    assert sched._state == "stopped"
+    assert sched._life.state == "stopped"
 
 
 @pytest.mark.asyncio

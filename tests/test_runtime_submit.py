@@ -198,7 +198,7 @@ async def test_enqueue_returns_the_id_without_a_handle():
         first = await sched.enqueue("a", key="ka")
         second = await sched.enqueue("b")
         assert isinstance(first, int) and second > first
-        assert sched._handles == {}       # no handle was made
+        assert sched._driver.results.handles == {}       # no handle was made
         assert await (await sched.handle(second)) == "b"
         assert await (await sched.handle("ka")) == "a"
     assert seen == [(first, "a"), (second, "b")]

@@ -112,7 +112,7 @@ async def test_a_given_up_function_keeps_its_thread_until_it_returns(caplog, mon
             # The next attempt gets a thread of its own at once.
             assert await asyncio.wait_for(await sched.submit("next", pool="p"), WAIT) == "next"
             release.set()
-            await until(lambda: sched._runners["p"].stray_threads == 0)
+            await until(lambda: sched._driver.runners["p"].stray_threads == 0)
             # The stray came back: it is reused, no third thread is started.
             assert await asyncio.wait_for(await sched.submit("again", pool="p"), WAIT) == "again"
             assert (await sched.snapshot()).pool("p").stray_threads == 0
@@ -131,7 +131,7 @@ async def test_threads_start_lazily_and_are_reused():
         return payload
 
     async with cronoq.Scheduler([fixed("lazy", work, capacity=8)]) as sched:
-        runner = sched._runners["lazy"]
+        runner = sched._driver.runners["lazy"]
         assert runner.threads == 0
         for i in range(5):      # one at a time: one thread is enough
             assert await (await sched.submit(i, pool="lazy")) == i
@@ -198,7 +198,7 @@ async def test_shutdown_gives_back_dispatches_no_thread_had_started():
 
     sched = cronoq.Scheduler([fixed("default", work, capacity=2)], store=store, shutdown_grace=0)
     await sched.start()
-    runner = sched._runners["default"]
+    runner = sched._driver.runners["default"]
     hand_over = runner._hand_over
     held = []
 

@@ -50,10 +50,10 @@ async def test_restart_recovers_queued_running_retrying_and_finished_tasks(backe
     await eventually(lambda: _status_is(a, flaky, "retrying"), what="flaky retrying")
     assert (await a.info(blocker.id)).status == "running"
     old_ids = [done.id, blocker.id, *queued, flaky]
-    await a._log.durable()   # everything above is stored
+    await a._driver.log.durable()   # everything above is stored
     assert [row[2:4] for row in backend.rows("key = ?", ("flaky",))] == [("retrying", 1)]
     assert [row[2:4] for row in backend.rows("key = ?", ("blocker",))] == [("running", 1)]
-    a._lost("simulated crash")
+    a._leadership.lost("simulated crash")
     await backend.crash(a.store)
 
     work2 = Work()
@@ -100,7 +100,7 @@ async def test_running_attempt_on_its_last_try_is_dead_lettered_after_restart(ba
     await a.start()
     task = await a.submit({"op": "block", "name": "last"}, key="last")
     await asyncio.wait_for(work.running.wait(), 5)
-    a._lost("simulated crash")
+    a._leadership.lost("simulated crash")
     await backend.crash(a.store)
     b = scheduler(backend.store(), pool(Work(), retry=cronoq.RetryPolicy.none()))
     await b.start()
@@ -252,7 +252,7 @@ async def test_standby_takes_over_when_the_leader_dies(backend):
     assert not starting.done()
     loop = asyncio.get_running_loop()
     died = loop.time()
-    a._lost("simulated crash")
+    a._leadership.lost("simulated crash")
     await backend.crash(a.store, expire=False)   # no release: the lease must run out / the session end
     await asyncio.wait_for(starting, 10)
     took = loop.time() - died
@@ -308,7 +308,7 @@ async def test_recurring_schedule_continues_across_a_failover(backend):
     await a.start()
     await a.add_recurring("tick", "* * * * * *", {"n": 1}, key="tick", tolerance=0.3)
     await eventually(lambda: len(started) >= 2, timeout=5, what="two occurrences on the first leader")
-    a._lost("simulated crash")
+    a._leadership.lost("simulated crash")
     await backend.crash(a.store)
     await asyncio.sleep(1.6)   # nobody leads for a while: at least one occurrence comes due meanwhile
     b = scheduler(backend.store(cluster=False), ticker("b"))

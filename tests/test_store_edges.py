@@ -97,7 +97,7 @@ async def test_a_long_key_is_refused_at_admission_and_every_store_keeps_working(
     await again.start()
     try:
         assert (await again.info(text_of(KEY_LIMIT, seed=1))).id == at_limit
-        assert len(again._core.recurring) == 1
+        assert len(again._driver.core.recurring) == 1
     finally:
         await again.shutdown()
 
@@ -162,7 +162,7 @@ async def test_a_schedule_the_database_refuses_is_removed_and_the_others_are_wri
             sched.enqueue({"name": "task"}, key="task"), return_exceptions=True)
         assert isinstance(refused, StoreRejected) and "refused" in str(refused), refused
         assert kept is None and isinstance(task, int)
-        assert sorted(sched._core.recurring) == ["kept"], "memory and store agree"
+        assert sorted(sched._driver.core.recurring) == ["kept"], "memory and store agree"
         assert await sched.remove_recurring("refused") is False
     finally:
         await sched.shutdown()
@@ -188,7 +188,7 @@ async def test_a_refused_task_never_runs_and_its_dependents_are_skipped():
             await child
         assert caught.value.status == "skipped"
         assert [name for name, _ in work.started] == ["other"]
-        assert sched._log.refused == 1
+        assert sched._driver.log.refused == 1
     finally:
         await sched.shutdown()
     assert sorted(row["key"] for row in database.tasks.values()) == ["child", "other"]
@@ -262,7 +262,7 @@ async def test_a_submit_that_timed_out_is_not_admitted_and_one_being_written_get
     try:
         database.commit_delay = 1.0   # the next commit stays under way well past commit_timeout
         first = asyncio.ensure_future(sched.submit({"name": "being written"}, key="first"))
-        await eventually(lambda: sched._log.sending, what="the first commit to be under way")
+        await eventually(lambda: sched._driver.log.sending, what="the first commit to be under way")
         with pytest.raises(cronoq.SchedulerError, match="not admitted"):
             await sched.submit({"name": "timed out"}, key="second")   # waits in the next batch
         with pytest.raises(cronoq.UnknownTask):

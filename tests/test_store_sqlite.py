@@ -301,7 +301,7 @@ async def test_an_idle_leader_does_not_read_the_store_while_nothing_changes(sqli
     sched = cronoq.Scheduler([pool(Work(), capacity=0)], store=store)
     await sched.start()
     await sched.enqueue("x")
-    cluster = sched._cluster
+    cluster = sched._leadership.cluster
     transport = cluster.transport
     calls = 0
     original = transport.cycle

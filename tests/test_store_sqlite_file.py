@@ -198,7 +198,7 @@ async def test_a_standby_never_leads_on_a_deleted_file_nor_creates_one_and_leads
     await eventually(lambda: b.store.engine is not None, what="the standby to open the file")
     # The leader's process dies, and its file is deleted before its lease ran out: only
     # the standby still has it open. It must not take the lease there once it expires.
-    a._lost("simulated crash")
+    a._leadership.lost("simulated crash")
     a.store._stop_watch()
     a.store.epoch = None
     delete(path)

@@ -266,7 +266,7 @@ def test_a_scheduler_that_does_not_answer_in_time_reports_down(caplog):
         held, release = threading.Event(), threading.Event()
 
         def hold_the_engine():
-            with sched.scheduler._lock:     # as a long engine step would
+            with sched.scheduler._driver.lock:     # as a long engine step would
                 held.set()
                 release.wait(10)
 

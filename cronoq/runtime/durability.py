@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections import deque
 from typing import Any, Callable, Iterable
 
@@ -39,23 +40,42 @@ from ..core.errors import InvalidTask, SchedulerError
 from ..core.persist import schedule_record, spec_record
 from ..store.base import Batch, Fenced, ScheduleRow, StatusRow, StoreRejected, StoreUnavailable, TaskRow
 from .clock import Cancellable
+from .lifecycle import TaskGroup
 from .runner import clean_message
 
-__all__ = ["DurableLog", "DurableHooks"]
+__all__ = ["DurableLog", "DurableHooks", "EncodedPayloads", "ready_callbacks"]
 
 log = logging.getLogger("cronoq.store")
 
 
-def encoded_payload(spec, codec) -> bytes:
-    """The payload as the codec writes it (cached on the spec at submission)."""
-    data = spec.__dict__.get("_encoded")
-    if data is None:
-        try:
-            data = codec.encode(spec.payload)
-        except RecursionError:
-            raise InvalidTask("payload is nested too deeply for the codec to store it") from None
-        spec.__dict__["_encoded"] = data   # a cache on the spec, for the store's rows
-    return data
+class EncodedPayloads:
+    """Each task's payload as the codec writes it, encoded once: at
+    submission (outside the engine's lock, so the codec's errors reach the
+    caller), then read back when the task's row is written. A leader keeps
+    the bytes a follower sent as they are. Specs are weak keys: their bytes
+    go when they go. Thread-safe (a thread's submit encodes on that thread)."""
+
+    __slots__ = ("codec", "_by_spec")
+
+    def __init__(self, codec: Any) -> None:
+        self.codec = codec
+        self._by_spec: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+
+    def encode(self, spec: Any) -> bytes:
+        """The payload of ``spec`` as the codec writes it; ``InvalidTask`` if
+        too deeply nested, the codec's own error if it cannot encode it."""
+        data = self._by_spec.get(spec)
+        if data is None:
+            try:
+                data = self.codec.encode(spec.payload)
+            except RecursionError:
+                raise InvalidTask("payload is nested too deeply for the codec to store it") from None
+            self._by_spec[spec] = data
+        return data
+
+    def remember(self, spec: Any, data: bytes) -> None:
+        """``spec``'s payload is ``data`` (as another process encoded it)."""
+        self._by_spec[spec] = data
 
 
 class DurableHooks:
@@ -108,11 +128,25 @@ class _Waiter:
 YIELD_EVERY = 0.001
 
 
+def ready_callbacks(loop: asyncio.AbstractEventLoop) -> Any:
+    """The callbacks ``loop`` will run in its next step, or None if it does
+    not say (only asyncio's own loops do).
+
+    The one place that reads asyncio's private ``_ready`` queue. No public
+    API tells whether anything else waits to run: ``call_soon`` can only
+    queue behind it, which means suspending, and the commit on this thread
+    that idleness allows (see ``DurableLog.durable``) is worth doing only
+    without that. tests/test_runtime_durable_idle.py fails if asyncio's
+    loops stop having this attribute, instead of durable submits silently
+    becoming slower."""
+    return getattr(loop, "_ready", None)
+
+
 def _idle(loop: asyncio.AbstractEventLoop, own: asyncio.Handle | None) -> bool:
     """Whether ``loop`` has no callback queued to run now but ``own``. Only
     asyncio's own loops can say; others never count as idle. (A timer that
     is due waits for one commit at most, as I/O does: see YIELD_EVERY.)"""
-    ready = getattr(loop, "_ready", None)
+    ready = ready_callbacks(loop)
     if ready is None or len(ready) > 4:
         return False
     for handle in ready:
@@ -170,10 +204,13 @@ def _merge(units: list[Batch]) -> Batch:
 
 
 class DurableLog:
-    def __init__(self, hooks: DurableHooks, store: Any, codec: Any, epoch: int, commit_timeout: float) -> None:
+    def __init__(self, hooks: DurableHooks, store: Any, payloads: EncodedPayloads, epoch: int,
+                 commit_timeout: float, tasks: TaskGroup) -> None:
         self.hooks = hooks
         self.store = store
-        self.codec = codec
+        self.payloads = payloads
+        self.codec = payloads.codec
+        self.tasks = tasks
         self.epoch = epoch
         self.commit_timeout = commit_timeout
         self.open = Batch()
@@ -209,7 +246,7 @@ class DurableLog:
         elif kind == MUT_SUBMIT:
             _, task_id, pool, spec, submitted = mutation
             batch.tasks.append(TaskRow(task_id, pool, spec.kind, spec.priority, spec.key,
-                                       spec_record(spec, submitted), encoded_payload(spec, self.codec),
+                                       spec_record(spec, submitted), self.payloads.encode(spec),
                                        submitted))
             if task_id > batch.high_water:
                 batch.high_water = task_id
@@ -225,7 +262,7 @@ class DurableLog:
         elif kind == MUT_RECURRING:
             _, name, rec = mutation
             batch.schedules.append(ScheduleRow(name, schedule_record(rec),
-                                               encoded_payload(rec.template, self.codec)))
+                                               self.payloads.encode(rec.template)))
         elif kind == MUT_RECURRING_REMOVED:
             batch.removed_schedules.append(mutation[1])
         elif kind == MUT_WITHDRAWN:
@@ -273,7 +310,7 @@ class DurableLog:
             self.starting.cancel()
             self.starting = None
         if self.task is None and self.open:
-            self.task = asyncio.get_running_loop().create_task(self._run())
+            self.task = self.tasks.spawn(self._run())
 
     # -- waiting for durability
 
@@ -504,6 +541,14 @@ class DurableLog:
                 for waiter in waiters:
                     if not waiter.future.done():
                         waiter.future.set_result(None)
+        except asyncio.CancelledError:
+            # The scheduler's shutdown cancels what is left of its tasks: no
+            # call is left waiting for a commit that will not be reported.
+            for waiter in self.inflight_waiters:
+                if not waiter.future.done():
+                    waiter.future.set_exception(SchedulerError(
+                        "the scheduler shut down while the change was being stored (it may have been written)"))
+            raise
         finally:
             self.task = None
             if self.open and self.hooks.accepting_commits():

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, runtime_checkable
 
 from ..core.types import ID_EPOCH_BITS   # task ids carry the leader's epoch above these bits
 from ..core.errors import SchedulerError
 
-__all__ = ["Store", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
+if TYPE_CHECKING:
+    from .cluster import ClusterTransport
+
+__all__ = ["Store", "ClusterStore", "Batch", "TaskRow", "StatusRow", "ScheduleRow", "Recovered", "StoredTask",
            "StoredCheckpoint",
            "StoredSchedule", "TaskRecord", "Fenced", "StoreUnavailable", "StoreRejected", "LeaderUnavailable",
            "ID_EPOCH_BITS",
@@ -250,3 +253,40 @@ class Store(Protocol):
     async def close(self) -> None:
         """Step down if leading and release the connections (the owner calls it
         after the scheduler's shutdown; closing twice does nothing)."""
+
+
+@runtime_checkable
+class ClusterStore(Store, Protocol):
+    """A store that processes share as one scheduler (``SqliteStore`` and
+    ``PostgresStore``; see ``cronoq.store.cluster``): what the runtime's
+    cluster (``cronoq.runtime.cluster``) uses beyond ``Store``."""
+
+    @property
+    def cluster(self) -> bool:
+        """Whether schedulers given this store share it (else each one leads or waits alone)."""
+
+    @property
+    def request_timeout(self) -> float:
+        """Seconds a follower's call waits for the leader's answer."""
+
+    @property
+    def cluster_poll(self) -> float:
+        """Seconds between two looks at the store's cluster tables (when it does not wake the processes)."""
+
+    @property
+    def member_heartbeat(self) -> float:
+        """Seconds between two heartbeats of a member."""
+
+    @property
+    def member_ttl(self) -> float:
+        """Seconds without a heartbeat after which a member counts as gone."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+
+    async def try_leadership(self) -> int | None:
+        """Lead now if no process does: the new epoch, else None (without waiting)."""
+
+    async def cluster_transport(self) -> ClusterTransport:
+        """The SQL of this process's part of the cluster (its own connection and thread)."""

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import math
 import urllib.parse
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from sqlalchemy import create_engine, func, select, text, update
 from sqlalchemy.engine import URL, Connection, Engine, make_url
@@ -30,7 +30,7 @@ from sqlalchemy.pool import NullPool
 
 from .. import realtime
 from ..core.errors import SchedulerError
-from .base import Batch, Fenced, StoreUnavailable, seconds
+from .base import Batch, ClusterStore, Fenced, StoreUnavailable, seconds
 from .cluster import channel_name
 from .migrate import upgrade
 from .schema import tables
@@ -452,3 +452,8 @@ class PostgresStore(SqlStore):
         self._close_lock()
         if self._lock_engine is not None:
             self._lock_engine.dispose()
+
+
+if TYPE_CHECKING:
+    def _satisfies_the_cluster_protocol(store: PostgresStore) -> ClusterStore:
+        return store   # mypy checks that PostgresStore has every member the runtime's cluster uses

@@ -47,7 +47,7 @@ import threading
 import time
 import urllib.parse
 from contextlib import AbstractContextManager
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from sqlalchemy import create_engine, event, select, update
 from sqlalchemy.engine import Connection, Engine
@@ -55,7 +55,7 @@ from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 
 from .. import realtime
 from ..realtime import real_time_ns
-from .base import Batch, Fenced, StoreUnavailable, seconds
+from .base import Batch, ClusterStore, Fenced, StoreUnavailable, seconds
 from .migrate import upgrade
 from .schema import tables
 from .sql import NS, SqlStore, fork_gate
@@ -733,3 +733,8 @@ def _open_file(file_id: tuple[int, int] | None) -> tuple[str | None, int | None]
                 name = None
             return name, st.st_nlink
     return None, None
+
+
+if TYPE_CHECKING:
+    def _satisfies_the_cluster_protocol(store: SqliteStore) -> ClusterStore:
+        return store   # mypy checks that SqliteStore has every member the runtime's cluster uses

@@ -24,15 +24,15 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from .._proto import cronoq_pb2 as pb
-from .._proto.json_view import JSON_DECODER, OVERLAP_NAMES, info_json, result_json, snapshot_json
+from .._proto.json_view import OVERLAP_NAMES, info_json, result_json, snapshot_json
 from .._version import __version__
 from .auth import Authenticator, Principal
-from .codec import JSON, TEXT
+from .bodies import EXACT, Body, Payloads, task_message
 from .counters import ServerCounters
 from .errors import Code, ServiceError
 from .http import Request, Response, loopback_host, reason_code
 from .routes import PATH_PARAMS, ROUTES, Route
-from .schema import SUBMIT, Id, Text, invalid
+from .schema import Id, Text, invalid
 from .convert import status_enum
 from .service import Service
 
@@ -60,19 +60,13 @@ class Call:
     params: dict[str, Any]
     query: dict[str, Any]
     body: dict[str, Any] | None
+    payloads: Payloads = EXACT   # how the body's JSON payloads are encoded for the worker
 
 
 Handler = Callable[["Gateway", Call], Awaitable[Response]]
 
 
 # ---------------------------------------------------------------- JSON in, JSON out
-
-
-_PRIORITY_IN = {"critical": pb.PRIORITY_CRITICAL, "high": pb.PRIORITY_HIGH, "normal": pb.PRIORITY_NORMAL,
-                "low": pb.PRIORITY_LOW}
-_MISS_IN = {"run_late": pb.MISS_POLICY_RUN_LATE, "skip": pb.MISS_POLICY_SKIP, "fail": pb.MISS_POLICY_FAIL}
-_COND_IN = {"on_success": pb.EDGE_COND_ON_SUCCESS, "on_failure": pb.EDGE_COND_ON_FAILURE,
-            "on_complete": pb.EDGE_COND_ON_COMPLETE}
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -84,64 +78,6 @@ def dumps(value: Any) -> bytes:
         return _ENCODER.encode(value).encode("utf-8")
     except UnicodeEncodeError:   # a lone surrogate (from a worker's JSON output): escape it
         return _ASCII_ENCODER.encode(value).encode("ascii")
-
-
-def _payload(fields: dict[str, Any], value: Any) -> None:
-    try:
-        fields["payload"] = _ENCODER.encode(value).encode("utf-8")
-    except (UnicodeEncodeError, ValueError, RecursionError) as exc:
-        raise invalid("payload", f"cannot be sent as JSON ({exc})") from None
-    fields.setdefault("content_type", JSON)
-
-
-def _payload_b64(fields: dict[str, Any], value: bytes) -> None:
-    fields["payload"] = value
-
-
-def _payload_text(fields: dict[str, Any], value: str) -> None:
-    fields["payload"] = value.encode("utf-8")
-    fields.setdefault("content_type", TEXT)
-
-
-def _ref(kind: str, value: Any) -> pb.TaskRef:
-    return pb.TaskRef(id=value) if kind == "id" else pb.TaskRef(key=value)
-
-
-def _after(fields: dict[str, Any], value: list[tuple[str, Any]]) -> None:
-    fields["after"] = [_ref(kind, ref) for kind, ref in value]
-
-
-def _deps(fields: dict[str, Any], value: list[dict[str, Any]]) -> None:
-    fields["deps"] = [pb.Dep(ref=pb.TaskRef(id=d["id"]) if "id" in d else pb.TaskRef(key=d["key"]),
-                             cond=_COND_IN[d.get("cond", "on_success")]) for d in value]
-
-
-def _ignore(fields: dict[str, Any], value: Any) -> None:
-    pass
-
-
-_CONVERT: dict[str, Callable[[dict[str, Any], Any], None]] = {
-    "payload": _payload, "payload_b64": _payload_b64, "payload_text": _payload_text,
-    "priority": lambda fields, value: fields.__setitem__("priority", _PRIORITY_IN[value]),
-    "on_miss": lambda fields, value: fields.__setitem__("on_miss", _MISS_IN[value]),
-    "retry": lambda fields, value: fields.__setitem__("retry", pb.RetryPolicy(**value)),
-    "after": _after, "deps": _deps, "wait": _ignore, "wait_timeout_s": _ignore,
-}
-
-
-def task_spec(task: dict[str, Any]) -> pb.TaskSpec:
-    """The wire task of a validated task object (the other fields keep their names)."""
-    fields: dict[str, Any] = {}
-    convert = _CONVERT
-    for name, value in task.items():
-        how = convert.get(name)
-        if how is None:
-            fields[name] = value
-        else:
-            how(fields, value)
-    return pb.TaskSpec(**fields)
-
-
 
 
 # ---------------------------------------------------------------- the gateway
@@ -183,6 +119,7 @@ class Gateway:
                 continue
             self.routes.setdefault(route.path, {})[route.method] = route
         self._openapi: bytes | None = None
+        self._bodies: dict[str, Body] = {}   # route body's object name -> its reader
         self._hosts: dict[str, bool] = {}   # Host header -> whether it names loopback
 
     # -- what the listener asks
@@ -268,9 +205,9 @@ class Gateway:
                 return self._ui(request)
             route, params, caller = admitted
             query = self._query(route, request.query) if request.query or route.query else {}
-            body = self._body(route, request)
+            body, payloads = self._body(route, request)
             handler: Handler = getattr(Gateway, route.handler)
-            return await handler(self, Call(request, caller, params, query, body))
+            return await handler(self, Call(request, caller, params, query, body, payloads))
         except ServiceError as exc:
             return self._service_error(exc)
         except HttpError as exc:
@@ -372,12 +309,12 @@ class Gateway:
             out[name] = field.query(values, name)
         return out
 
-    def _body(self, route: Route, request: Request) -> dict[str, Any] | None:
+    def _body(self, route: Route, request: Request) -> tuple[dict[str, Any] | None, Payloads]:
         schema = route.body
         if schema is None:
             if request.body:
                 raise HttpError(400, f"{route.method} {route.path} takes no request body")
-            return None
+            return None, EXACT
         content_type = request.headers.get("content-type", "")
         media, _, params = content_type.partition(";")
         if media.strip().lower() != "application/json":
@@ -386,19 +323,10 @@ class Gateway:
         charset = params.strip().lower()
         if charset and charset.replace(" ", "") not in ("charset=utf-8", 'charset="utf-8"'):
             raise HttpError(415, "request bodies must be UTF-8 JSON (charset=utf-8)")
-        try:
-            text = request.body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise HttpError(400, "the body is not UTF-8") from None
-        try:
-            value = JSON_DECODER.decode(text)
-        except (ValueError, RecursionError) as exc:
-            raise HttpError(400, f"the body is not valid JSON: {exc}") from None
-        if type(value) is not dict:
-            raise HttpError(400, f"the body must be a JSON object ({schema.name}), got "
-                                 f"{'an array' if isinstance(value, list) else type(value).__name__}")
-        parsed: dict[str, Any] = schema.parse(value, "")
-        return parsed
+        body = self._bodies.get(schema.name)
+        if body is None:
+            body = self._bodies[schema.name] = Body(schema)
+        return body.decode(request.body)
 
     # -- responses
 
@@ -415,7 +343,7 @@ class Gateway:
     async def submit(self, call: Call) -> Response:
         body = call.body
         assert body is not None and call.caller is not None
-        request = pb.SubmitRequest(task=task_spec(body), wait=body.get("wait", False))
+        request = pb.SubmitRequest(task=task_message(body, call.payloads), wait=body.get("wait", False))
         if "wait_timeout_s" in body:
             request.wait_timeout_s = body["wait_timeout_s"]
         response = await self.service.submit(call.caller, request)
@@ -430,7 +358,8 @@ class Gateway:
         limit = self.service.limits.max_tasks_per_batch
         if len(tasks) > limit:   # before converting them all
             raise invalid("tasks", f"a batch holds at most {limit} tasks (limits), got {len(tasks)}")
-        request = pb.SubmitBatchRequest(tasks=[task_spec(task) for task in tasks])
+        payloads = call.payloads
+        request = pb.SubmitBatchRequest(tasks=[task_message(task, payloads) for task in tasks])
         response = await self.service.submit_batch(call.caller, request)
         return self.json({"tasks": [{"id": str(t.id), "duplicate": t.duplicate} for t in response.tasks]})
 

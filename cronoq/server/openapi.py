@@ -10,7 +10,8 @@ from typing import Any, Iterable, Mapping
 from .._version import __version__
 from .http import REASONS, reason_code
 from .routes import PATH_PARAMS, ROUTES, Route
-from .schema import ERROR, CommaList, Field, Obj
+from .answers import ERROR
+from .schema import CommaList, Field, Obj
 
 __all__ = ["document"]
 

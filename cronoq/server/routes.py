@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schema import (
-    BATCH, BATCH_OUT, CANCEL_OUT, INFO, PRIORITIES, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT, SUBMIT_OUT,
-    TASKS_OUT, WORKERS_OUT, REMOVED_OUT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text,
+from .answers import (
+    BATCH_OUT, CANCEL_OUT, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT,
+    REMOVED_OUT,
 )
+from .schema import BATCH, PRIORITIES, SUBMIT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text
 from .schema import Integer as IntegerField
 
 __all__ = ["Route", "ROUTES", "PATH_PARAMS"]

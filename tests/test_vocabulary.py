@@ -7,6 +7,7 @@ the declaration's rows (a test prints the row it expected)."""
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import typing
 
@@ -14,7 +15,8 @@ import pytest
 
 import cronoq
 from cronoq.core.options import (
-    CLASSES, CONDITIONS, MISS_POLICIES, OVERLAP_POLICIES, RETRY_DEFAULTS, RETRY_FIELDS, TASK_OPTIONS,
+    CLASSES, CONDITIONS, MISS_POLICIES, OPTIONS, OVERLAP_POLICIES, RETRY_DEFAULTS, RETRY_FIELDS, TASK_OPTIONS,
+    WIRE_ORDER,
 )
 from cronoq.core.snapshot import POOL_FIELDS, PoolSnapshot
 from serverkit import ROOT
@@ -53,6 +55,7 @@ def test_the_wire_task_has_a_field_for_every_wired_option():
     from cronoq._proto import cronoq_pb2 as pb
     fields = set(pb.TaskSpec.DESCRIPTOR.fields_by_name)
     assert {o.wire for o in TASK_OPTIONS if o.wire} | {"payload", "content_type"} == fields
+    assert [OPTIONS[name].wire for name in WIRE_ORDER] == [f.name for f in pb.TaskSpec.DESCRIPTOR.fields][2:]
     assert [f.wire for f in RETRY_FIELDS] == [f.name for f in pb.RetryPolicy.DESCRIPTOR.fields]
     pool = [f.name for f in pb.PoolSnapshot.DESCRIPTOR.fields]
     assert pool == ["name", *(f.wire for f in POOL_FIELDS), "groups"]
@@ -141,3 +144,54 @@ def test_the_mcp_page_names_every_option_of_submit_task():
     row = next(line for line in (DOCS / "mcp.md").read_text().splitlines() if line.startswith("| `submit_task` |"))
     missing = [o.name for o in TASK_OPTIONS if f"`{o.name}`" not in row]
     assert not missing, f"docs/mcp.md, submit_task: {missing}"
+
+
+# ---------------------------------------------------------------- the configuration's tables
+
+
+def _number(value: float) -> str:
+    if value >= 10 ** 6 and value == 10 ** round(math.log10(value)):
+        return "10" + str(round(math.log10(value))).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _default(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if value is None:
+        return "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def config_sections():
+    from cronoq.server import config
+    return [("### `[server]`", config.ServerSection), ("### `[store]`", config.StoreConfig),
+            ("### `[limits]`", config.LimitsConfig), ("### `[[pools]]`", config.PoolSection),
+            ("### `[outputs]`", config.OutputsConfig), ("### `[trace]`", config.TraceSection)]
+
+
+@pytest.mark.parametrize("heading,section", config_sections(), ids=lambda item: str(item))
+def test_each_configuration_table_gives_the_declared_defaults_and_ranges(heading, section):
+    from cronoq.server.tomlkeys import rules
+    text = (DOCS / "server.md").read_text()
+    header = [cell.strip() for cell in text[text.index(heading):].split("\n|", 1)[1].split("\n", 1)[0].split("|")]
+    rows = {first_cell(row): [cell.strip() for cell in row.split("|")[1:-1]] for row in table(text, heading)}
+    wrong = []
+    for name, (rule, default) in rules(section).items():
+        cells = rows.get(name)
+        if cells is None:
+            wrong.append(f"{name}: not in the table")
+            continue
+        shown = cells[header.index("default")]
+        if not shown.startswith(_default(default)):
+            wrong.append(f"{name}: default {shown!r}, declared {_default(default)}")
+        if "range" in header and rule.kind == "integer":
+            expected = f"{_number(rule.low)} – {_number(rule.high)}"
+            if cells[header.index("range")] != expected:
+                wrong.append(f"{name}: range {cells[header.index('range')]!r}, declared {expected}")
+        if "range" in header and rule.kind == "seconds" and rule.low:
+            if cells[header.index("range")] != f"≥ {_number(rule.low)}":
+                wrong.append(f"{name}: range {cells[header.index('range')]!r}, declared ≥ {rule.low:g}")
+    assert not wrong, f"docs/server.md, {heading}:\n" + "\n".join(wrong)

@@ -24,7 +24,7 @@ from typing import Any
 __all__ = ["CLASSES", "DEFAULT_CLASS", "MISS_POLICIES", "CONDITIONS", "OVERFLOW_POLICIES",
            "UNKNOWN_DEPENDENCY_POLICIES", "OVERLAP_POLICIES", "KEY_LIMIT", "NAME_LIMIT", "VALUE_LIMIT",
            "MAX_STAGES", "MAX_SECONDS", "RetryField", "RETRY_FIELDS", "RETRY_DEFAULTS", "TaskOption",
-           "TASK_OPTIONS", "OPTIONS", "option"]
+           "TASK_OPTIONS", "OPTIONS", "WIRE_ORDER", "option"]
 
 # ---------------------------------------------------------------- the lists values come from
 
@@ -194,6 +194,11 @@ TASK_OPTIONS: tuple[TaskOption, ...] = (
                detail="Its executor saves a checkpoint per stage, and a retry skips the stages done."),
 )
 OPTIONS: dict[str, TaskOption] = {o.name: o for o in TASK_OPTIONS}
+# The options in the order of their fields in the cronoq.v1 TaskSpec message (the field numbers' order),
+# the order the server reads and checks them in.
+WIRE_ORDER = ("pool", "kind", "priority", "key", "tenant", "deadline_in", "deadline_at", "start_in", "start_at",
+              "tolerance", "on_miss", "timeout", "duration_hint", "retry", "resources", "after", "deps", "tags",
+              "labels", "stages")
 
 
 def option(name: str) -> TaskOption:

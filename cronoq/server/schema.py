@@ -25,8 +25,7 @@ from typing import Annotated, Any, Callable, Iterable, Literal, Union
 
 import msgspec
 
-from .._proto import cronoq_pb2 as pb
-from ..core.options import CLASSES, CONDITIONS, MISS_POLICIES, RETRY_FIELDS, TASK_OPTIONS, TaskOption
+from ..core.options import CLASSES, CONDITIONS, OPTIONS, RETRY_FIELDS, TASK_OPTIONS, WIRE_ORDER, TaskOption
 from .errors import Code, ServiceError
 
 __all__ = ["Field", "Text", "Seconds", "Number", "Integer", "Flag", "Choice", "BigInt", "Id", "UnixNs", "AnyJson",
@@ -650,7 +649,6 @@ def _task_field(opt: TaskOption) -> Field:
     return Array(Text("A stage name." + _NAMED, empty=False), text)
 
 
-_WIRED = {opt.wire: opt for opt in TASK_OPTIONS if opt.wire is not None}
 
 TASK_FIELDS: dict[str, Field] = {
     "payload": AnyJson("Any JSON value; the worker receives it as application/json (unless content_type "
@@ -660,8 +658,7 @@ TASK_FIELDS: dict[str, Field] = {
     "payload_text": Text("Text payload; the worker receives it as text/plain; charset=utf-8 (unless "
                          "content_type says otherwise)."),
     "content_type": Text("The payload's content type, printable ASCII, at most 255 characters."),
-    **{wire: _task_field(_WIRED[wire])   # (in the order of the message's fields)
-       for wire in sorted(_WIRED, key=lambda wire: pb.TaskSpec.DESCRIPTOR.fields_by_name[wire].number)},
+    **{opt.wire: _task_field(opt) for opt in (OPTIONS[name] for name in WIRE_ORDER) if opt.wire is not None},
 }
 
 TASK = Obj("Task", TASK_FIELDS, "A task to submit. Every field is optional: {} submits an empty payload to "

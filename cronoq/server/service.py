@@ -5,8 +5,10 @@ Requests and responses are the cronoq.v1 protobuf messages, which is the
 data model both transports share (the gateway maps JSON onto them). Each
 call takes the authenticated ``Principal``, checks its role and pool scope,
 converts the wire task into a ``cronoq.Task`` within the configured
-[limits], calls the scheduler, and maps what it raises to a
-``ServiceError``. Nothing here knows about gRPC.
+[limits] (``convert.TaskReader``), calls the scheduler, and maps what it
+raises to a ``ServiceError``; the answers are built by ``convert.py`` and
+the leader's records of recent tasks kept in ``info.py``. Nothing here
+knows about gRPC.
 
 Pool scope: a credential limited to some pools cannot see tasks of other
 pools (they are NOT_FOUND, exactly like tasks that do not exist), cannot

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from .._proto import cronoq_pb2 as pb
 from ..core.errors import TaskFailed
-from ..core.options import CLASSES, DEFAULT_CLASS, RETRY_FIELDS, TASK_OPTIONS, TaskOption
+from ..core.options import CLASSES, DEFAULT_CLASS, OPTIONS, RETRY_FIELDS, TASK_OPTIONS, WIRE_ORDER, TaskOption
 from ..core.snapshot import Checkpoint
 from ..core.types import NS, Dep, RetryPolicy
 from .codec import OCTETS, Blob, check_content_type
@@ -222,6 +222,10 @@ _CHOICES: dict[str, Rule] = {"priority": _priority, "on_miss": _on_miss}
 _BY_WIRE: dict[str, tuple[TaskOption, Rule]] = {
     opt.wire: (opt, _CHOICES[opt.name] if opt.kind == "choice" else _RULES[opt.kind])
     for opt in TASK_OPTIONS if opt.wire is not None and opt.name != "pool"}
+# (wire field, option, rule, whether the field tracks presence), in the message's field order
+_FIELDS = tuple((opt.wire, opt, _BY_WIRE[opt.wire][1],
+                 pb.TaskSpec.DESCRIPTOR.fields_by_name[opt.wire].has_presence)
+                for opt in (OPTIONS[name] for name in WIRE_ORDER) if opt.wire in _BY_WIRE)
 _PAIRS: dict[str, tuple[TaskOption, TaskOption]] = {
     pair: (next(o for o in TASK_OPTIONS if o.pair == pair and o.kind == "seconds"),
            next(o for o in TASK_OPTIONS if o.pair == pair and o.kind == "time"))
@@ -254,11 +258,15 @@ class TaskReader:
             raise ServiceError(Code.PERMISSION_DENIED, f"the credential may not submit into pool {pool!r}")
         if spec.pool and pool != self.default_pool:
             reading.options["pool"] = pool   # (the default pool is the engine's too: a plain task stays plain)
-        by_wire = _BY_WIRE
-        for field, value in spec.ListFields():   # (in field order: the order of the checks)
-            found = by_wire.get(field.name)
-            if found is not None:
-                found[1](reading, found[0], value)
+        has = spec.HasField
+        for wire, opt, rule, optional in _FIELDS:   # (in field order: the order of the checks)
+            if optional:
+                if has(wire):
+                    rule(reading, opt, getattr(spec, wire))
+            else:
+                value = getattr(spec, wire)
+                if value:   # (proto3: an empty string, a zero enum, an empty list or map is unset)
+                    rule(reading, opt, value)
         options = reading.options
         if caller.tenant is not None and "tenant" not in options:
             options["tenant"] = caller.tenant

@@ -293,7 +293,8 @@ def test_a_file_holding_tokens_that_others_may_read_is_warned_about(tmp_path, se
 
 def test_non_loopback_listeners_are_allowed_with_the_flag_or_with_credentials(servers):
     # Checked as startup checks it, without listening off loopback in a test.
-    from cronoq.server.config import check_environment, parse
+    from cronoq.server.config import parse
+    from cronoq.server.environment import check_environment
 
     text = '[server]\ngrpc_addr = "0.0.0.0:0"\nhttp_addr = "127.0.0.1:0"\n'   # (refused without the flag)
     assert check_environment(parse(text), insecure_no_auth=True, environ={}) == {}

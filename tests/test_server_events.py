@@ -16,7 +16,7 @@ import pytest_asyncio
 import cronoq
 import cronoq.server
 from cronoq.client import Worker
-from cronoq.server.service import InfoCache, LiveFeed, TaskMeta
+from cronoq.server.info import InfoCache, LiveFeed, TaskMeta
 from cronoq.core.types import TaskSpec
 from httpkit import Raw
 from serverkit import ADMIN, AUTH, CLIENT, LISTEN, METRICS, WORKER, run_cli

@@ -21,6 +21,7 @@ import cronoq
 from cronoq.client import Worker
 from cronoq.server import gateway
 from cronoq.server.openapi import document
+from cronoq.server.schema import SUBMIT
 from httpkit import client, until
 from serverkit import ADMIN, AUTH, CLIENT, LISTEN, METRICS, WORKER
 
@@ -87,7 +88,7 @@ async def test_the_document_is_valid_and_generated_from_the_gateway_tables(live)
     operations = [op["operationId"] for item in doc["paths"].values() for op in item.values()]
     assert len(operations) == len(set(operations))
     task = doc["components"]["schemas"]["Task"]
-    assert set(task["properties"]) == set(gateway.SUBMIT.fields) - {"wait", "wait_timeout_s"}
+    assert set(task["properties"]) == set(SUBMIT.fields) - {"wait", "wait_timeout_s"}
     assert task["additionalProperties"] is False
 
 

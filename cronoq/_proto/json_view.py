@@ -12,7 +12,7 @@ import base64
 import json
 from typing import Any
 
-from ..core.snapshot import TOTAL_FIELDS
+from ..core.snapshot import POOL_FIELDS, TOTAL_FIELDS
 from . import cronoq_pb2 as pb
 
 
@@ -131,9 +131,7 @@ def ordered_totals(totals: Any) -> dict[str, int]:
     return {name: totals[name] for name in known + sorted(set(totals) - set(known))}
 
 
-_POOL_FIELDS = ("name", "capacity", "busy", "held", "desired", "pending", "pending_by_class", "reservations",
-                "dispatched", "succeeded", "failed", "priority_adherence", "fixed_start_hit_rate", "utilization",
-                "schedule_efficiency", "wait_p50_s", "wait_p90_s", "wait_p99_s", "cost", "workers_connected")
+_POOL_FIELDS = ("name", *(field.wire for field in POOL_FIELDS))
 
 
 def _pool_json(pool: pb.PoolSnapshot) -> dict[str, Any]:

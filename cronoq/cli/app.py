@@ -11,7 +11,8 @@ from typing import Callable, Sequence
 from .._version import __version__
 from .connection import Settings, add_connection_arguments, settings_from
 from .exits import CliError, ExitCode, exit_code_for
-from .output import CLASS_NAMES, STATUS_NAMES, Output
+from ..core.options import OVERLAP_POLICIES, TASK_OPTIONS
+from .output import STATUS_NAMES, Output
 from . import plugins
 
 __all__ = ["main", "build_parser"]
@@ -161,9 +162,7 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
                 "first) and is sent as application/json; --file PATH (or - for standard input) sends the "
                 "file's bytes as application/octet-stream.")
     _payload_arguments(p)
-    _task_arguments(p)
-    p.add_argument("--after", metavar="TASK", action="append", default=[],
-                   help="run only after this task succeeded: an id, or a key (repeatable)")
+    _task_arguments(p, template=False)
     p.add_argument("--wait", action="store_true",
                    help="wait until the task finished and print its output (unchanged when redirected)")
     p.add_argument("--wait-timeout", metavar="SECONDS", type=_seconds,
@@ -207,9 +206,9 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     add.add_argument("name", metavar="NAME")
     add.add_argument("cron", metavar="CRON", help="five fields, or six with seconds first; @daily and friends")
     _payload_arguments(add)
-    _task_arguments(add)
+    _task_arguments(add, template=True)
     add.add_argument("--tz", default="UTC", help="IANA time zone of the cron expression (default UTC)")
-    add.add_argument("--overlap", choices=("skip", "allow", "queue", "queue_on_success"), default="skip",
+    add.add_argument("--overlap", choices=OVERLAP_POLICIES, default=OVERLAP_POLICIES[0],
                      help="when the previous occurrence still runs (default skip)")
     remove = schedule.add_parser("remove", parents=[common], help="remove a schedule")
     remove.add_argument("name", metavar="NAME")
@@ -304,15 +303,26 @@ def _payload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--content-type", metavar="TYPE", help="the content type the worker sees (overrides the above)")
 
 
-def _task_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pool", help="the pool (default: the server's default pool)")
-    p.add_argument("--kind", help="the task's kind (default: default)")
-    p.add_argument("--priority", choices=CLASS_NAMES, help="priority class (default normal)")
-    p.add_argument("--tenant", help="the tenant, for fair share")
-    p.add_argument("--key", help="a unique key: submitting the same key again returns the existing task")
-    p.add_argument("--label", action="append", default=[], type=_pair, metavar="NAME=VALUE",
-                   help="workers must carry this label (repeatable)")
-    p.add_argument("--tag", action="append", default=[], type=_pair, metavar="NAME=VALUE",
-                   help="a tag kept with the task (repeatable)")
-    p.add_argument("--deadline-in", type=_seconds, metavar="SECONDS",
-                   help="the task should finish within this many seconds")
+def _task_arguments(p: argparse.ArgumentParser, *, template: bool) -> None:
+    """The flags of the task options that have one (cronoq.core.options);
+    a recurring template's only those it may set."""
+    for opt in TASK_OPTIONS:
+        if opt.cli is None or (template and not opt.template):
+            continue
+        text = opt.doc.replace("`", "")
+        if opt.default not in ("None", "()", "{}"):
+            text += f" (default {opt.default.replace('`', '')})"
+        if opt.kind == "choice":
+            p.add_argument(opt.cli, choices=opt.choices, help=text)
+        elif opt.kind == "seconds":
+            p.add_argument(opt.cli, type=_seconds, metavar=opt.metavar, help=text)
+        elif opt.kind == "pairs":
+            p.add_argument(opt.cli, action="append", default=[], type=_pair, metavar=opt.metavar,
+                           help=f"{text} (repeatable)")
+        elif opt.kind == "refs":
+            p.add_argument(opt.cli, action="append", default=[], metavar=opt.metavar,
+                           help=f"{text}: an id, or a key (repeatable)")
+        else:
+            p.add_argument(opt.cli, help=text)
+
+

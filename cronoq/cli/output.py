@@ -18,6 +18,8 @@ from typing import IO, TYPE_CHECKING, Any, Iterable, Sequence
 
 from rich.cells import cell_len
 
+from ..core.options import CLASSES
+
 if TYPE_CHECKING:
     from .._proto import cronoq_pb2 as pb
 
@@ -147,7 +149,7 @@ STATUS_NAMES = {0: "unspecified", 1: "blocked", 2: "scheduled", 3: "ready", 4: "
 PRIORITY_NAMES = {0: "normal", 1: "critical", 2: "high", 3: "normal", 4: "low"}
 OVERLAP_NAMES = {0: "skip", 1: "skip", 2: "allow", 3: "queue", 4: "queue_on_success"}
 HEALTH_NAMES = {0: "healthy", 1: "healthy", 2: "suspect"}   # WorkerHealth (unspecified: an older server)
-CLASS_NAMES = ("critical", "high", "normal", "low")
+CLASS_NAMES = CLASSES
 
 
 # ---------------------------------------------------------------- JSON like the HTTP API

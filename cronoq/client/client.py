@@ -13,7 +13,7 @@ import grpc
 from .._proto import cronoq_pb2 as pb
 from .._proto import cronoq_pb2_grpc as pb_grpc
 from ..core.actions import StatusEvent
-from ..core.snapshot import Checkpoint
+from ..core.snapshot import POOL_FIELDS, Checkpoint
 from ..core.types import CLASSES, NS, STATUSES, TaskSpec
 from . import wire
 
@@ -375,7 +375,5 @@ class Client:
                 "pending": r.pending, "workers_connected": r.workers_connected, "at": r.at_unix_ns / NS}
 
 
-_POOL_FIELDS = ("name", "capacity", "busy", "held", "desired", "pending", "reservations", "dispatched", "succeeded",
-                "failed", "priority_adherence", "fixed_start_hit_rate", "utilization", "schedule_efficiency",
-                "wait_p50_s", "wait_p90_s", "wait_p99_s", "cost", "workers_connected")
+_POOL_FIELDS = ("name", *(field.wire for field in POOL_FIELDS if field.kind != "classes"))
 

@@ -37,6 +37,7 @@ from .recurring import OVERLAP_POLICIES, CronSchedule, Recurring, rfc3339
 from .resources import ResourceState
 from .snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo, TOTAL_FIELDS
 from .timers import TimerHeap
+from .options import MISS_POLICIES
 from .types import (
     BLOCKED, CANCELLED, CANCELLED_OUTCOME, CLASSES, DEAD_LETTERED, FAILED, ID_EPOCH_BITS, KEY_LIMIT,
     MISSED, NS, PERMANENT, READY, RECURRING_KEY_LIMIT, RETRYABLE, RETRYING, RUNNING, SCHEDULED, SHED,
@@ -1968,7 +1969,7 @@ class Core:
         tol = to_ns(tolerance, "tolerance", error=ValueError) if tolerance is not None else (
             template.tolerance_ns if template.tolerance_ns is not None else NS)
         miss = on_miss if on_miss is not None else template.on_miss
-        if miss not in ("run_late", "skip", "fail"):
+        if miss not in MISS_POLICIES:
             raise ValueError(f"on_miss must be run_late, skip or fail, got {miss!r}")
         rec = Recurring(name, schedule, template, overlap, tol, miss, template.key)
         old = self.recurring.get(name)

@@ -16,11 +16,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
+from .options import OVERLAP_POLICIES
 from .types import NS, TaskSpec
 
 __all__ = ["CronSchedule", "Recurring", "rfc3339", "OVERLAP_POLICIES"]
 
-OVERLAP_POLICIES = ("skip", "allow", "queue", "queue_on_success")
 _UTC = _dt.timezone.utc
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_UTC)
 

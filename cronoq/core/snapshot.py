@@ -2,13 +2,55 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["GroupSnapshot", "PoolSnapshot", "Snapshot", "TaskInfo", "Checkpoint", "TOTAL_FIELDS"]
+__all__ = ["GroupSnapshot", "PoolSnapshot", "Snapshot", "TaskInfo", "Checkpoint", "TOTAL_FIELDS", "PoolField",
+           "POOL_FIELDS"]
 
 TOTAL_FIELDS = ("submitted", "dispatched", "succeeded", "failed", "dead_lettered", "cancelled",
                 "skipped", "missed", "shed", "retries", "timeouts", "lease_expiries",
                 "stale_completions", "recurring_conflicts", "recurring_invalid")
+
+
+
+class PoolField(NamedTuple):
+    """A field of a pool's snapshot as cronoq-server sends it (the cronoq.v1
+    PoolSnapshot message, the HTTP API's JSON, the client's dict): ``wire``
+    its name there, ``attr`` the ``PoolSnapshot`` attribute it comes from
+    (None: the server's own), ``kind`` ``count``, ``number``, ``seconds``
+    or ``classes`` (counts by class, in ``CLASSES`` order)."""
+
+    wire: str
+    attr: str | None
+    kind: str
+    doc: str
+
+
+POOL_FIELDS = (
+    PoolField("capacity", "capacity", "count", "Slots of its connected workers."),
+    PoolField("busy", "busy", "count", "Slots running an attempt."),
+    PoolField("held", "held", "count", "Free slots held for fixed starts about to begin."),
+    PoolField("desired", "desired", "count", "The capacity it wants (its capacity, at least its min)."),
+    PoolField("pending", "pending", "count", "Tasks waiting to run."),
+    PoolField("pending_by_class", "pending_by_class", "classes",
+              "Pending tasks by class: critical, high, normal, low."),
+    PoolField("reservations", "reservations", "count", "Fixed-start reservations booked."),
+    PoolField("dispatched", "dispatched", "count", "Attempts started over the metrics window."),
+    PoolField("succeeded", "succeeded", "count", "Attempts that succeeded over the metrics window."),
+    PoolField("failed", "failed", "count", "Attempts that failed over the metrics window."),
+    PoolField("priority_adherence", "priority_adherence", "number",
+              "1 - priority inversions / dispatches over the window."),
+    PoolField("fixed_start_hit_rate", "fixed_start_hit_rate", "number",
+              "Fixed starts begun within their tolerance / fixed starts judged."),
+    PoolField("utilization", "utilization", "number", "Busy slot-time / capacity slot-time over the window."),
+    PoolField("schedule_efficiency", "schedule_efficiency", "number",
+              "Run time of successful attempts / all run time over the window."),
+    PoolField("wait_p50_s", "wait_p50", "seconds", "Median wait from ready to dispatch over the window."),
+    PoolField("wait_p90_s", "wait_p90", "seconds", "90th percentile wait."),
+    PoolField("wait_p99_s", "wait_p99", "seconds", "99th percentile wait."),
+    PoolField("cost", "cost", "number", "Slot-seconds times the cost per slot-second, since start."),
+    PoolField("workers_connected", None, "count", "Connected workers."),
+)
 
 
 class _View:

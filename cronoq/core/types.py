@@ -16,6 +16,10 @@ import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .errors import InvalidTask
+from .options import (
+    CLASSES, CONDITIONS, KEY_LIMIT, MAX_SECONDS, MAX_STAGES, MISS_POLICIES, NAME_LIMIT, OVERFLOW_POLICIES,
+    RETRY_DEFAULTS, UNKNOWN_DEPENDENCY_POLICIES, VALUE_LIMIT,
+)
 
 __all__ = [
     "Priority",
@@ -60,11 +64,11 @@ __all__ = [
     "KEY_LIMIT",
     "NAME_LIMIT",
     "VALUE_LIMIT",
+    "MAX_STAGES",
     "RECURRING_KEY_LIMIT",
 ]
 
 NS = 1_000_000_000
-MAX_SECONDS = 100 * 365 * 86_400   # the longest duration accepted (100 years): keeps times in 64 bits
 _MIN_UNIX = -62_135_596_800        # 0001-01-01T00:00:00Z, the earliest datetime
 _MAX_UNIX = 253_402_300_799        # 9999-12-31T23:59:59Z, the latest
 
@@ -81,7 +85,6 @@ class Priority(enum.IntEnum):
         return self.name.lower()
 
 
-CLASSES = ("critical", "high", "normal", "low")
 _CLASS_BY_NAME = {name: i for i, name in enumerate(CLASSES)}
 
 class Status(enum.StrEnum):
@@ -139,10 +142,10 @@ CANCELLED_OUTCOME = Outcome.CANCELLED
 
 ID_EPOCH_BITS = 44   # task ids and leases carry the store's epoch above these bits
 
-_EDGE_CONDITIONS = ("success", "failure", "complete")
-_MISS_POLICIES = ("run_late", "skip", "fail")
-_OVERFLOW_POLICIES = ("wait", "reject", "shed_lowest", "shed_oldest")
-_UNKNOWN_DEP_POLICIES = ("reject", "await")
+_EDGE_CONDITIONS = CONDITIONS
+_MISS_POLICIES = MISS_POLICIES
+_OVERFLOW_POLICIES = OVERFLOW_POLICIES
+_UNKNOWN_DEP_POLICIES = UNKNOWN_DEPENDENCY_POLICIES
 
 
 # ---------------------------------------------------------------- validation
@@ -159,14 +162,7 @@ def check_name(value: object, field: str, *, error: type[Exception] = InvalidTas
 
 
 # ---------------------------------------------------------------- length limits
-# In UTF-8 bytes, which is what database indexes limit: PostgreSQL refuses a
-# B-tree entry above about 2.7 kB, and a refused row must never reach a commit.
-# The same limits hold with any store, or none, so behaviour never depends on it.
-
-KEY_LIMIT = 1024      # a task's key, a key a dependency names, a recurring schedule's name
-NAME_LIMIT = 255      # pool, kind, tenant, resource, label and tag names
-VALUE_LIMIT = 1024    # label and tag values
-MAX_STAGES = 64       # stages a task may declare (and checkpoints it may keep)
+# (KEY_LIMIT, NAME_LIMIT, VALUE_LIMIT and MAX_STAGES are declared in options.py.)
 # Each occurrence of a recurring schedule gets the key "<key>@YYYY-MM-DDTHH:MM:SSZ".
 RECURRING_KEY_LIMIT = KEY_LIMIT - len("@2000-01-01T00:00:00Z")
 
@@ -361,8 +357,11 @@ class RetryPolicy:
     __slots__ = ("max_attempts", "initial_backoff", "multiplier", "max_backoff", "jitter",
                  "_initial_ns", "_max_ns")
 
-    def __init__(self, max_attempts: int = 3, initial_backoff: float = 1.0, multiplier: float = 2.0,
-                 max_backoff: float = 60.0, jitter: bool = True) -> None:
+    def __init__(self, max_attempts: int = RETRY_DEFAULTS["max_attempts"],
+                 initial_backoff: float = RETRY_DEFAULTS["initial_backoff"],
+                 multiplier: float = RETRY_DEFAULTS["multiplier"],
+                 max_backoff: float = RETRY_DEFAULTS["max_backoff"],
+                 jitter: bool = RETRY_DEFAULTS["jitter"]) -> None:
         self.max_attempts = _int_at_least(max_attempts, "max_attempts", 1, InvalidTask)
         self._initial_ns = to_ns(initial_backoff, "initial_backoff")
         self.initial_backoff = initial_backoff

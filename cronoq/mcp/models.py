@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..client import ScheduleInfo, TaskInfo, TaskResult, WorkerInfo
+from ..core.options import RETRY_FIELDS, TASK_OPTIONS, option
+from ..core.snapshot import POOL_FIELDS
 
 __all__ = ["PriorityName", "StatusName", "TaskRef", "RetryInput", "DepInput", "TaskInput", "TaskView",
            "ResultView", "SubmitAnswer", "BatchAnswer", "CancelAnswer", "TaskPageView", "WorkerView",
@@ -26,13 +28,40 @@ __all__ = ["PriorityName", "StatusName", "TaskRef", "RetryInput", "DepInput", "T
            "payload_bytes", "task_view", "result_view", "worker_view", "schedule_view", "pool_view",
            "snapshot_view", "unix"]
 
+# Literal types for the models' schemas (static, for type checkers); tests/test_vocabulary.py holds each to
+# its list in cronoq.core.options.
 PriorityName = Literal["critical", "high", "normal", "low"]
 StatusName = Literal["blocked", "scheduled", "ready", "running", "retrying", "succeeded", "failed",
                      "dead_lettered", "cancelled", "skipped", "missed", "shed"]
 OverlapName = Literal["skip", "allow", "queue", "queue_on_success"]
 MissPolicyName = Literal["run_late", "skip", "fail"]
+ConditionName = Literal["success", "failure", "complete"]
 
 # ---------------------------------------------------------------- arguments
+# The task options' descriptions and bounds come from the task vocabulary (cronoq.core.options).
+
+
+def _about(name: str, form: str = "") -> str:
+    """The description of option ``name`` for a model: its meaning, the
+    form the tool takes it in, and what omitting it means."""
+    opt = option(name)
+    text = opt.description()
+    if form:
+        text += f" {form}"
+    if opt.default not in ("None", "()", "{}"):
+        text += f" Omitted: {opt.default}."
+    if opt.pair is not None:
+        other = next(o for o in TASK_OPTIONS if o.pair == opt.pair and o is not opt)
+        text += f" Not with {other.name}."
+    return text.replace("`", "")
+
+
+def _seconds(name: str) -> Any:
+    """The bound of a duration option: > 0 or >= 0."""
+    return Field(gt=0, description=_about(name)) if option(name).positive else Field(ge=0, description=_about(name))
+
+
+_ISO = "As an ISO 8601 time (UTC when no offset is given)."
 
 TaskRef = Annotated[int | str, Field(
     description="A task: its numeric id (an integer), or its key (a string).")]
@@ -44,64 +73,48 @@ PayloadBase64 = Annotated[str | None, Field(
     description="Binary input as base64, sent as application/octet-stream; instead of payload.")]
 ContentType = Annotated[str | None, Field(
     description="Overrides the payload's content type (printable ASCII), e.g. application/x-ndjson.")]
-PoolName = Annotated[str | None, Field(
-    description="The pool that runs it; omitted: the server's default pool. The snapshot tool lists pools.")]
-Kind = Annotated[str | None, Field(
-    description="The kind of work (a name workers and duration statistics use); omitted: 'default'.")]
-Priority = Annotated[PriorityName | None, Field(
-    description="Its class: critical runs before high, high before normal, normal before low (waiting "
-                "tasks age upwards within their class). Omitted: normal.")]
-Key = Annotated[str | None, Field(
-    description="A unique name for the task. Submitting a key the server already holds creates nothing "
-                "and returns the existing task (duplicate=true), so a submission can be safely repeated.")]
-Tenant = Annotated[str | None, Field(
-    description="Who the task is for; pools with fair share divide their slots between tenants.")]
-DeadlineIn = Annotated[float | None, Field(
-    ge=0, description="A soft deadline, in seconds from now: the task's score rises as it nears, so it "
-                      "starts in time. Passing it does not cancel the task. Not with deadline_at.")]
-DeadlineAt = Annotated[_dt.datetime | None, Field(
-    description="A soft deadline as an ISO 8601 time (UTC when no offset is given). Not with deadline_in.")]
-StartIn = Annotated[float | None, Field(
-    ge=0, description="A fixed start, in seconds from now: the task runs then (a slot is reserved for it), "
-                      "not before. Not with start_at.")]
-StartAt = Annotated[_dt.datetime | None, Field(
-    description="A fixed start as an ISO 8601 time (UTC when no offset is given). Not with start_in.")]
-Tolerance = Annotated[float | None, Field(
-    ge=0, description="With a fixed start: how many seconds late it may still start (default 1).")]
-OnMiss = Annotated[MissPolicyName | None, Field(
-    description="With a fixed start: what happens when it cannot start within the tolerance: run_late "
-                "(default), skip, or fail.")]
-Timeout = Annotated[float | None, Field(
-    gt=0, description="Seconds one attempt may run before it is failed as retryable.")]
-DurationHint = Annotated[float | None, Field(
-    gt=0, description="The expected run time in seconds; deadlines and fixed starts plan with it.")]
-Resources = Annotated[dict[str, int] | None, Field(
-    description="Units of shared resources the task holds while it runs, e.g. {\"gpu\": 1}; the names "
-                "are those configured on the server. A task waits until the units are free.")]
-After = Annotated[list[int | str] | None, Field(
-    description="Tasks (ids or keys) that must succeed before this one starts; in a batch, keys of other "
-                "tasks of the same batch.")]
-Tags = Annotated[dict[str, str] | None, Field(
-    description="Free-form name/value pairs, shown in listings and given to the worker.")]
-Labels = Annotated[dict[str, str] | None, Field(
-    description="Only workers registered with all these labels may run the task, e.g. {\"gpu\": \"a100\"}.")]
-Stages = Annotated[list[str] | None, Field(
-    description="The task's pipeline stages, in order, e.g. [\"chunk\", \"embed\", \"index\"]: the worker "
-                "checkpoints each one, and a retry skips the stages earlier attempts checkpointed.")]
+PoolName = Annotated[str | None, Field(description=_about("pool"))]
+Kind = Annotated[str | None, Field(description=_about("kind"))]
+Priority = Annotated[PriorityName | None, Field(description=_about("priority"))]
+Key = Annotated[str | None, Field(description=_about("key"))]
+Tenant = Annotated[str | None, Field(description=_about("tenant", "Pools with fair share divide their slots "
+                                                                 "between tenants."))]
+DeadlineIn = Annotated[float | None, _seconds("deadline_in")]
+DeadlineAt = Annotated[_dt.datetime | None, Field(description=_about("deadline_at", _ISO))]
+StartIn = Annotated[float | None, _seconds("start_in")]
+StartAt = Annotated[_dt.datetime | None, Field(description=_about("start_at", _ISO))]
+Tolerance = Annotated[float | None, _seconds("tolerance")]
+OnMiss = Annotated[MissPolicyName | None, Field(description=_about(
+    "on_miss", "With a fixed start, when it cannot start within the tolerance: run_late, skip or fail."))]
+Timeout = Annotated[float | None, _seconds("timeout")]
+DurationHint = Annotated[float | None, _seconds("duration_hint")]
+Resources = Annotated[dict[str, int] | None, Field(description=_about(
+    "resources", "The names are those configured on the server."))]
+After = Annotated[list[int | str] | None, Field(description=_about("after", "Ids or keys."))]
+Tags = Annotated[dict[str, str] | None, Field(description=_about("tags"))]
+Labels = Annotated[dict[str, str] | None, Field(description=_about("labels"))]
+Stages = Annotated[list[str] | None, Field(description=_about("stages", 'For example ["chunk", "embed", "index"].'))]
+
+_RETRY = {f.name: f for f in RETRY_FIELDS}
+
+
+def _retry_field(name: str) -> Any:
+    f = _RETRY[name]
+    return Field(default=f.default, ge=f.minimum, le=f.maximum, description=f.doc[0].upper() + f.doc[1:] + ".")
 
 
 class RetryInput(BaseModel):
     """How failed attempts are retried (omitted: the pool's policy)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_attempts: int = Field(default=3, ge=1, description="Attempts in all, the first included.")
-    initial_backoff: float = Field(default=1.0, ge=0, description="Seconds before the second attempt.")
-    multiplier: float = Field(default=2.0, ge=1, description="Each further wait is this many times the previous one.")
-    max_backoff: float = Field(default=60.0, ge=0, description="The longest wait between attempts, in seconds.")
-    jitter: bool = Field(default=True, description="Wait a random fraction of each delay (spreads retries out).")
+    max_attempts: int = _retry_field("max_attempts")
+    initial_backoff: float = _retry_field("initial_backoff")
+    multiplier: float = _retry_field("multiplier")
+    max_backoff: float = _retry_field("max_backoff")
+    jitter: bool = Field(default=_RETRY["jitter"].default, description=_RETRY["jitter"].doc.capitalize() + ".")
 
 
-Retry = Annotated[RetryInput | None, Field(description="The retry policy; omitted: the pool's.")]
+Retry = Annotated[RetryInput | None, Field(description=_about("retry"))]
 
 
 class DepInput(BaseModel):
@@ -109,13 +122,11 @@ class DepInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     task: TaskRef
-    on: Literal["success", "failure", "complete"] = Field(
+    on: ConditionName = Field(
         default="success", description="Start after that task succeeded (default), failed, or finished either way.")
 
 
-Deps = Annotated[list[DepInput] | None, Field(
-    description="Dependencies with a condition (success, failure or complete); 'after' is the short form "
-                "for success.")]
+Deps = Annotated[list[DepInput] | None, Field(description=_about("deps"))]
 
 
 class TaskInput(BaseModel):
@@ -316,29 +327,33 @@ class GroupView(BaseModel):
     busy: int
 
 
+_POOL = {f.wire: f.doc for f in POOL_FIELDS}
+
+
 class PoolView(BaseModel):
-    """A pool's state and its quality figures over the metrics window."""
+    """A pool's state and its quality figures over the metrics window (the
+    fields of POOL_FIELDS in cronoq.core.snapshot, with their descriptions)."""
 
     name: str
-    capacity: int = Field(description="Slots of its connected workers.")
-    busy: int = Field(description="Slots running tasks.")
-    held: int = Field(description="Slots held for fixed starts about to begin.")
-    desired: int = Field(description="The capacity the pool asks for (at least its configured min).")
-    pending: int = Field(description="Tasks waiting to run.")
-    pending_by_class: dict[str, int]
-    reservations: int
-    dispatched: int
-    succeeded: int
-    failed: int
-    priority_adherence: float
-    fixed_start_hit_rate: float
-    utilization: float
-    schedule_efficiency: float
-    wait_p50_s: float
-    wait_p90_s: float
-    wait_p99_s: float
-    cost: float
-    workers_connected: int
+    capacity: int = Field(description=_POOL["capacity"])
+    busy: int = Field(description=_POOL["busy"])
+    held: int = Field(description=_POOL["held"])
+    desired: int = Field(description=_POOL["desired"])
+    pending: int = Field(description=_POOL["pending"])
+    pending_by_class: dict[str, int] = Field(description=_POOL["pending_by_class"])
+    reservations: int = Field(description=_POOL["reservations"])
+    dispatched: int = Field(description=_POOL["dispatched"])
+    succeeded: int = Field(description=_POOL["succeeded"])
+    failed: int = Field(description=_POOL["failed"])
+    priority_adherence: float = Field(description=_POOL["priority_adherence"])
+    fixed_start_hit_rate: float = Field(description=_POOL["fixed_start_hit_rate"])
+    utilization: float = Field(description=_POOL["utilization"])
+    schedule_efficiency: float = Field(description=_POOL["schedule_efficiency"])
+    wait_p50_s: float = Field(description=_POOL["wait_p50_s"])
+    wait_p90_s: float = Field(description=_POOL["wait_p90_s"])
+    wait_p99_s: float = Field(description=_POOL["wait_p99_s"])
+    cost: float = Field(description=_POOL["cost"])
+    workers_connected: int = Field(description=_POOL["workers_connected"])
     groups: list[GroupView] = Field(description="Capacity per set of worker labels.")
 
 

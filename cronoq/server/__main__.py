@@ -10,7 +10,8 @@ import logging.config
 import os
 import sys
 
-from .config import ConfigError, ServerConfig, check_environment, default_config, load
+from .config import ConfigError, ServerConfig, default_config, load
+from .environment import check_environment
 
 EXIT_CONFIG = 2    # invalid configuration or environment
 EXIT_FAILED = 1    # could not start (a port taken, the store unreachable...)

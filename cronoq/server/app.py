@@ -27,7 +27,8 @@ from ..runtime.pool import Pool
 from ..runtime.scheduler import Scheduler
 from .auth import Authenticator
 from .codec import BlobCodec
-from .config import LimitsConfig, PoolSection, ServerConfig, check_environment
+from .config import LimitsConfig, PoolSection, ServerConfig
+from .environment import check_environment
 from .gateway import Gateway
 from .grpc_api import add_services
 from .counters import ServerCounters

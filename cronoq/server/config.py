@@ -3,9 +3,14 @@
 ``load(path)`` reads the file (``parse(text)`` a string) and returns a
 ``ServerConfig``, or raises ``ConfigError`` listing every problem found,
 each naming its key (``pools[1].lease_ttl_s: ...``). Unknown keys are errors.
+Each section is a dataclass whose fields hold the keys' defaults and, with
+``key()``, the rule each is read with (msgspec checks the type and bounds,
+``Rule.problem`` says what is wrong): written once, and docs/server.md's
+tables are held to them (tests/test_vocabulary.py).
 What depends on the environment (``token_env`` variables, token lengths,
 listening on a non-loopback address without credentials, TLS files) is
-checked by ``check_environment``, which startup and ``--check`` both run.
+checked by ``environment.check_environment``, which startup and
+``--check`` both run.
 
 This module imports neither grpc nor the stores, so ``--check`` stays quick.
 docs/server.md lists every key with its type, default and range.
@@ -16,25 +21,26 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
-import math
 import os
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from ..core.recurring import OVERLAP_POLICIES, CronSchedule
-from ..core.types import CLASSES, KEY_LIMIT, NAME_LIMIT, VALUE_LIMIT
+from ..core.options import (
+    CLASSES, KEY_LIMIT, NAME_LIMIT, OPTIONS, OVERFLOW_POLICIES, OVERLAP_POLICIES, RETRY_FIELDS,
+    UNKNOWN_DEPENDENCY_POLICIES, VALUE_LIMIT, WIRE_ORDER,
+)
+from ..core.recurring import CronSchedule
+from .tomlkeys import YEAR, Rule, Table, describe_value, key, rules
 
 __all__ = ["ConfigError", "ServerConfig", "ServerSection", "TlsConfig", "Credential", "StoreConfig",
            "LimitsConfig", "PoolSection", "ResourceSection", "OutputsConfig", "RecurringSection", "TraceSection",
-           "RetrySection", "load", "parse", "default_config", "check_environment", "ROLES", "YEAR"]
+           "RetrySection", "load", "parse", "default_config", "ROLES", "YEAR", "MIN_TOKEN", "GOOD_TOKEN",
+           "Rule", "key", "rules", "split_addr", "is_loopback"]
 
-YEAR = 365 * 86_400.0          # the longest configurable duration
 ROLES = ("client", "worker", "metrics", "admin")
 MIN_TOKEN = 16                 # characters; shorter tokens are refused at startup
 GOOD_TOKEN = 32                # shorter ones are accepted with a warning
-_OVERFLOW = ("wait", "reject", "shed_lowest", "shed_oldest")
-_MISS = ("run_late", "skip", "fail")
 
 
 class ConfigError(ValueError):
@@ -63,10 +69,10 @@ class ServerSection:
     http_port: int = 7071
     metrics_host: str | None = None     # the optional listener of /metrics without credentials
     metrics_port: int = 0
-    shutdown_grace_s: float = 10.0
-    standby_close_s: float = 1.0
-    insecure_no_auth: bool = False
-    ui: bool = True                     # the web dashboard at /ui on the HTTP listener
+    shutdown_grace_s: float = key(10.0, "seconds")
+    standby_close_s: float = key(1.0, "seconds", 0.1, 60.0)
+    insecure_no_auth: bool = key(False, "flag")
+    ui: bool = key(True, "flag")        # the web dashboard at /ui on the HTTP listener
     tls: TlsConfig | None = None
 
     @property
@@ -104,92 +110,107 @@ class Credential:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    kind: str = "memory"
+    kind: str = key("memory", "string", choices=("memory", "sqlite", "postgres"))
     path: str | None = None
     url: str | None = None
     url_env: str | None = None
-    schema: str = "public"
-    keep_finished_s: float = 7 * 86_400.0
-    retention_s: float = 3600.0
-    commit_timeout_s: float = 30.0
-    lock_poll_s: float = 0.5
-    lease_ttl_s: float = 10.0
-    lease_renew_s: float = 2.0
-    full_sync: bool = True
-    keepalive_s: float = 1.0
-    session_timeout_s: float = 10.0
+    schema: str = key("public", "string", limit=63)
+    keep_finished_s: float = key(7 * 86_400.0, "seconds")
+    retention_s: float = key(3600.0, "seconds")
+    commit_timeout_s: float = key(30.0, "seconds", above=True)
+    lock_poll_s: float = key(0.5, "seconds", high=60.0, above=True)
+    lease_ttl_s: float = key(10.0, "seconds", high=3600.0, above=True)
+    lease_renew_s: float = key(2.0, "seconds", high=3600.0, above=True)
+    full_sync: bool = key(True, "flag")
+    keepalive_s: float = key(1.0, "seconds", high=3600.0, above=True)
+    session_timeout_s: float = key(10.0, "seconds", high=3600.0, above=True)
 
     def __repr__(self) -> str:       # a URL may hold a password
         return f"StoreConfig(kind={self.kind!r})"
 
 
+_MB = 1024 * 1024
+
+
 @dataclass(frozen=True)
 class LimitsConfig:
-    max_message_bytes: int = 16 * 1024 * 1024
-    max_http_body_bytes: int = 16 * 1024 * 1024
-    request_timeout_s: float = 30.0
-    max_wait_s: float = 300.0
-    max_tasks_per_batch: int = 1000
-    max_list: int = 1000
-    max_deps: int = 256
-    max_tags: int = 64
-    max_labels: int = 16
-    max_resources: int = 16
-    max_key_bytes: int = KEY_LIMIT
-    max_name_bytes: int = NAME_LIMIT
-    max_value_bytes: int = VALUE_LIMIT
-    max_pending_total: int = 1_000_000
-    max_slots_per_worker: int = 1024
-    max_workers: int = 10_000
-    max_watchers: int = 1024
-    watch_buffer: int = 4096
-    register_timeout_s: float = 10.0
-    keepalive_interval_s: float = 20.0
-    max_http_connections: int = 1000
-    http_head_timeout_s: float = 15.0
-    http_keepalive_timeout_s: float = 65.0
-    http_write_timeout_s: float = 30.0
+    max_message_bytes: int = key(16 * _MB, "integer", 64 * 1024, 256 * _MB)
+    max_http_body_bytes: int = key(16 * _MB, "integer", 4096, 256 * _MB)
+    request_timeout_s: float = key(30.0, "seconds", 0.1)
+    max_wait_s: float = key(300.0, "seconds")
+    max_tasks_per_batch: int = key(1000, "integer", 1, 100_000)
+    max_list: int = key(1000, "integer", 1, 100_000)
+    max_deps: int = key(256, "integer", 0, 10_000)
+    max_tags: int = key(64, "integer", 0, 1024)
+    max_labels: int = key(16, "integer", 0, 256)
+    max_resources: int = key(16, "integer", 0, 256)
+    max_key_bytes: int = key(KEY_LIMIT, "integer", 1, KEY_LIMIT)
+    max_name_bytes: int = key(NAME_LIMIT, "integer", 1, NAME_LIMIT)
+    max_value_bytes: int = key(VALUE_LIMIT, "integer", 0, VALUE_LIMIT)
+    max_pending_total: int = key(1_000_000, "integer", 1, 1_000_000_000)
+    max_slots_per_worker: int = key(1024, "integer", 1, 65_536)
+    max_workers: int = key(10_000, "integer", 1, 1_000_000)
+    max_watchers: int = key(1024, "integer", 0, 100_000)
+    watch_buffer: int = key(4096, "integer", 16, 1_000_000)
+    register_timeout_s: float = key(10.0, "seconds", 0.1)
+    keepalive_interval_s: float = key(20.0, "seconds", 1.0)
+    max_http_connections: int = key(1000, "integer", 1, 1_000_000)
+    http_head_timeout_s: float = key(15.0, "seconds", 0.1)
+    http_keepalive_timeout_s: float = key(65.0, "seconds", 0.1)
+    http_write_timeout_s: float = key(30.0, "seconds", 0.1)
+
+
+_RETRY_BOUNDS = {"count": ("integer", None, 1_000_000), "seconds": ("seconds", None, None),
+                 "factor": ("number", None, 1000.0), "flag": ("flag", None, None)}
+
+
+def _retry_key(name: str) -> Any:
+    f = next(f for f in RETRY_FIELDS if f.wire == name)
+    kind, _, high = _RETRY_BOUNDS[f.kind]
+    return key(f.default, kind, f.minimum, high)
 
 
 @dataclass(frozen=True)
 class RetrySection:
-    max_attempts: int = 3
-    initial_backoff_s: float = 1.0
-    multiplier: float = 2.0
-    max_backoff_s: float = 60.0
-    jitter: bool = True
+    """A ``retry`` table: the fields and defaults of ``cronoq.RetryPolicy`` (cronoq.core.options)."""
+
+    max_attempts: int = _retry_key("max_attempts")
+    initial_backoff_s: float = _retry_key("initial_backoff_s")
+    multiplier: float = _retry_key("multiplier")
+    max_backoff_s: float = _retry_key("max_backoff_s")
+    jitter: bool = _retry_key("jitter")
 
 
 @dataclass(frozen=True)
 class PoolSection:
     name: str
-    min: int = 0
-    max: int = 10_000
-    lease_ttl_s: float = 30.0
+    min: int = key(0, "integer", 0, 1_000_000)
+    max: int = key(10_000, "integer", 1, 1_000_000)
+    lease_ttl_s: float = key(30.0, "seconds", 0.1)
     max_pending: int | dict[str, int] | None = None
-    overflow: str = "wait"
+    overflow: str = key(OVERFLOW_POLICIES[0], "string", choices=OVERFLOW_POLICIES)
     retry: RetrySection | None = None
-    unknown_dependency: str = "reject"
-    await_timeout_s: float | None = None
-    default_duration_s: float = 1.0
-    reservable_fraction: float = 0.5
+    unknown_dependency: str = key(UNKNOWN_DEPENDENCY_POLICIES[0], "string", choices=UNKNOWN_DEPENDENCY_POLICIES)
+    await_timeout_s: float | None = key(None, "seconds")
+    default_duration_s: float = key(1.0, "seconds")
+    reservable_fraction: float = key(0.5, "number", 0.0, 1.0)
     tenant_weights: dict[str, float] | None = None
-    fair_share: bool = False
+    fair_share: bool = key(False, "flag")
 
 
 @dataclass(frozen=True)
 class ResourceSection:
     name: str
     kind: str
-    permits: int | None = None
-    rate: float | None = None
-    burst: int | None = None
+    permits: int | None = key(None, "integer", 1, 1_000_000_000)
+    rate: float | None = key(None, "number", 1.0 / (100 * YEAR), 1e9, what="a number of tokens per second")
+    burst: int | None = key(None, "integer", 1, 1_000_000_000)
 
 
 @dataclass(frozen=True)
 class OutputsConfig:
-    cache_entries: int = 10_000
-    info_entries: int = 100_000
+    cache_entries: int = key(10_000, "integer", 0, 10_000_000)
+    info_entries: int = key(100_000, "integer", 0, 10_000_000)
 
 
 @dataclass(frozen=True)
@@ -197,9 +218,9 @@ class TraceSection:
     """[trace]: record the workload for cronoq.whatif (docs/whatif.md)."""
 
     path: str
-    flush_interval_s: float = 0.5
-    sample_interval_s: float = 1.0
-    max_buffer: int = 1_000_000
+    flush_interval_s: float = key(0.5, "seconds", high=3600.0, above=True)
+    sample_interval_s: float = key(1.0, "seconds", high=3600.0)
+    max_buffer: int = key(1_000_000, "integer", 1, 100_000_000)
 
 
 @dataclass(frozen=True)
@@ -209,8 +230,8 @@ class RecurringSection:
 
     name: str
     cron: str
-    tz: str = "UTC"
-    overlap: str = "skip"
+    tz: str = key("UTC", "string", limit=255)
+    overlap: str = key(OVERLAP_POLICIES[0], "string", choices=OVERLAP_POLICIES)
     payload: bytes = b""
     content_type: str = ""
     task: dict[str, Any] = field(default_factory=dict)
@@ -238,154 +259,6 @@ class ServerConfig:
 def default_config() -> ServerConfig:
     """No file: one pool ``default``, in-memory state, loopback, no auth."""
     return ServerConfig()
-
-
-# ---------------------------------------------------------------- reading
-
-
-class _Table:
-    """Reads one TOML table: every key read is recorded; ``done`` reports the rest."""
-
-    def __init__(self, data: Mapping[str, Any], where: str, errors: list[str]) -> None:
-        self.data = data
-        self.where = where
-        self.errors = errors
-        self.used: set[str] = set()
-
-    def path(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def error(self, key: str, message: str) -> None:
-        self.errors.append(f"{self.path(key)}: {message}")
-
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def raw(self, key: str) -> Any:
-        self.used.add(key)
-        return self.data.get(key)
-
-    def _get(self, key: str, default: Any, kinds: tuple[type, ...], what: str) -> Any:
-        self.used.add(key)
-        if key not in self.data:
-            return default
-        value = self.data[key]
-        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-            self.error(key, f"must be {what}, got {_describe(value)}")
-            return default
-        return value
-
-    def string(self, key: str, default: str | None = None, *, choices: tuple[str, ...] | None = None,
-               limit: int = NAME_LIMIT, empty: bool = False) -> str | None:
-        value = self._get(key, default, (str,), "a string")
-        if value is None or value is default:
-            return value
-        if "\x00" in value:
-            self.error(key, "must not contain NUL characters")
-            return default
-        if not value and not empty:
-            self.error(key, "must not be empty")
-            return default
-        if len(value.encode("utf-8", "surrogatepass")) > limit:
-            self.error(key, f"is longer than {limit} bytes")
-            return default
-        if choices is not None and value not in choices:
-            self.error(key, f"must be one of {', '.join(choices)}, got {value!r}")
-            return default
-        return value
-
-    def boolean(self, key: str, default: bool) -> bool:
-        return bool(self._get(key, default, (bool,), "true or false"))
-
-    def integer(self, key: str, default: Any, low: int, high: int) -> Any:
-        value = self._get(key, default, (int,), "an integer")
-        if value is default:
-            return value
-        if not low <= value <= high:
-            self.error(key, f"must be between {low} and {high}, got {value}")
-            return default
-        return value
-
-    def number(self, key: str, default: Any, low: float, high: float, *, above: bool = False,
-               what: str = "a number") -> Any:
-        value = self._get(key, default, (int, float), what)
-        if value is default:
-            return value
-        value = float(value)
-        if not math.isfinite(value):
-            self.error(key, f"must be finite, got {value}")
-            return default
-        if value < low or (above and value == low) or value > high:
-            bound = f"above {low:g}" if above else f"at least {low:g}"
-            self.error(key, f"must be {bound} and at most {high:g}, got {value:g}")
-            return default
-        return value
-
-    def seconds(self, key: str, default: Any, *, low: float = 0.0, above: bool = False,
-                high: float = YEAR) -> Any:
-        return self.number(key, default, low, high, above=above, what="a number of seconds")
-
-    def table(self, key: str) -> _Table | None:
-        value = self._get(key, None, (dict,), "a table")
-        return None if value is None else _Table(value, self.path(key), self.errors)
-
-    def tables(self, key: str) -> list[_Table]:
-        value = self._get(key, None, (list,), "an array of tables ([[" + self.path(key) + "]])")
-        if value is None:
-            return []
-        out = []
-        for i, item in enumerate(value):
-            if not isinstance(item, dict):
-                self.errors.append(f"{self.path(key)}[{i}]: must be a table, got {_describe(item)}")
-                continue
-            out.append(_Table(item, f"{self.path(key)}[{i}]", self.errors))
-        return out
-
-    def strings(self, key: str, *, limit: int = NAME_LIMIT) -> list[str] | None:
-        value = self._get(key, None, (list,), "a list of strings")
-        if value is None:
-            return None
-        out = []
-        for i, item in enumerate(value):
-            if not isinstance(item, str) or not item or "\x00" in item or len(item.encode()) > limit:
-                self.error(f"{key}[{i}]", f"must be a non-empty string without NUL of at most {limit} bytes, "
-                                          f"got {_describe(item)}")
-                continue
-            out.append(item)
-        return out
-
-    def string_map(self, key: str, *, value_limit: int = VALUE_LIMIT) -> dict[str, str] | None:
-        value = self._get(key, None, (dict,), "a table of strings")
-        if value is None:
-            return None
-        out = {}
-        for name, item in value.items():
-            if not name or "\x00" in name or len(name.encode()) > NAME_LIMIT:
-                self.error(key, f"name {name!r} must be non-empty, without NUL, at most {NAME_LIMIT} bytes")
-            elif not isinstance(item, str) or "\x00" in item or len(item.encode()) > value_limit:
-                self.error(f"{key}.{name}", f"must be a string without NUL of at most {value_limit} bytes, "
-                                            f"got {_describe(item)}")
-            else:
-                out[name] = item
-        return out
-
-    def done(self, unsupported: Mapping[str, str] | None = None) -> None:
-        for key in self.data:
-            if key in self.used:
-                continue
-            if unsupported and key in unsupported:
-                self.error(key, unsupported[key])
-            else:
-                self.error(key, "unknown key")
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (dict, list)):
-        return "a table" if isinstance(value, dict) else "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _join(host: str, port: int) -> str:
@@ -432,11 +305,12 @@ _NOT_HERE_SERVER = {
 }
 
 
-def _server(t: _Table | None) -> ServerSection:
+def _server(t: Table | None) -> ServerSection:
     if t is None:
         return ServerSection()
     values: dict[str, Any] = {}
-    for key, default in (("grpc_addr", "127.0.0.1:7070"), ("http_addr", "127.0.0.1:7071")):
+    defaults = ServerSection()
+    for key, default in (("grpc_addr", defaults.grpc_addr), ("http_addr", defaults.http_addr)):
         text = t.string(key, default)
         assert text is not None
         try:
@@ -453,10 +327,7 @@ def _server(t: _Table | None) -> ServerSection:
             values["metrics_host"], values["metrics_port"] = split_addr(metrics)
         except ValueError as exc:
             t.error("metrics_addr", str(exc))
-    values["shutdown_grace_s"] = t.seconds("shutdown_grace_s", 10.0)
-    values["standby_close_s"] = t.seconds("standby_close_s", 1.0, low=0.1, high=60.0)
-    values["insecure_no_auth"] = t.boolean("insecure_no_auth", False)
-    values["ui"] = t.boolean("ui", True)
+    values.update(t.section(ServerSection))
     tls = t.table("tls")
     if tls is not None:
         cert_path = tls.string("cert", limit=4096)
@@ -479,7 +350,7 @@ def _server(t: _Table | None) -> ServerSection:
     return ServerSection(**values)
 
 
-def _credential(t: _Table, pool_names: set[str], kind: str) -> Credential | None:
+def _credential(t: Table, pool_names: set[str], kind: str) -> Credential | None:
     role = t.string("role", choices=ROLES)
     if role is None and not t.has("role"):
         t.error("role", f"is required (one of {', '.join(ROLES)})")
@@ -505,7 +376,7 @@ def _credential(t: _Table, pool_names: set[str], kind: str) -> Credential | None
     display = t.string("name")
     token = token_env = dns_name = None
     if kind == "token":
-        token = t._get("token", None, (str,), "a string")
+        token = t.typed("token", (str,), "a string")
         token_env = t.string("token_env")
         if (token is None) == (token_env is None):
             t.errors.append(f"{t.where}: needs exactly one of token and token_env")
@@ -523,24 +394,21 @@ def _credential(t: _Table, pool_names: set[str], kind: str) -> Credential | None
                       token_env, dns_name)
 
 
-def _store(t: _Table | None) -> StoreConfig:
+_SQLITE = ("path", "lease_ttl_s", "lease_renew_s", "full_sync")
+_POSTGRES = ("url", "url_env", "schema", "keepalive_s", "session_timeout_s")
+
+
+def _store(t: Table | None) -> StoreConfig:
     if t is None:
         return StoreConfig()
-    kind = t.string("kind", "memory", choices=("memory", "sqlite", "postgres"))
-    assert kind is not None
-    v: dict[str, Any] = {"kind": kind}
-    v["keep_finished_s"] = t.seconds("keep_finished_s", 7 * 86_400.0)
-    v["retention_s"] = t.seconds("retention_s", 3600.0)
-    v["commit_timeout_s"] = t.seconds("commit_timeout_s", 30.0, above=True)
-    v["lock_poll_s"] = t.seconds("lock_poll_s", 0.5, above=True, high=60.0)
+    v = t.section(StoreConfig, only=("kind", "keep_finished_s", "retention_s", "commit_timeout_s", "lock_poll_s"))
+    kind = v["kind"]
     if kind == "sqlite":
         path = t.string("path", limit=4096)
         if path is None and not t.has("path"):
             t.error("path", "is required with kind = \"sqlite\"")
         v["path"] = path
-        v["lease_ttl_s"] = t.seconds("lease_ttl_s", 10.0, above=True, high=3600.0)
-        v["lease_renew_s"] = t.seconds("lease_renew_s", 2.0, above=True, high=3600.0)
-        v["full_sync"] = t.boolean("full_sync", True)
+        v.update(t.section(StoreConfig, only=_SQLITE))
         if v["lease_renew_s"] >= v["lease_ttl_s"]:
             t.error("lease_renew_s", f"must be shorter than lease_ttl_s ({v['lease_ttl_s']:g})")
     elif kind == "postgres":
@@ -550,124 +418,73 @@ def _store(t: _Table | None) -> StoreConfig:
             t.errors.append(f"{t.where}: give store.url or store.url_env, not both")
         v["url"] = url
         v["url_env"] = url_env if url_env is not None or url is not None else "DATABASE_URL"
-        schema = t.string("schema", "public", limit=63)
-        v["schema"] = schema
-        v["keepalive_s"] = t.seconds("keepalive_s", 1.0, above=True, high=3600.0)
-        v["session_timeout_s"] = t.seconds("session_timeout_s", 10.0, above=True, high=3600.0)
-    t.done({"path": "applies to kind = \"sqlite\" only",
-            "url": "applies to kind = \"postgres\" only", "url_env": "applies to kind = \"postgres\" only",
-            "schema": "applies to kind = \"postgres\" only",
-            "lease_ttl_s": "applies to kind = \"sqlite\" only",
-            "lease_renew_s": "applies to kind = \"sqlite\" only",
-            "full_sync": "applies to kind = \"sqlite\" only",
-            "keepalive_s": "applies to kind = \"postgres\" only",
-            "session_timeout_s": "applies to kind = \"postgres\" only"})
+        v.update(t.section(StoreConfig, only=_POSTGRES[2:]))
+    t.done({**{key: "applies to kind = \"sqlite\" only" for key in _SQLITE},
+            **{key: "applies to kind = \"postgres\" only" for key in _POSTGRES}})
     return StoreConfig(**v)
 
 
-_LIMIT_INTS = {
-    # key: (default, low, high)
-    "max_message_bytes": (16 * 1024 * 1024, 64 * 1024, 256 * 1024 * 1024),
-    "max_http_body_bytes": (16 * 1024 * 1024, 4096, 256 * 1024 * 1024),
-    "max_tasks_per_batch": (1000, 1, 100_000),
-    "max_list": (1000, 1, 100_000),
-    "max_deps": (256, 0, 10_000),
-    "max_tags": (64, 0, 1024),
-    "max_labels": (16, 0, 256),
-    "max_resources": (16, 0, 256),
-    "max_key_bytes": (KEY_LIMIT, 1, KEY_LIMIT),
-    "max_name_bytes": (NAME_LIMIT, 1, NAME_LIMIT),
-    "max_value_bytes": (VALUE_LIMIT, 0, VALUE_LIMIT),
-    "max_pending_total": (1_000_000, 1, 1_000_000_000),
-    "max_slots_per_worker": (1024, 1, 65_536),
-    "max_workers": (10_000, 1, 1_000_000),
-    "max_watchers": (1024, 0, 100_000),
-    "watch_buffer": (4096, 16, 1_000_000),
-    "max_http_connections": (1000, 1, 1_000_000),
-}
-_LIMIT_SECONDS = {
-    "request_timeout_s": (30.0, 0.1),
-    "max_wait_s": (300.0, 0.0),
-    "register_timeout_s": (10.0, 0.1),
-    "keepalive_interval_s": (20.0, 1.0),
-    "http_head_timeout_s": (15.0, 0.1),
-    "http_keepalive_timeout_s": (65.0, 0.1),
-    "http_write_timeout_s": (30.0, 0.1),
-}
-
-
-def _limits(t: _Table | None) -> LimitsConfig:
+def _limits(t: Table | None) -> LimitsConfig:
     if t is None:
         return LimitsConfig()
-    v: dict[str, Any] = {}
-    for key, (default, low, high) in _LIMIT_INTS.items():
-        v[key] = t.integer(key, default, low, high)
-    for key, (default_s, low_s) in _LIMIT_SECONDS.items():
-        v[key] = t.seconds(key, default_s, low=low_s)
+    v = t.section(LimitsConfig)
     t.done()
     return LimitsConfig(**v)
 
 
-def _retry(t: _Table | None) -> RetrySection | None:
+def _retry(t: Table | None) -> RetrySection | None:
     if t is None:
         return None
-    v: dict[str, Any] = {}
-    v["max_attempts"] = t.integer("max_attempts", 3, 1, 1_000_000)
-    v["initial_backoff_s"] = t.seconds("initial_backoff_s", 1.0)
-    v["multiplier"] = t.number("multiplier", 2.0, 1.0, 1000.0)
-    v["max_backoff_s"] = t.seconds("max_backoff_s", 60.0)
-    v["jitter"] = t.boolean("jitter", True)
+    v = t.section(RetrySection)
     t.done()
     return RetrySection(**v)
 
 
-def _name(t: _Table, key: str, what: str, limit: int = NAME_LIMIT) -> str | None:
+def _name(t: Table, key: str, what: str, limit: int = NAME_LIMIT) -> str | None:
     name = t.string(key, limit=limit)
     if name is None and not t.has(key):
         t.error(key, f"is required ({what})")
     return name
 
 
-def _pool(t: _Table) -> PoolSection | None:
+_PENDING = Rule("integer", 0, 1_000_000_000)
+
+
+def _pool(t: Table) -> PoolSection | None:
     name = _name(t, "name", "the pool's name")
-    v: dict[str, Any] = {}
-    v["min"] = t.integer("min", 0, 0, 1_000_000)
-    v["max"] = t.integer("max", 10_000, 1, 1_000_000)
+    v = t.section(PoolSection, only=("min", "max", "lease_ttl_s"))
     if v["min"] > v["max"]:
         t.error("min", f"({v['min']}) must not exceed max ({v['max']})")
-    v["lease_ttl_s"] = t.seconds("lease_ttl_s", 30.0, low=0.1)
     if t.has("max_pending"):
         raw = t.raw("max_pending")
         if isinstance(raw, dict):
-            table = _Table(raw, t.path("max_pending"), t.errors)
-            v["max_pending"] = {c: n for c in CLASSES
-                                if (n := table.integer(c, None, 0, 1_000_000_000)) is not None}
+            table = Table(raw, t.path("max_pending"), t.errors)
+            v["max_pending"] = {c: n for c in CLASSES if (n := table.read(c, _PENDING)) is not None}
             table.done()
-        elif isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= 1_000_000_000:
+        elif _PENDING.accepts(raw):
             v["max_pending"] = raw
         else:
             t.error("max_pending", f"must be an integer from 0 to 1000000000 or a table of classes "
-                                   f"({', '.join(CLASSES)}), got {_describe(raw)}")
-    v["overflow"] = t.string("overflow", "wait", choices=_OVERFLOW)
+                                   f"({', '.join(CLASSES)}), got {describe_value(raw)}")
+    v.update(t.section(PoolSection, only=("overflow",)))
     v["retry"] = _retry(t.table("retry"))
-    v["unknown_dependency"] = t.string("unknown_dependency", "reject", choices=("reject", "await"))
-    v["await_timeout_s"] = t.seconds("await_timeout_s", None)
-    v["default_duration_s"] = t.seconds("default_duration_s", 1.0)
-    v["reservable_fraction"] = t.number("reservable_fraction", 0.5, 0.0, 1.0)
+    v.update(t.section(PoolSection, only=("unknown_dependency", "await_timeout_s", "default_duration_s",
+                                          "reservable_fraction")))
     weights = t.table("tenant_weights")
     if weights is not None:
+        weight = Rule("number", 0.0, 1e9, above=True)
         out = {}
         for tenant in weights.data:
-            if not tenant or "\x00" in tenant or len(tenant.encode()) > NAME_LIMIT:
+            if not Rule("string").accepts(tenant):
                 weights.error(tenant, "is not a valid tenant name")
                 weights.used.add(tenant)
                 continue
-            value = weights.number(tenant, None, 0.0, 1e9, above=True)
+            value = weights.read(tenant, weight)
             if value is not None:
                 out[tenant] = value
         weights.done()
         v["tenant_weights"] = out
-    v["fair_share"] = t.boolean("fair_share", False)
+    v.update(t.section(PoolSection, only=("fair_share",)))
     t.done({"scaler": "webhook scalers are not supported by this version (see docs/server.md)",
             "autoscale": "server pools take their capacity from connected workers; there is no autoscaler"})
     if name is None:
@@ -675,67 +492,112 @@ def _pool(t: _Table) -> PoolSection | None:
     return PoolSection(name=name, **v)
 
 
-def _resource(t: _Table) -> ResourceSection | None:
+def _resource(t: Table) -> ResourceSection | None:
     name = _name(t, "name", "the resource's name")
     kind = t.string("kind", choices=("semaphore", "token_bucket"))
     if kind is None and not t.has("kind"):
         t.error("kind", "is required (semaphore or token_bucket)")
-    permits = rate = burst = None
-    if kind == "semaphore":
-        permits = t.integer("permits", None, 1, 1_000_000_000)
-        if permits is None and not t.has("permits"):
-            t.error("permits", "is required for a semaphore")
-    elif kind == "token_bucket":
-        rate = t.number("rate", None, 1.0 / (100 * YEAR), 1e9, what="a number of tokens per second")
-        burst = t.integer("burst", None, 1, 1_000_000_000)
-        for key, value in (("rate", rate), ("burst", burst)):
-            if value is None and not t.has(key):
-                t.error(key, "is required for a token bucket")
+    v: dict[str, Any] = {}
+    needed = {"semaphore": ("permits",), "token_bucket": ("rate", "burst")}.get(kind or "", ())
+    if needed:
+        v = t.section(ResourceSection, only=needed)
+        for key in needed:
+            if v[key] is None and not t.has(key):
+                t.error(key, f"is required for a {kind.replace('_', ' ')}")   # type: ignore[union-attr]
     t.done({"permits": "applies to kind = \"semaphore\" only", "rate": "applies to kind = \"token_bucket\" only",
             "burst": "applies to kind = \"token_bucket\" only",
             "shard": "sharding is not supported by this version of cronoq-server (see docs/server.md)"})
     if name is None or kind is None:
         return None
-    return ResourceSection(name, kind, permits, rate, burst)
+    return ResourceSection(name, kind, **v)
 
 
-def _outputs(t: _Table | None) -> OutputsConfig:
+def _outputs(t: Table | None) -> OutputsConfig:
     if t is None:
         return OutputsConfig()
-    cache = t.integer("cache_entries", 10_000, 0, 10_000_000)
-    info = t.integer("info_entries", 100_000, 0, 10_000_000)
+    v = t.section(OutputsConfig)
     t.done({"cache_bytes": "the output cache is bounded by entries (cache_entries) in this version"})
-    return OutputsConfig(cache, info)
+    return OutputsConfig(**v)
 
 
-def _trace(t: _Table | None) -> TraceSection | None:
+def _trace(t: Table | None) -> TraceSection | None:
     if t is None:
         return None
     path = t.string("path", limit=4096)
     if path is None and not t.has("path"):
         t.error("path", "is required: the file the trace is written to")
-    flush = t.seconds("flush_interval_s", 0.5, above=True, high=3600.0)
-    sample = t.seconds("sample_interval_s", 1.0, high=3600.0)
-    buffer = t.integer("max_buffer", 1_000_000, 1, 100_000_000)
+    v = t.section(TraceSection)
     t.done()
-    return None if path is None else TraceSection(path, flush, sample, buffer)
+    return None if path is None else TraceSection(path, **v)
 
 
-# The task fields a recurring template may set, with how each is read.
-_TEMPLATE_STRINGS = ("pool", "kind", "tenant")
-_TEMPLATE_SECONDS = ("deadline_in_s", "tolerance_s", "timeout_s", "duration_hint_s")
+# The task fields a recurring template may set, named as on the wire (cronoq.core.options).
+_KINDS = ("name", "key", "choice", "seconds", "pairs", "units", "retry")   # the order templates are read in
+_TEMPLATE = {opt.wire: opt for opt in sorted((OPTIONS[name] for name in WIRE_ORDER),
+                                             key=lambda opt: _KINDS.index(opt.kind) if opt.kind in _KINDS else 99)
+             if opt.template and opt.wire is not None and opt.kind in _KINDS}
+_NOT_IN_TEMPLATES = {
+    "deadline_unix_ns": "a recurring template describes every occurrence: use deadline_in_s",
+    "start_in_s": "occurrences start at the cron times", "start_unix_ns": "occurrences start at the cron times",
+    "after": "a recurring template may not have dependencies", "deps": "a recurring template may not have dependencies"}
 
 
-def _recurring(t: _Table, pool_names: set[str], resource_names: set[str]) -> RecurringSection | None:
+def _template(t: Table, pool_names: set[str], resource_names: set[str]) -> dict[str, Any]:
+    """The task fields of a [[recurring]] table, by the rules of their kinds."""
+    task: dict[str, Any] = {}
+    for wire, opt in _TEMPLATE.items():
+        if opt.kind == "name":
+            value = t.string(wire)
+            if value is not None:
+                task[wire] = value
+            if wire == "pool" and value is not None and value not in pool_names:
+                t.error("pool", f"names unknown pool {value!r}")
+        elif opt.kind == "key":
+            prefix = t.string(wire, limit=KEY_LIMIT - len("@2000-01-01T00:00:00Z"))
+            if prefix is not None:
+                task[wire] = prefix
+        elif opt.kind == "choice":
+            choice = t.string(wire, choices=opt.choices)
+            if choice is not None:
+                task[wire] = choice
+        elif opt.kind == "seconds":
+            seconds = t.read(wire, Rule("seconds", 0.0, YEAR))
+            if seconds is not None:
+                task[wire] = seconds
+        elif opt.kind == "pairs":
+            mapping = t.string_map(wire)
+            if mapping:
+                task[wire] = mapping
+        elif opt.kind == "units":
+            resources = t.table(wire)
+            if resources is not None:
+                units = {}
+                for rname in list(resources.data):
+                    if rname not in resource_names:
+                        resources.error(rname, "is not a configured resource")
+                        resources.used.add(rname)
+                        continue
+                    value = resources.read(rname, Rule("integer", 1, 1_000_000_000))
+                    if value is not None:
+                        units[rname] = value
+                resources.done()
+                task[wire] = units
+        elif opt.kind == "retry":
+            retry = _retry(t.table(wire))
+            if retry is not None:
+                task[wire] = retry
+    return task
+
+
+def _recurring(t: Table, pool_names: set[str], resource_names: set[str]) -> RecurringSection | None:
     name = _name(t, "name", "the schedule's name", limit=KEY_LIMIT)
     cron = t.string("cron", limit=1024)
     if cron is None and not t.has("cron"):
         t.error("cron", "is required")
-    tz = t.string("tz", "UTC", limit=255)
-    overlap = t.string("overlap", "skip", choices=OVERLAP_POLICIES)
-    if cron is not None and tz is not None:
+    v = t.section(RecurringSection)
+    if cron is not None and v["tz"] is not None:
         try:
-            CronSchedule(cron, tz)
+            CronSchedule(cron, v["tz"])
         except ValueError as exc:
             t.error("cron" if "tz" not in str(exc) else "tz", str(exc))
     payloads = [key for key in ("payload", "payload_text", "payload_b64") if t.has(key)]
@@ -757,52 +619,11 @@ def _recurring(t: _Table, pool_names: set[str], resource_names: set[str]) -> Rec
             payload = base64.b64decode(text, validate=True)
         except ValueError:
             t.error("payload_b64", "is not valid base64")
-    task: dict[str, Any] = {}
-    for key in _TEMPLATE_STRINGS:
-        value = t.string(key)
-        if value is not None:
-            task[key] = value
-    if "pool" in task and task["pool"] not in pool_names:
-        t.error("pool", f"names unknown pool {task['pool']!r}")
-    prefix = t.string("key", limit=KEY_LIMIT - len("@2000-01-01T00:00:00Z"))
-    if prefix is not None:
-        task["key"] = prefix
-    priority = t.string("priority", choices=CLASSES)
-    if priority is not None:
-        task["priority"] = priority
-    on_miss = t.string("on_miss", choices=_MISS)
-    if on_miss is not None:
-        task["on_miss"] = on_miss
-    for field_name in _TEMPLATE_SECONDS:
-        seconds = t.seconds(field_name, None)
-        if seconds is not None:
-            task[field_name] = seconds
-    for field_name in ("tags", "labels"):
-        mapping = t.string_map(field_name)
-        if mapping:
-            task[field_name] = mapping
-    resources = t.table("resources")
-    if resources is not None:
-        units = {}
-        for rname in list(resources.data):
-            if rname not in resource_names:
-                resources.error(rname, "is not a configured resource")
-                resources.used.add(rname)
-                continue
-            value = resources.integer(rname, None, 1, 1_000_000_000)
-            if value is not None:
-                units[rname] = value
-        resources.done()
-        task["resources"] = units
-    retry = _retry(t.table("retry"))
-    if retry is not None:
-        task["retry"] = retry
-    t.done({"deadline_unix_ns": "a recurring template describes every occurrence: use deadline_in_s",
-            "start_in_s": "occurrences start at the cron times", "start_unix_ns": "occurrences start at the cron times",
-            "after": "a recurring template may not have dependencies", "deps": "a recurring template may not have dependencies"})
+    task = _template(t, pool_names, resource_names)
+    t.done(_NOT_IN_TEMPLATES)
     if name is None or cron is None:
         return None
-    return RecurringSection(name, cron, tz or "UTC", overlap or "skip", payload, content_type, task)
+    return RecurringSection(name, cron, v["tz"], v["overlap"], payload, content_type, task)
 
 
 def parse(text: str, *, source: str | None = None) -> ServerConfig:
@@ -812,7 +633,7 @@ def parse(text: str, *, source: str | None = None) -> ServerConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"not valid TOML: {exc}"]) from None
     errors: list[str] = []
-    root = _Table(data, "", errors)
+    root = Table(data, "", errors)
     server = _server(root.table("server"))
     pools: list[PoolSection] = []
     seen: set[str] = set()
@@ -898,102 +719,3 @@ def load(path: str | os.PathLike[str]) -> ServerConfig:
     except UnicodeDecodeError:
         raise ConfigError([f"{os.fspath(path)} is not UTF-8 text"]) from None
     return parse(text, source=os.fspath(path))
-
-
-# ---------------------------------------------------------------- startup checks
-
-
-def _tls_errors(tls: TlsConfig) -> list[str]:
-    """The TLS files must exist and load: the key must match the certificate."""
-    import ssl
-
-    errors = []
-    for key, path in (("cert", tls.cert), ("key", tls.key), ("client_ca", tls.client_ca)):
-        if path is not None and not os.path.isfile(path):
-            errors.append(f"server.tls.{key}: no such file: {path}")
-    if errors:
-        return errors
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(tls.cert, tls.key)
-    except OSError as exc:   # (ssl.SSLError included: not PEM, or a key of another certificate)
-        errors.append(f"server.tls: cannot load the certificate {tls.cert} with the key {tls.key}: "
-                      f"{getattr(exc, 'reason', None) or exc.strerror or exc}")
-    if tls.client_ca is not None:
-        try:
-            context.load_verify_locations(tls.client_ca)
-        except OSError as exc:
-            errors.append(f"server.tls.client_ca: cannot load {tls.client_ca}: "
-                          f"{getattr(exc, 'reason', None) or exc.strerror or exc}")
-    return errors
-
-
-def check_environment(config: ServerConfig, *, insecure_no_auth: bool = False,
-                      environ: Mapping[str, str] | None = None,
-                      warn: Callable[[str], None] | None = None) -> dict[str, str]:
-    """What the file alone cannot tell, checked by startup and by ``--check``
-    alike (everything startup checks before it opens a socket): every
-    token_env set, tokens long enough and unique, no listener off loopback
-    without credentials (unless allowed), the PostgreSQL URL's variable set,
-    the TLS files readable and matching, the SQLite file's directory there.
-    ``warn`` hears what is allowed but unwise (short tokens, a file holding
-    tokens that others may read). Returns the tokens read, by credential
-    (``where``); raises ``ConfigError`` listing every problem."""
-    env = os.environ if environ is None else environ
-    errors: list[str] = []
-    tokens: dict[str, str] = {}
-    owners: dict[str, str] = {}
-    for credential in config.tokens:
-        if credential.token_env is not None:
-            value = env.get(credential.token_env)
-            if value is None:
-                errors.append(f"{credential.where}.token_env: the environment variable "
-                              f"{credential.token_env} is not set")
-                continue
-            value = value.strip()
-            what = f"{credential.where} (from {credential.token_env})"
-        else:
-            assert credential.token is not None
-            value = credential.token
-            what = credential.where
-        if len(value) < MIN_TOKEN:
-            errors.append(f"{what}: the token has {len(value)} characters; at least {MIN_TOKEN} are needed "
-                          f"(use 32 random characters, e.g. openssl rand -hex 16)")
-            continue
-        if value in owners:
-            errors.append(f"{what}: the token is the same as that of {owners[value]}; every token must be unique")
-            continue
-        if len(value) < GOOD_TOKEN and warn is not None:
-            warn(f"{what}: the token has only {len(value)} characters; use at least {GOOD_TOKEN} random ones")
-        owners[value] = what
-        tokens[credential.where] = value
-    allowed = insecure_no_auth or config.server.insecure_no_auth
-    if not config.auth_enabled and not allowed:
-        for key, host in (("server.grpc_addr", config.server.grpc_host),
-                          ("server.http_addr", config.server.http_host),
-                          ("server.metrics_addr", config.server.metrics_host)):
-            if host is not None and not is_loopback(host):
-                errors.append(f"{key}: {host} is not a loopback address and no credentials are configured "
-                              f"([[auth.tokens]] or [[auth.certs]]); configure them, or pass "
-                              f"--insecure-no-auth on a trusted network")
-    if config.store.kind == "postgres" and config.store.url is None:
-        assert config.store.url_env is not None
-        if not env.get(config.store.url_env):
-            errors.append(f"store.url_env: the environment variable {config.store.url_env} is not set")
-    if config.server.tls is not None:
-        errors += _tls_errors(config.server.tls)
-    if config.store.kind == "sqlite" and config.store.path is not None:
-        directory = os.path.dirname(os.path.abspath(config.store.path))
-        if not os.path.isdir(directory):
-            errors.append(f"store.path: the directory {directory} does not exist")
-    if warn is not None and config.source is not None and any(c.token is not None for c in config.tokens):
-        try:
-            mode = os.stat(config.source).st_mode
-        except OSError:
-            mode = 0
-        if mode & 0o077:
-            warn(f"{config.source} holds tokens and may be read by other users (mode {mode & 0o777:o}): "
-                 f"chmod 600 it, or give the tokens with token_env")
-    if errors:
-        raise ConfigError(errors)
-    return tokens

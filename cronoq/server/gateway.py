@@ -24,19 +24,17 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from .._proto import cronoq_pb2 as pb
-from .._proto.json_view import JSON_DECODER, OVERLAP_NAMES, info_json, result_json, snapshot_json
+from .._proto.json_view import OVERLAP_NAMES, info_json, result_json, snapshot_json
 from .._version import __version__
 from .auth import Authenticator, Principal
-from .codec import JSON, TEXT
+from .bodies import EXACT, Body, Payloads, task_message
 from .counters import ServerCounters
 from .errors import Code, ServiceError
 from .http import Request, Response, loopback_host, reason_code
-from .schema import (
-    BATCH, BATCH_OUT, CANCEL_OUT, INFO, PRIORITIES, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT, SUBMIT_OUT,
-    TASKS_OUT, WORKERS_OUT, REMOVED_OUT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text, invalid,
-)
-from .schema import Integer as IntegerField
-from .service import Service, status_enum
+from .routes import PATH_PARAMS, ROUTES, Route
+from .schema import Id, Text, invalid
+from .convert import status_enum
+from .service import Service
 
 __all__ = ["Gateway", "Route", "ROUTES", "PATH_PARAMS"]
 
@@ -62,43 +60,13 @@ class Call:
     params: dict[str, Any]
     query: dict[str, Any]
     body: dict[str, Any] | None
+    payloads: Payloads = EXACT   # how the body's JSON payloads are encoded for the worker
 
 
 Handler = Callable[["Gateway", Call], Awaitable[Response]]
 
 
-@dataclass(frozen=True)
-class Route:
-    """One route: what it takes and answers. ``role`` is the role its service
-    call requires (None: no credentials needed); ``waits``: the request may
-    also wait up to limits.max_wait_s; ``metrics_listener``: also served on
-    server.metrics_addr (without credentials)."""
-
-    method: str
-    path: str
-    operation: str
-    summary: str
-    handler: Handler
-    role: str | None = None
-    body: Obj | None = None
-    query: tuple[tuple[str, Field], ...] = ()
-    response: Obj | None = None
-    media: str = "application/json"
-    statuses: tuple[int, ...] = ()
-    waits: bool = False
-    metrics_listener: bool = False
-    description: str = ""
-    also: tuple[str, ...] = ()       # other roles its handler serves (in part), and checks itself
-
-
 # ---------------------------------------------------------------- JSON in, JSON out
-
-
-_PRIORITY_IN = {"critical": pb.PRIORITY_CRITICAL, "high": pb.PRIORITY_HIGH, "normal": pb.PRIORITY_NORMAL,
-                "low": pb.PRIORITY_LOW}
-_MISS_IN = {"run_late": pb.MISS_POLICY_RUN_LATE, "skip": pb.MISS_POLICY_SKIP, "fail": pb.MISS_POLICY_FAIL}
-_COND_IN = {"on_success": pb.EDGE_COND_ON_SUCCESS, "on_failure": pb.EDGE_COND_ON_FAILURE,
-            "on_complete": pb.EDGE_COND_ON_COMPLETE}
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -112,75 +80,12 @@ def dumps(value: Any) -> bytes:
         return _ASCII_ENCODER.encode(value).encode("ascii")
 
 
-def _payload(fields: dict[str, Any], value: Any) -> None:
-    try:
-        fields["payload"] = _ENCODER.encode(value).encode("utf-8")
-    except (UnicodeEncodeError, ValueError, RecursionError) as exc:
-        raise invalid("payload", f"cannot be sent as JSON ({exc})") from None
-    fields.setdefault("content_type", JSON)
-
-
-def _payload_b64(fields: dict[str, Any], value: bytes) -> None:
-    fields["payload"] = value
-
-
-def _payload_text(fields: dict[str, Any], value: str) -> None:
-    fields["payload"] = value.encode("utf-8")
-    fields.setdefault("content_type", TEXT)
-
-
-def _ref(kind: str, value: Any) -> pb.TaskRef:
-    return pb.TaskRef(id=value) if kind == "id" else pb.TaskRef(key=value)
-
-
-def _after(fields: dict[str, Any], value: list[tuple[str, Any]]) -> None:
-    fields["after"] = [_ref(kind, ref) for kind, ref in value]
-
-
-def _deps(fields: dict[str, Any], value: list[dict[str, Any]]) -> None:
-    fields["deps"] = [pb.Dep(ref=pb.TaskRef(id=d["id"]) if "id" in d else pb.TaskRef(key=d["key"]),
-                             cond=_COND_IN[d.get("cond", "on_success")]) for d in value]
-
-
-def _ignore(fields: dict[str, Any], value: Any) -> None:
-    pass
-
-
-_CONVERT: dict[str, Callable[[dict[str, Any], Any], None]] = {
-    "payload": _payload, "payload_b64": _payload_b64, "payload_text": _payload_text,
-    "priority": lambda fields, value: fields.__setitem__("priority", _PRIORITY_IN[value]),
-    "on_miss": lambda fields, value: fields.__setitem__("on_miss", _MISS_IN[value]),
-    "retry": lambda fields, value: fields.__setitem__("retry", pb.RetryPolicy(**value)),
-    "after": _after, "deps": _deps, "wait": _ignore, "wait_timeout_s": _ignore,
-}
-
-
-def task_spec(task: dict[str, Any]) -> pb.TaskSpec:
-    """The wire task of a validated task object (the other fields keep their names)."""
-    fields: dict[str, Any] = {}
-    convert = _CONVERT
-    for name, value in task.items():
-        how = convert.get(name)
-        if how is None:
-            fields[name] = value
-        else:
-            how(fields, value)
-    return pb.TaskSpec(**fields)
-
-
-
-
 # ---------------------------------------------------------------- the gateway
 
 
 METRICS_LISTENER = Principal("metrics", name="the metrics listener (server.metrics_addr)")
 _KEY = Text(empty=False)
 _ID = Id()
-PATH_PARAMS: dict[str, Field] = {
-    "id": Id("A task id: decimal digits."),
-    "key": Text("A task key, percent-encoded as one path segment (/ as %2F).", empty=False),
-    "name": Text("A schedule's name, percent-encoded as one path segment (/ as %2F).", empty=False),
-}
 _TASK_ROUTES = "/v1/tasks/"
 _RECURRING_ROUTES = "/v1/recurring/"
 
@@ -214,6 +119,7 @@ class Gateway:
                 continue
             self.routes.setdefault(route.path, {})[route.method] = route
         self._openapi: bytes | None = None
+        self._bodies: dict[str, Body] = {}   # route body's object name -> its reader
         self._hosts: dict[str, bool] = {}   # Host header -> whether it names loopback
 
     # -- what the listener asks
@@ -299,8 +205,9 @@ class Gateway:
                 return self._ui(request)
             route, params, caller = admitted
             query = self._query(route, request.query) if request.query or route.query else {}
-            body = self._body(route, request)
-            return await route.handler(self, Call(request, caller, params, query, body))
+            body, payloads = self._body(route, request)
+            handler: Handler = getattr(Gateway, route.handler)
+            return await handler(self, Call(request, caller, params, query, body, payloads))
         except ServiceError as exc:
             return self._service_error(exc)
         except HttpError as exc:
@@ -402,12 +309,12 @@ class Gateway:
             out[name] = field.query(values, name)
         return out
 
-    def _body(self, route: Route, request: Request) -> dict[str, Any] | None:
+    def _body(self, route: Route, request: Request) -> tuple[dict[str, Any] | None, Payloads]:
         schema = route.body
         if schema is None:
             if request.body:
                 raise HttpError(400, f"{route.method} {route.path} takes no request body")
-            return None
+            return None, EXACT
         content_type = request.headers.get("content-type", "")
         media, _, params = content_type.partition(";")
         if media.strip().lower() != "application/json":
@@ -416,19 +323,10 @@ class Gateway:
         charset = params.strip().lower()
         if charset and charset.replace(" ", "") not in ("charset=utf-8", 'charset="utf-8"'):
             raise HttpError(415, "request bodies must be UTF-8 JSON (charset=utf-8)")
-        try:
-            text = request.body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise HttpError(400, "the body is not UTF-8") from None
-        try:
-            value = JSON_DECODER.decode(text)
-        except (ValueError, RecursionError) as exc:
-            raise HttpError(400, f"the body is not valid JSON: {exc}") from None
-        if type(value) is not dict:
-            raise HttpError(400, f"the body must be a JSON object ({schema.name}), got "
-                                 f"{'an array' if isinstance(value, list) else type(value).__name__}")
-        parsed: dict[str, Any] = schema.parse(value, "")
-        return parsed
+        body = self._bodies.get(schema.name)
+        if body is None:
+            body = self._bodies[schema.name] = Body(schema)
+        return body.decode(request.body)
 
     # -- responses
 
@@ -445,7 +343,7 @@ class Gateway:
     async def submit(self, call: Call) -> Response:
         body = call.body
         assert body is not None and call.caller is not None
-        request = pb.SubmitRequest(task=task_spec(body), wait=body.get("wait", False))
+        request = pb.SubmitRequest(task=task_message(body, call.payloads), wait=body.get("wait", False))
         if "wait_timeout_s" in body:
             request.wait_timeout_s = body["wait_timeout_s"]
         response = await self.service.submit(call.caller, request)
@@ -460,7 +358,8 @@ class Gateway:
         limit = self.service.limits.max_tasks_per_batch
         if len(tasks) > limit:   # before converting them all
             raise invalid("tasks", f"a batch holds at most {limit} tasks (limits), got {len(tasks)}")
-        request = pb.SubmitBatchRequest(tasks=[task_spec(task) for task in tasks])
+        payloads = call.payloads
+        request = pb.SubmitBatchRequest(tasks=[task_message(task, payloads) for task in tasks])
         response = await self.service.submit_batch(call.caller, request)
         return self.json({"tasks": [{"id": str(t.id), "duplicate": t.duplicate} for t in response.tasks]})
 
@@ -725,90 +624,3 @@ class _Scrape:
         yield from scrape_families(self.snap, self.took)
         yield from self.counters.families()
         yield from worker_families(self.workers)
-
-
-# ---------------------------------------------------------------- the routes
-
-_POOLS = CommaList(Text(empty=False), "Only these pools (repeated, or comma-separated); default: every pool the "
-                                      "caller may use.")
-_TASK_ERRORS = (400, 401, 403, 404, 503)
-_BY_ID = "/v1/tasks/{id}"
-_BY_KEY = "/v1/tasks/by-key/{key}"
-
-ROUTES: tuple[Route, ...] = (
-    Route("POST", "/v1/tasks", "submit", "Submit a task", Gateway.submit, role="client", body=SUBMIT,
-          response=SUBMIT_OUT, statuses=(400, 401, 403, 404, 409, 413, 415, 429, 503, 504), waits=True,
-          description="With wait, answers once the task finished (504 after wait_timeout_s: the task keeps "
-                      "running). With a store, answers after the task is stored."),
-    Route("POST", "/v1/tasks:batch", "submit_batch", "Submit tasks atomically", Gateway.submit_batch, role="client",
-          body=BATCH, response=BATCH_OUT, statuses=(400, 401, 403, 404, 409, 413, 415, 429, 503),
-          description="All or none: an error names the offending task. Tasks may depend on keys defined anywhere "
-                      "in the batch."),
-    Route("GET", "/v1/tasks", "list_tasks", "List tasks", Gateway.list_tasks, role="client", response=TASKS_OUT,
-          query=(("pool", _POOLS),
-                 ("status", CommaList(Choice(STATUSES), "Only these statuses (repeated, or comma-separated).")),
-                 ("after", BigInt("Only tasks with larger ids (the next_after of the previous page).", what="a task id")),
-                 ("limit", IntegerField("Tasks per page: default 100, at most limits.max_list.", minimum=0,
-                                        maximum=2 ** 32 - 1)),
-                 ("priority", Choice(PRIORITIES, "Only tasks of this class (from the leader's record of recent "
-                                                 "tasks: outputs.info_entries).")),
-                 ("tenant", Text("Only tasks of this tenant (from the leader's record of recent tasks).",
-                                 empty=False))),
-          statuses=_TASK_ERRORS, waits=True,
-          description="Live and finished tasks in id order. With priority or tenant, one answer scans at most "
-                      "limits.max_list tasks: a page may hold fewer tasks than limit while next_after leads on."),
-    Route("GET", _BY_ID, "get_task", "A task by id", Gateway.get, role="client", response=INFO,
-          statuses=_TASK_ERRORS),
-    Route("GET", _BY_KEY, "get_task_by_key", "A task by key", Gateway.get, role="client", response=INFO,
-          statuses=_TASK_ERRORS),
-    Route("DELETE", _BY_ID, "cancel_task", "Cancel a task by id", Gateway.cancel, role="client",
-          response=CANCEL_OUT, statuses=_TASK_ERRORS,
-          description="cancelled is false when the task had already finished."),
-    Route("DELETE", _BY_KEY, "cancel_task_by_key", "Cancel a task by key", Gateway.cancel, role="client",
-          response=CANCEL_OUT, statuses=_TASK_ERRORS),
-    Route("GET", _BY_ID + "/result", "task_result", "Wait for a task's result", Gateway.result, role="client",
-          response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True,
-          query=(("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),),
-          description="504 while the task is still running after timeout_s: ask again."),
-    Route("GET", _BY_KEY + "/result", "task_result_by_key", "Wait for a task's result, by key", Gateway.result,
-          role="client", response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True,
-          query=(("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),)),
-    Route("POST", _BY_ID + ":resubmit", "resubmit_task", "Submit a dead-lettered task again", Gateway.resubmit,
-          role="admin", response=SUBMIT_OUT, statuses=(400, 401, 403, 404, 409, 429, 503),
-          description="A new task with the dead letter's payload and options, without its key, dependencies or "
-                      "fixed start, tagged resubmitted_from. 409 when the task is not dead-lettered, or when the "
-                      "leader no longer holds its payload (it keeps those of the last 1000 dead letters it saw)."),
-    Route("GET", "/v1/workers", "list_workers", "Connected workers", Gateway.workers, role="metrics",
-          response=WORKERS_OUT, query=(("pool", _POOLS),), statuses=_TASK_ERRORS),
-    Route("GET", "/v1/recurring", "list_recurring", "Recurring schedules", Gateway.recurring, role="metrics",
-          response=SCHEDULES_OUT, statuses=(401, 403, 503)),
-    Route("DELETE", "/v1/recurring/{name}", "remove_recurring", "Remove a recurring schedule",
-          Gateway.remove_recurring, role="admin", response=REMOVED_OUT, statuses=(400, 401, 403, 503),
-          description="removed is false when no schedule of that name exists (in the pools the caller may use). "
-                      "An occurrence already created still runs."),
-    Route("GET", "/v1/events", "events", "Live events (Server-Sent Events)", Gateway.events, role="client",
-          media="text/event-stream", also=("metrics",), query=(("pool", _POOLS), ("snapshot_s", Seconds(
-              "How often a snapshot event comes (metrics role): default 1, at least 0.2; 0 for none."))),
-          statuses=(400, 401, 403, 404, 429, 503),
-          description="Needs the client role (status events) or the metrics role (snapshots); admin gets both. "
-                      "A text/event-stream: hello (state, role, visible pools), status (a JSON array of status "
-                      "events, every transition, batched), snapshot (as /v1/snapshot), "
-                      "lagged (events were dropped: reconcile with the task routes), state (this server stopped "
-                      "serving; the stream ends). Live only: after a reconnection, re-read what you show."),
-    Route("GET", "/v1/snapshot", "snapshot", "The scheduler's state", Gateway.snapshot, role="metrics",
-          response=SNAPSHOT, statuses=(401, 403, 503)),
-    Route("GET", "/metrics", "metrics", "Prometheus metrics", Gateway.metrics, role="metrics",
-          media="text/plain", statuses=(401, 403, 503), metrics_listener=True,
-          description="Prometheus text (the series of docs/metrics.md), of the pools the caller may use. On "
-                      "server.metrics_addr, without credentials."),
-    Route("GET", "/healthz", "healthz", "Liveness", Gateway.healthz, media="text/plain", metrics_listener=True,
-          description="200 ok while the process runs."),
-    Route("HEAD", "/healthz", "healthz_head", "Liveness (no body)", Gateway.healthz, media="text/plain",
-          metrics_listener=True),
-    Route("GET", "/readyz", "readyz", "Readiness", Gateway.readyz, media="text/plain", statuses=(503,),
-          metrics_listener=True, description="200 ready on the serving leader, 503 on a standby or while stopping."),
-    Route("HEAD", "/readyz", "readyz_head", "Readiness (no body)", Gateway.readyz, media="text/plain",
-          statuses=(503,), metrics_listener=True),
-    Route("GET", "/v1/openapi.json", "openapi", "This API, as OpenAPI 3.1", Gateway.openapi,
-          description="Generated from the definitions the gateway validates requests with."),
-)

@@ -1,15 +1,17 @@
 """The OpenAPI 3.1 document of the HTTP/JSON gateway, generated from its
-route table (``gateway.ROUTES``) and the field definitions it validates
-requests with (``schema.py``): nothing here is written twice. Served at
-/v1/openapi.json."""
+route table (``routes.ROUTES``) and the field
+definitions it validates requests with (``schema.py``): nothing here is
+written twice. Served at /v1/openapi.json."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from .._version import __version__
 from .http import REASONS, reason_code
-from .schema import ERROR, CommaList, Obj
+from .routes import PATH_PARAMS, ROUTES, Route
+from .answers import ERROR
+from .schema import CommaList, Field, Obj
 
 __all__ = ["document"]
 
@@ -25,9 +27,8 @@ def _content(media: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {media: {"schema": schema}}
 
 
-def document() -> dict[str, Any]:
-    from .gateway import PATH_PARAMS, ROUTES
-
+def document(routes: Iterable[Route] = ROUTES, path_params: Mapping[str, Field] = PATH_PARAMS) -> dict[str, Any]:
+    """The document of ``routes``, whose paths hold the ``path_params``."""
     paths: dict[str, dict[str, Any]] = {}
     schemas: dict[str, dict[str, Any]] = {}
 
@@ -39,7 +40,7 @@ def document() -> dict[str, Any]:
                 raise RuntimeError(f"two definitions of the component {name}")
 
     register(ERROR, True)
-    for route in ROUTES:
+    for route in routes:
         operation: dict[str, Any] = {"operationId": route.operation, "summary": route.summary}
         description = route.description
         if route.role is not None:
@@ -52,7 +53,7 @@ def document() -> dict[str, Any]:
             operation["description"] = description
         operation["x-cronoq-role"] = route.role
         parameters = []
-        for name, field in PATH_PARAMS.items():
+        for name, field in path_params.items():
             if "{" + name + "}" in route.path:
                 parameters.append({"name": name, "in": "path", "required": True,
                                    "description": field.description, "schema": field.schema(True)})

@@ -34,7 +34,7 @@ from ..core.types import CANCELLED_OUTCOME, NS, PERMANENT, RETRYABLE, SUCCESS
 from ..runtime.runner import (
     ABORT_CANCELLED, ABORT_LEASE_EXPIRED, ABORT_SHUTDOWN, ABORT_TIMEOUT, Attempt, RunnerLink, clean_message)
 from .codec import OCTETS, Blob, check_content_type
-from .service import checkpoint_message
+from .convert import checkpoint_message
 from .errors import Code, ServiceError
 
 if TYPE_CHECKING:

@@ -1,14 +1,18 @@
-"""The JSON fields of the HTTP/JSON gateway: each one parses what a request
-sends and describes itself as JSON Schema, so the gateway validates with the
-very definitions the OpenAPI document (``openapi.py``) is generated from.
+"""The JSON fields of the HTTP/JSON gateway, and its request bodies.
 
-``Field.parse(value, where)`` returns the Python value or raises a
-``ServiceError`` (INVALID_ARGUMENT, 400) whose message starts with ``where``,
-the path of the field in the request (``tasks[2].retry.max_attempts``).
-``Field.schema(out)`` is the JSON Schema of the field in a request
+Each ``Field`` says three things about one JSON value: ``spec()``, the type
+msgspec validates it with (the fast path: ``bodies.py`` decodes and checks
+a request in C), ``problem(value, where)``, what is wrong with a value that
+msgspec or the conversion refused (the error users see, which starts with
+``where``, the path of the field in the request: ``tasks[2].retry.
+max_attempts``), and ``schema(out)``, its JSON Schema in a request
 (``out=False``: ids and nanosecond times accepted as strings or numbers) or
-in a response (``out=True``: always strings). ``Obj`` refuses unknown fields,
-naming them. JSON ``null`` is not a value of any field except a payload.
+in a response (``out=True``: always strings), from which ``openapi.py``
+builds the document. ``Obj`` refuses unknown fields, naming them. JSON
+``null`` is not a value of any field except a payload.
+
+The task object's fields are derived from the task vocabulary
+(``cronoq.core.options``), in the order of the cronoq.v1 TaskSpec's fields.
 """
 
 from __future__ import annotations
@@ -17,15 +21,20 @@ import base64
 import binascii
 import difflib
 import math
-from typing import Any, Callable, Iterable
+from typing import Annotated, Any, Callable, Iterable, Literal, Union
 
+import msgspec
+
+from ..core.options import CLASSES, CONDITIONS, OPTIONS, RETRY_FIELDS, TASK_OPTIONS, WIRE_ORDER, TaskOption
 from .errors import Code, ServiceError
 
 __all__ = ["Field", "Text", "Seconds", "Number", "Integer", "Flag", "Choice", "BigInt", "Id", "UnixNs", "AnyJson",
-           "Base64", "Map", "Array", "Obj", "Ref", "CommaList", "invalid", "describe"]
+           "Base64", "Map", "Array", "Obj", "Ref", "CommaList", "invalid", "describe", "PRIORITIES",
+           "CONDITION_NAMES", "PAYLOADS", "RETRY", "DEP", "TASK_FIELDS", "TASK", "SUBMIT", "BATCH"]
 
 UINT64 = 2 ** 64 - 1
 INT64 = 2 ** 63 - 1
+_UNSET = msgspec.UNSET
 
 
 def invalid(where: str, message: str) -> ServiceError:
@@ -55,8 +64,32 @@ class Field:
     def __init__(self, description: str = "") -> None:
         self.description = description
 
-    def parse(self, value: Any, where: str) -> Any:
+    def spec(self) -> Any:
+        """The type msgspec checks the value with: it accepts every value
+        ``problem`` accepts, and at most the few more that ``convert``
+        refuses (see bodies.py)."""
         raise NotImplementedError
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
+        """What is wrong with ``value`` (the first thing, in document order), or None."""
+        raise NotImplementedError
+
+    def convert(self, value: Any) -> Any:
+        """The value the gateway uses for a JSON value msgspec accepted
+        (``Refused`` if it is one of those ``problem`` refuses)."""
+        return value
+
+    @property
+    def converts(self) -> bool:
+        """Whether ``convert`` does anything (else it is skipped)."""
+        return type(self).convert is not Field.convert
+
+    def parse(self, value: Any, where: str) -> Any:
+        """``value`` checked and converted (query parameters, path segments)."""
+        error = self.problem(value, where)
+        if error is not None:
+            raise error
+        return self.convert(value)
 
     def _schema(self, out: bool) -> dict[str, Any]:
         raise NotImplementedError
@@ -77,32 +110,37 @@ class Field:
         return schema
 
 
+class Refused(Exception):
+    """A value msgspec accepted that a field's own rule refuses: the caller
+    asks ``problem`` for the message."""
+
+
 class Text(Field):
-    def __init__(self, description: str = "", *, empty: bool = True, pattern: str | None = None) -> None:
+    def __init__(self, description: str = "", *, empty: bool = True) -> None:
         super().__init__(description)
         self.empty = empty
-        self.pattern = pattern
 
-    def parse(self, value: Any, where: str) -> str:
+    def spec(self) -> Any:
+        return str if self.empty else Annotated[str, msgspec.Meta(min_length=1)]
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         if type(value) is not str:
-            raise invalid(where, f"must be a string, got {describe(value)}")
+            return invalid(where, f"must be a string, got {describe(value)}")
         if "\x00" in value:
-            raise invalid(where, "must not contain NUL characters")
+            return invalid(where, "must not contain NUL characters")
         if not value and not self.empty:
-            raise invalid(where, "must not be empty")
+            return invalid(where, "must not be empty")
         if not value.isascii():
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:
-                raise invalid(where, "is not valid Unicode (a lone surrogate)") from None
-        return value
+                return invalid(where, "is not valid Unicode (a lone surrogate)")
+        return None
 
     def _schema(self, out: bool) -> dict[str, Any]:
         schema: dict[str, Any] = {"type": "string"}
         if not self.empty:
             schema["minLength"] = 1
-        if self.pattern:
-            schema["pattern"] = self.pattern
         return schema
 
 
@@ -115,12 +153,15 @@ class Number(Field):
         super().__init__(description)
         self.minimum = minimum
 
-    def parse(self, value: Any, where: str) -> float:
+    def spec(self) -> Any:
+        return Annotated[float, msgspec.Meta(ge=self.minimum)]   # (1e999 decodes to no float: refused)
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         if type(value) not in (int, float):
-            raise invalid(where, f"must be {self.unit}, got {describe(value)}")
+            return invalid(where, f"must be {self.unit}, got {describe(value)}")
         if not math.isfinite(value) or value < self.minimum:
-            raise invalid(where, f"must be a finite {self.unit[2:]} >= {self.minimum:g}, got {value!r}")
-        return float(value)
+            return invalid(where, f"must be a finite {self.unit[2:]} >= {self.minimum:g}, got {value!r}")
+        return None
 
     def from_text(self, text: str, where: str) -> Any:
         try:
@@ -139,19 +180,34 @@ class Seconds(Number):
 
 
 class Integer(Field):
+    """An integer from ``minimum`` to ``maximum`` (an integral JSON number such as 2.0 is one too)."""
+
     def __init__(self, description: str = "", *, minimum: int = 0, maximum: int = UINT64) -> None:
         super().__init__(description)
         self.minimum = minimum
         self.maximum = maximum
 
-    def parse(self, value: Any, where: str) -> int:
+    def spec(self) -> Any:
+        # A float, so that 2.0 passes as JSON Schema's integers do; convert refuses 2.5.
+        return Annotated[float, msgspec.Meta(ge=self.minimum, le=self.maximum)]
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         if type(value) is float and value.is_integer():
             value = int(value)
         if type(value) is not int:
-            raise invalid(where, f"must be an integer, got {describe(value)}")
+            return invalid(where, f"must be an integer, got {describe(value)}")
         if not self.minimum <= value <= self.maximum:
-            raise invalid(where, f"must be from {self.minimum} to {self.maximum}, got {value}")
-        return value
+            return invalid(where, f"must be from {self.minimum} to {self.maximum}, got {value}")
+        return None
+
+    def convert(self, value: Any) -> int:
+        if type(value) is float:
+            if not value.is_integer():
+                raise Refused
+            value = int(value)
+        if not self.minimum <= value <= self.maximum:   # (a float bound rounds: 2**64 passes it)
+            raise Refused
+        return int(value)
 
     def from_text(self, text: str, where: str) -> Any:
         if not (text.isdigit() and text.isascii()) or len(text) > 20:
@@ -163,10 +219,13 @@ class Integer(Field):
 
 
 class Flag(Field):
-    def parse(self, value: Any, where: str) -> bool:
+    def spec(self) -> Any:
+        return bool
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         if type(value) is not bool:
-            raise invalid(where, f"must be true or false, got {describe(value)}")
-        return value
+            return invalid(where, f"must be true or false, got {describe(value)}")
+        return None
 
     def _schema(self, out: bool) -> dict[str, Any]:
         return {"type": "boolean"}
@@ -178,13 +237,19 @@ class Choice(Field):
         self.values = tuple(values)
         self._set = frozenset(self.values)
 
-    def parse(self, value: Any, where: str) -> str:
+    def spec(self) -> Any:
+        return Literal[self.values]   # (a tuple subscript: Literal["a", "b", ...])
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         if type(value) is not str or value not in self._set:
-            raise invalid(where, f"must be one of {', '.join(self.values)}; got {describe(value)}")
-        return value
+            return invalid(where, f"must be one of {', '.join(self.values)}; got {describe(value)}")
+        return None
 
     def _schema(self, out: bool) -> dict[str, Any]:
         return {"type": "string", "enum": list(self.values)}
+
+
+_DIGITS = "^[0-9]{1,20}$"
 
 
 class BigInt(Field):
@@ -198,20 +263,32 @@ class BigInt(Field):
         self.maximum = maximum
         self.what = what
 
-    def parse(self, value: Any, where: str) -> int:
+    def spec(self) -> Any:
+        # msgspec bounds integers within int64 only: convert checks the rest.
+        number = msgspec.Meta(ge=self.minimum, le=self.maximum) if self.maximum <= INT64 else \
+            msgspec.Meta(ge=self.minimum)
+        return Union[Annotated[int, number], Annotated[str, msgspec.Meta(pattern=_DIGITS)]]
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         if type(value) is str:
             text = value
             if not (text.isdigit() and text.isascii()) or len(text) > 20:
-                raise invalid(where, f"must be {self.what} (a number or a decimal string), got {describe(value)}")
+                return invalid(where, f"must be {self.what} (a number or a decimal string), got {describe(value)}")
             value = int(text)
         elif type(value) is not int:
-            raise invalid(where, f"must be {self.what} (a number or a decimal string), got {describe(value)}")
+            return invalid(where, f"must be {self.what} (a number or a decimal string), got {describe(value)}")
         if not self.minimum <= value <= self.maximum:
-            raise invalid(where, f"must be from {self.minimum} to {self.maximum}, got {value}")
+            return invalid(where, f"must be from {self.minimum} to {self.maximum}, got {value}")
+        return None
+
+    def convert(self, value: Any) -> int:
+        value = int(value)
+        if not self.minimum <= value <= self.maximum:
+            raise Refused
         return value
 
     def _schema(self, out: bool) -> dict[str, Any]:
-        string = {"type": "string", "pattern": "^[0-9]{1,20}$"}
+        string = {"type": "string", "pattern": _DIGITS}
         if out:
             return string
         return {"oneOf": [string, {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}]}
@@ -232,21 +309,34 @@ class UnixNs(BigInt):
 
 
 class AnyJson(Field):
-    def parse(self, value: Any, where: str) -> Any:
-        return value
+    def spec(self) -> Any:
+        return Any
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
+        return None
 
     def _schema(self, out: bool) -> dict[str, Any]:
         return {}
 
 
 class Base64(Field):
-    def parse(self, value: Any, where: str) -> bytes:
+    def spec(self) -> Any:
+        return str   # (decoded by convert, as b64decode(validate=True) decides)
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         if type(value) is not str:
-            raise invalid(where, f"must be a base64 string, got {describe(value)}")
+            return invalid(where, f"must be a base64 string, got {describe(value)}")
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            return invalid(where, "is not valid base64 (RFC 4648, with padding)")
+        return None
+
+    def convert(self, value: Any) -> bytes:
         try:
             return base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
-            raise invalid(where, "is not valid base64 (RFC 4648, with padding)") from None
+            raise Refused from None
 
     def _schema(self, out: bool) -> dict[str, Any]:
         return {"type": "string", "contentEncoding": "base64"}
@@ -259,18 +349,34 @@ class Map(Field):
         super().__init__(description)
         self.values = values
 
-    def parse(self, value: Any, where: str) -> dict[str, Any]:
+    def spec(self) -> Any:
+        return dict[str, self.values.spec()]   # type: ignore[misc]
+
+    @property
+    def converts(self) -> bool:
+        return self.values.converts
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         if type(value) is not dict:
-            raise invalid(where, f"must be an object, got {describe(value)}")
-        parse = self.values.parse
-        out = {}
+            return invalid(where, f"must be an object, got {describe(value)}")
+        problem = self.values.problem
         for name, item in value.items():
             if "\x00" in name:
-                raise invalid(where, "names must not contain NUL characters")
+                return invalid(where, "names must not contain NUL characters")
             if not name.isascii():
-                _KEY.parse(name, f"{where} (a name)")
-            out[name] = parse(item, f"{where}.{name}")
-        return out
+                error = _KEY.problem(name, f"{where} (a name)")
+                if error is not None:
+                    return error
+            error = problem(item, f"{where}.{name}")
+            if error is not None:
+                return error
+        return None
+
+    def convert(self, value: Any) -> dict[str, Any]:
+        if not self.values.converts:
+            return value   # type: ignore[no-any-return]
+        convert = self.values.convert
+        return {name: convert(item) for name, item in value.items()}
 
     def _schema(self, out: bool) -> dict[str, Any]:
         return {"type": "object", "additionalProperties": self.values.schema(out)}
@@ -281,14 +387,34 @@ class Array(Field):
         super().__init__(description)
         self.items = items
 
-    def parse(self, value: Any, where: str) -> list[Any]:
+    def spec(self) -> Any:
+        return list[self.items.spec()]   # type: ignore[misc]
+
+    @property
+    def converts(self) -> bool:
+        return self.items.converts
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         if type(value) is not list:
-            raise invalid(where, f"must be an array, got {describe(value)}")
-        parse = self.items.parse
-        return [parse(item, f"{where}[{i}]") for i, item in enumerate(value)]
+            return invalid(where, f"must be an array, got {describe(value)}")
+        problem = self.items.problem
+        for i, item in enumerate(value):
+            error = problem(item, f"{where}[{i}]")
+            if error is not None:
+                return error
+        return None
+
+    def convert(self, value: Any) -> list[Any]:
+        if not self.items.converts:
+            return value   # type: ignore[no-any-return]
+        convert = self.items.convert
+        return [convert(item) for item in value]
 
     def _schema(self, out: bool) -> dict[str, Any]:
         return {"type": "array", "items": self.items.schema(out)}
+
+
+Check = Callable[[dict[str, Any], str], "ServiceError | None"]
 
 
 class Obj(Field):
@@ -296,33 +422,55 @@ class Obj(Field):
     the OpenAPI components. ``check(parsed, where)`` adds rules across fields."""
 
     def __init__(self, name: str, fields: dict[str, Field], description: str = "", *,
-                 required: tuple[str, ...] = (), check: Callable[[dict[str, Any], str], None] | None = None
-                 ) -> None:
+                 required: tuple[str, ...] = (), check: Check | None = None) -> None:
         super().__init__(description)
         self.name = name
         self.fields = fields
         self.required = required
         self.check = check
+        self._spec: Any = None
+        self._converted = tuple(name for name, field in fields.items() if field.converts)
 
-    def parse(self, value: Any, where: str) -> dict[str, Any]:
+    def spec(self) -> Any:
+        if self._spec is None:
+            fields = [(name, field.spec()) if name in self.required else (name, field.spec(), _UNSET)
+                      for name, field in self.fields.items()]
+            fields.sort(key=lambda item: len(item) == 3)   # (required fields first, as msgspec wants)
+            self._spec = msgspec.defstruct(self.name, fields, forbid_unknown_fields=True, gc=False)
+        return self._spec
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         if type(value) is not dict:
-            raise invalid(where, f"must be a JSON object, got {describe(value)}")
+            return invalid(where, f"must be a JSON object, got {describe(value)}")
         fields = self.fields
-        out = {}
         prefix = f"{where}." if where else ""
         for name, item in value.items():
             field = fields.get(name)
             if field is None:
                 close = difflib.get_close_matches(name, fields, 1)
-                raise invalid(prefix + name, "unknown field" + (f": did you mean {close[0]!r}?" if close else
-                                                                 f" (the fields of {self.name}: /v1/openapi.json)"))
-            out[name] = field.parse(item, prefix + name)
+                return invalid(prefix + name, "unknown field" + (f": did you mean {close[0]!r}?" if close else
+                                                                  f" (the fields of {self.name}: /v1/openapi.json)"))
+            error = field.problem(item, prefix + name)
+            if error is not None:
+                return error
         for name in self.required:
-            if name not in out:
-                raise invalid(prefix + name, "is required")
-        if self.check is not None:
-            self.check(out, where)
-        return out
+            if name not in value:
+                return invalid(prefix + name, "is required")
+        return None if self.check is None else self.check(value, where)
+
+    @property
+    def converts(self) -> bool:
+        return True
+
+    def convert(self, value: Any) -> dict[str, Any]:
+        """``value`` (an object msgspec accepted), its fields converted in place."""
+        if self.check is not None and self.check(value, "") is not None:
+            raise Refused
+        fields = self.fields
+        for name in self._converted:
+            if name in value:
+                value[name] = fields[name].convert(value[name])
+        return value   # type: ignore[no-any-return]
 
     def _schema(self, out: bool) -> dict[str, Any]:
         return {"$ref": f"#/components/schemas/{self.component(out)}"}
@@ -361,7 +509,7 @@ def _objects_of(field: Field) -> Iterable[Obj]:
 
 class Ref(Field):
     """A task named in a dependency: a key (a string), an id (a number), or
-    an object ``{"id": ...}`` / ``{"key": ...}``. Parses to ``("id", int)``
+    an object ``{"id": ...}`` / ``{"key": ...}``. Converts to ``("id", int)``
     or ``("key", str)``."""
 
     def __init__(self, description: str = "") -> None:
@@ -369,17 +517,29 @@ class Ref(Field):
         self.by = Obj("TaskRef", {"id": Id("The task's id."), "key": Text("The task's key.", empty=False)},
                       "A task by id or by key (exactly one).", check=_one_ref)
 
-    def parse(self, value: Any, where: str) -> tuple[str, Any]:
+    def spec(self) -> Any:
+        return Union[Annotated[str, msgspec.Meta(min_length=1)], Annotated[int, msgspec.Meta(ge=1)],
+                     self.by.spec()]
+
+    def problem(self, value: Any, where: str) -> ServiceError | None:
         kind = type(value)
         if kind is str:
-            return "key", _KEY.parse(value, where)
+            return _KEY.problem(value, where)
         if kind is int:
-            return "id", _ID.parse(value, where)
+            return _ID.problem(value, where)
         if kind is dict:
-            parsed = self.by.parse(value, where)
-            return ("id", parsed["id"]) if "id" in parsed else ("key", parsed["key"])
-        raise invalid(where, f"must be a key (a string), an id (a number) or an object with id or key, "
-                             f"got {describe(value)}")
+            return self.by.problem(value, where)
+        return invalid(where, f"must be a key (a string), an id (a number) or an object with id or key, "
+                              f"got {describe(value)}")
+
+    def convert(self, value: Any) -> tuple[str, Any]:
+        kind = type(value)
+        if kind is str:
+            return "key", value
+        if kind is int:
+            return "id", _ID.convert(value)
+        parsed = self.by.convert(value)
+        return ("id", parsed["id"]) if "id" in parsed else ("key", parsed["key"])
 
     def _schema(self, out: bool) -> dict[str, Any]:
         return {"oneOf": [{"type": "string", "minLength": 1, "description": "a key"},
@@ -387,9 +547,8 @@ class Ref(Field):
                           self.by.schema(out)]}
 
 
-def _one_ref(parsed: dict[str, Any], where: str) -> None:
-    if len(parsed) != 1:
-        raise invalid(where, "give exactly one of id and key")
+def _one_ref(parsed: dict[str, Any], where: str) -> ServiceError | None:
+    return invalid(where, "give exactly one of id and key") if len(parsed) != 1 else None
 
 
 _KEY = Text(empty=False)
@@ -405,67 +564,91 @@ class CommaList(Field):
         self.items = items
 
     def query(self, texts: list[str], where: str) -> list[Any]:
-        return self.parse(texts, where)
-
-    def parse(self, value: Any, where: str) -> list[Any]:
-        out = []
-        for text in value:
-            for item in text.split(","):
-                if item:
-                    out.append(self.items.parse(item, where))
-        return out
+        return [self.items.parse(item, where) for text in texts for item in text.split(",") if item]
 
     def _schema(self, out: bool) -> dict[str, Any]:
         return {"type": "array", "items": self.items.schema(out)}
 
 
-# ---------------------------------------------------------------- the objects of the API
+# ---------------------------------------------------------------- the request bodies
 
 
-def _statuses() -> tuple[str, ...]:
-    from .._proto import cronoq_pb2 as pb
-    return tuple(name[len("TASK_STATUS_"):].lower() for name in pb.TaskStatus.keys()
-                 if name != "TASK_STATUS_UNSPECIFIED")
-
-
-STATUSES = _statuses()
-TERMINAL_STATUSES = ("succeeded", "failed", "dead_lettered", "cancelled", "skipped", "missed", "shed")
-PRIORITIES = ("critical", "high", "normal", "low")
-MISS_POLICIES = ("run_late", "skip", "fail")
-CONDITIONS = ("on_success", "on_failure", "on_complete")
-OVERLAPS = ("skip", "allow", "queue", "queue_on_success")
+PRIORITIES = CLASSES
+CONDITION_NAMES = tuple(f"on_{c}" for c in CONDITIONS)   # Dep(on="failure") is {"cond": "on_failure"}
 PAYLOADS = ("payload", "payload_b64", "payload_text")
 
 
-def _one_payload(parsed: dict[str, Any], where: str) -> None:
+def _one_payload(parsed: dict[str, Any], where: str) -> ServiceError | None:
     if ("payload" in parsed) + ("payload_b64" in parsed) + ("payload_text" in parsed) < 2:   # (per task: cheap)
-        return
+        return None
     given = [name for name in PAYLOADS if name in parsed]
-    if len(given) > 1:
-        raise invalid(where, f"give at most one of {', '.join(PAYLOADS)}, not {' and '.join(given)}")
+    return invalid(where, f"give at most one of {', '.join(PAYLOADS)}, not {' and '.join(given)}")
 
 
-def _dep_ref(parsed: dict[str, Any], where: str) -> None:
-    if ("id" in parsed) == ("key" in parsed):
-        raise invalid(where, "give exactly one of id and key")
+def _dep_ref(parsed: dict[str, Any], where: str) -> ServiceError | None:
+    return invalid(where, "give exactly one of id and key") if ("id" in parsed) == ("key" in parsed) else None
 
 
-_name = "A name (no NUL, at most limits.max_name_bytes bytes of UTF-8)."
+def _retry_field(kind: str, description: str, minimum: float | None, maximum: float | None) -> Field:
+    if kind == "count":
+        return Integer(description, minimum=int(minimum or 0), maximum=int(maximum or UINT64))
+    if kind == "seconds":
+        return Seconds(description)
+    if kind == "factor":
+        return Number(description, minimum=minimum or 0.0)
+    return Flag(description)
+
 
 RETRY = Obj("RetryPolicy", {
-    "max_attempts": Integer("Attempts in all, the first included (default 3).", minimum=1, maximum=1_000_000),
-    "initial_backoff_s": Seconds("Wait before the first retry (default 1)."),
-    "multiplier": Number("Each further wait is this many times longer (default 2).", minimum=1.0),
-    "max_backoff_s": Seconds("The longest wait (default 60)."),
-    "jitter": Flag("Randomize each wait between half and all of it (default true)."),
-}, "The retry policy of the task; without it, the pool's.")
+    f.wire: _retry_field(f.kind, f"{f.doc[0].upper()}{f.doc[1:]} (default {str(f.default).lower()}).",
+                         f.minimum, f.maximum)
+    for f in RETRY_FIELDS}, "The retry policy of the task; without it, the pool's.")
 
 DEP = Obj("Dep", {
     "id": Id("The task depended on, by id."),
     "key": Text("The task depended on, by key.", empty=False),
-    "cond": Choice(CONDITIONS, "When the dependent may run: after the task succeeded (default), failed, or "
-                               "either; otherwise it ends as skipped."),
+    "cond": Choice(CONDITION_NAMES, "When the dependent may run: after the task succeeded (default), failed, or "
+                                    "either; otherwise it ends as skipped."),
 }, "A dependency with a condition: exactly one of id and key, and cond.", check=_dep_ref)
+
+_NAMED = " At most limits.max_name_bytes bytes of UTF-8, no NUL."
+
+
+def _task_field(opt: TaskOption) -> Field:
+    """The JSON field of a task option."""
+    text = opt.description().replace("`", "")
+    if opt.kind == "time":
+        text += " Unix nanoseconds."
+    if opt.default not in ("None", "()", "{}"):
+        text += f" Default: {opt.default.replace('`', '')}."
+    if opt.pair is not None:
+        other = next(o for o in TASK_OPTIONS if o.pair == opt.pair and o is not opt)
+        text += f" Not with {other.wire}."
+    kind = opt.kind
+    if kind == "name":
+        return Text(text + _NAMED)
+    if kind == "key":
+        return Text(text + " At most limits.max_key_bytes bytes.")
+    if kind == "choice":
+        return Choice(opt.choices, text)
+    if kind == "seconds":
+        return Seconds(text)
+    if kind == "time":
+        return UnixNs(text)
+    if kind == "retry":
+        return RETRY
+    if kind == "units":
+        return Map(Integer(minimum=0, maximum=2 ** 32 - 1), text + " Resource name -> units.")
+    if kind == "refs":
+        return Array(Ref('A task: a key (string), an id (number), or {"id": "..."} / {"key": "..."}.'), text)
+    if kind == "deps":
+        return Array(DEP, text)
+    if kind == "pairs":
+        return Map(Text(), text + " Name -> value.")
+    assert kind == "stages", kind
+    return Array(Text("A stage name." + _NAMED, empty=False), text)
+
+
 
 TASK_FIELDS: dict[str, Field] = {
     "payload": AnyJson("Any JSON value; the worker receives it as application/json (unless content_type "
@@ -475,32 +658,7 @@ TASK_FIELDS: dict[str, Field] = {
     "payload_text": Text("Text payload; the worker receives it as text/plain; charset=utf-8 (unless "
                          "content_type says otherwise)."),
     "content_type": Text("The payload's content type, printable ASCII, at most 255 characters."),
-    "pool": Text("The pool (default: the pool named default, else the first)."),
-    "kind": Text("A name for the kind of work (default: default). " + _name),
-    "priority": Choice(PRIORITIES, "The priority class (default normal)."),
-    "key": Text("An idempotency key: submitting it again returns the same task (duplicate: true). At most "
-                "limits.max_key_bytes bytes."),
-    "tenant": Text("The tenant, for fair share. " + _name),
-    "deadline_in_s": Seconds("The deadline, seconds from now."),
-    "deadline_unix_ns": UnixNs("The deadline, Unix nanoseconds (not with deadline_in_s)."),
-    "start_in_s": Seconds("A fixed start, seconds from now; capacity is reserved for it."),
-    "start_unix_ns": UnixNs("A fixed start, Unix nanoseconds (not with start_in_s)."),
-    "tolerance_s": Seconds("How late a fixed start may begin (default 1)."),
-    "on_miss": Choice(MISS_POLICIES, "What a missed fixed start does (default run_late)."),
-    "timeout_s": Seconds("The time limit of each attempt."),
-    "duration_hint_s": Seconds("An estimate of the task's duration."),
-    "retry": RETRY,
-    "resources": Map(Integer(minimum=0, maximum=2 ** 32 - 1),
-                     "Units of configured resources held while the task runs."),
-    "after": Array(Ref("A task that must succeed first: a key (string), an id (number), or "
-                       "{\"id\": \"...\"} / {\"key\": \"...\"}."),
-                   "Tasks that must succeed first (keys of tasks in the same batch included)."),
-    "deps": Array(DEP, "Dependencies with a condition."),
-    "tags": Map(Text(), "Free-form name = value pairs, shown to workers and in listings."),
-    "labels": Map(Text(), "Labels the worker must carry (name = value)."),
-    "stages": Array(Text("A stage name. " + _name, empty=False),
-                    "Its pipeline stages, in order (distinct, at most 64): a worker that accepts checkpoints "
-                    "saves one per stage, and a retry sees those of earlier attempts."),
+    **{opt.wire: _task_field(opt) for opt in (OPTIONS[name] for name in WIRE_ORDER) if opt.wire is not None},
 }
 
 TASK = Obj("Task", TASK_FIELDS, "A task to submit. Every field is optional: {} submits an empty payload to "
@@ -518,177 +676,3 @@ SUBMIT = Obj("SubmitRequest", {
 BATCH = Obj("SubmitBatchRequest", {
     "tasks": Array(TASK, "At most limits.max_tasks_per_batch tasks, admitted all together or not at all."),
 }, "Tasks submitted atomically.", required=("tasks",))
-
-RESULT = Obj("TaskResult", {
-    "id": Id("The task."),
-    "status": Choice(TERMINAL_STATUSES, "How it ended."),
-    "output_available": Flag("Whether the output is still kept (succeeded tasks only)."),
-    "content_type": Text("The output's content type (with the output)."),
-    "output": AnyJson("The output as JSON, when its content type is JSON (application/json or +json) "
-                      "and it parses."),
-    "output_text": Text("The output as text, when its content type is text/* and it is UTF-8."),
-    "output_b64": Base64("The output's bytes, base64 (whenever output_available)."),
-    "message": Text("Why it failed, was cancelled or skipped."),
-}, "The result of a finished task.", required=("id", "status", "output_available"))
-
-SUBMITTED = Obj("Submitted", {
-    "id": Id("The task (the existing one when duplicate)."),
-    "duplicate": Flag("The key named a task that already existed: nothing new was enqueued."),
-}, "A task of a batch, admitted.", required=("id", "duplicate"))
-
-SUBMIT_OUT = Obj("SubmitResponse", {
-    **SUBMITTED.fields,
-    "result": RESULT,
-}, "The task admitted, and its result when the request waited.", required=("id", "duplicate"))
-
-BATCH_OUT = Obj("SubmitBatchResponse", {
-    "tasks": Array(SUBMITTED, "In request order."),
-}, "The tasks of a batch, admitted.", required=("tasks",))
-
-DEP_OUT = Obj("TaskDependency", {
-    "id": Id("The task depended on, by id."),
-    "key": Text("The task depended on, by key."),
-    "cond": Choice(CONDITIONS, "When the dependent may run."),
-}, "A dependency as submitted: an id or a key, and its condition.", required=("cond",))
-
-ATTEMPT = Obj("Attempt", {
-    "attempt": Integer("Its number, from 1.", maximum=2 ** 32 - 1),
-    "status": Choice(STATUSES, "How it ended (retrying, succeeded, failed...); absent while it runs, or when "
-                               "it ended without a status of its own (a lease handed to another worker)."),
-    "message": Text("Why it failed, when it did."),
-    "started_unix_ns": UnixNs("When it started."),
-    "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
-}, "One attempt of a task.", required=("attempt", "started_unix_ns"))
-
-STAGE_CHECKPOINT = Obj("StageCheckpoint", {
-    "stage": Text("The stage."),
-    "content_type": Text("The data's content type."),
-    "data": AnyJson("The data as JSON, when its content type is JSON and it parses."),
-    "data_text": Text("The data as text, when its content type is text/* and it is UTF-8."),
-    "data_b64": Base64("The data's bytes, base64."),
-    "attempt": Integer("The attempt that saved it.", maximum=2 ** 32 - 1),
-    "saved_unix_ns": UnixNs("When it was saved."),
-}, "The checkpoint of one stage.", required=("stage", "data_b64", "attempt", "saved_unix_ns"))
-
-INFO = Obj("TaskInfo", {
-    "id": Id("The task."),
-    "status": Choice(STATUSES, "Its status now (authoritative)."),
-    "pool": Text("Its pool."),
-    "key": Text("Its key, if any."),
-    "kind": Text("Its kind."),
-    "attempt": Integer("The number of the latest attempt (0 before the first).", maximum=2 ** 32 - 1),
-    "max_attempts": Integer("Attempts allowed, when known.", maximum=2 ** 32 - 1),
-    "priority": Choice(PRIORITIES, "Its priority class, when known."),
-    "tenant": Text("Its tenant, if any."),
-    "tags": Map(Text(), "Its tags, when known."),
-    "output_available": Flag("It succeeded and its output is kept."),
-    "message": Text("Why it failed, was cancelled or skipped."),
-    "created_unix_ns": UnixNs("When it was submitted, when known."),
-    "started_unix_ns": UnixNs("When its latest attempt started, when known."),
-    "finished_unix_ns": UnixNs("When it finished, when known."),
-    "deps": Array(DEP_OUT, "What it depends on (after and deps), when known."),
-    "attempts": Array(ATTEMPT, "Its attempts the leader saw, oldest first (the latest 32)."),
-    "stages": Array(Text(), "Its declared stages, in order."),
-    "checkpoints": Array(STAGE_CHECKPOINT, "The checkpoints saved so far, in stage order (the task's own "
-                                           "lookup only, not listings)."),
-}, "A task's state. id and status are authoritative; the other fields are best effort (the leader's "
-   "info cache, or the store).", required=("id", "status", "pool", "attempt", "output_available"))
-
-TASKS_OUT = Obj("TaskList", {
-    "tasks": Array(INFO, "In id order."),
-    "next_after": Id("Present when more tasks follow: pass it as after for the next page."),
-}, "A page of tasks.", required=("tasks",))
-
-CANCEL_OUT = Obj("CancelResponse", {
-    "cancelled": Flag("False when the task had already finished."),
-}, "Whether the task was cancelled.", required=("cancelled",))
-
-REMOVED_OUT = Obj("RemoveRecurringResponse", {
-    "removed": Flag("False when no schedule of that name existed."),
-}, "Whether the schedule was removed.", required=("removed",))
-
-WORKER = Obj("Worker", {
-    "id": Id("Assigned by the server, per connection."),
-    "name": Text("What the worker registered as."),
-    "pool": Text("The pool it serves."),
-    "labels": Map(Text(), "Its labels."),
-    "slots": Integer("Slots granted.", maximum=2 ** 32 - 1),
-    "busy": Integer("Leases running now.", maximum=2 ** 32 - 1),
-    "connected_unix_ns": UnixNs("When it connected."),
-    "health": Choice(("healthy", "suspect"), "suspect: a lease expired while it sent no message at all; it gets "
-                                             "no new lease until it sends one."),
-    "lease_expiries": Integer("Its leases that expired, since it connected."),
-    "last_seen_unix_ns": UnixNs("Its last message (its Register at first)."),
-}, "A connected remote worker.", required=("id", "name", "pool", "labels", "slots", "busy", "connected_unix_ns",
-                                           "health", "lease_expiries", "last_seen_unix_ns"))
-
-WORKERS_OUT = Obj("WorkerList", {"workers": Array(WORKER, "In connection order.")},
-                  "Connected workers of the pools the caller may use.", required=("workers",))
-
-SCHEDULE = Obj("Schedule", {
-    "name": Text("Its name."),
-    "cron": Text("The cron expression."),
-    "tz": Text("The IANA zone; absent for UTC."),
-    "pool": Text("The pool of its tasks."),
-    "kind": Text("The kind of its tasks."),
-    "overlap": Choice(OVERLAPS, "What happens when an occurrence is due while the previous one runs."),
-    "next_unix_ns": UnixNs("The next occurrence; absent when none is due."),
-    "last_task_id": Id("The task of the latest occurrence; absent before the first."),
-}, "A recurring schedule.", required=("name", "cron", "pool", "kind", "overlap"))
-
-SCHEDULES_OUT = Obj("ScheduleList", {"schedules": Array(SCHEDULE, "By name.")},
-                    "Recurring schedules of the pools the caller may use.", required=("schedules",))
-
-GROUP = Obj("WorkerGroup", {
-    "labels": Map(Text(), "The labels its workers carry."),
-    "capacity": Integer("Slots of its connected workers.", maximum=2 ** 32 - 1),
-    "busy": Integer("Busy slots.", maximum=2 ** 32 - 1),
-}, "The workers of a pool that carry the same labels.", required=("labels", "capacity", "busy"))
-
-_POOL_NUMBERS = {
-    "capacity": Integer("Slots of its connected workers."),
-    "busy": Integer("Slots running an attempt."),
-    "held": Integer("Free slots held for fixed starts about to begin."),
-    "desired": Integer("The capacity it wants (its capacity, at least its min)."),
-    "pending": Integer("Tasks waiting to run."),
-    "pending_by_class": Array(Integer(), "Pending tasks by class: critical, high, normal, low."),
-    "reservations": Integer("Fixed-start reservations booked."),
-    "dispatched": Integer("Attempts started over the metrics window."),
-    "succeeded": Integer("Attempts that succeeded over the metrics window."),
-    "failed": Integer("Attempts that failed over the metrics window."),
-    "priority_adherence": Number("1 - priority inversions / dispatches over the window."),
-    "fixed_start_hit_rate": Number("Fixed starts begun within their tolerance / fixed starts judged."),
-    "utilization": Number("Busy slot-time / capacity slot-time over the window."),
-    "schedule_efficiency": Number("Run time of successful attempts / all run time over the window."),
-    "wait_p50_s": Seconds("Median wait from ready to dispatch over the window."),
-    "wait_p90_s": Seconds("90th percentile wait."),
-    "wait_p99_s": Seconds("99th percentile wait."),
-    "cost": Number("Slot-seconds times the cost per slot-second, since start."),
-    "workers_connected": Integer("Connected workers."),
-}
-
-POOL = Obj("PoolSnapshot", {
-    "name": Text("The pool."),
-    **_POOL_NUMBERS,
-    "groups": Array(GROUP, "One per set of worker labels, unlabeled first."),
-}, "A pool's state and its quality over the metrics window.",
-    required=("name", *_POOL_NUMBERS, "groups"))
-
-SNAPSHOT = Obj("Snapshot", {
-    "pools": Array(POOL, "The pools the caller may use."),
-    "live_tasks": Integer("Tasks not yet finished."),
-    "running": Integer("Attempts running."),
-    "pending": Integer("Tasks waiting to run."),
-    "workers_connected": Integer("Connected workers of those pools."),
-    "totals": Map(Integer(), "Counts since the leader started: submitted, dispatched, succeeded, failed, "
-                             "dead_lettered, cancelled, skipped, missed, shed, retries, timeouts, "
-                             "lease_expiries, stale_completions, recurring_conflicts, recurring_invalid."),
-    "at_unix_ns": UnixNs("When it was taken."),
-    "unavailable_shards": Array(Text(), "Always empty (no shards in this version)."),
-}, "The scheduler's state.", required=("pools", "live_tasks", "running", "pending", "workers_connected", "totals",
-                                       "at_unix_ns", "unavailable_shards"))
-
-ERROR = Obj("Error", {
-    "error": Text("What went wrong, naming the field or the limit."),
-    "code": Text("The HTTP reason phrase, lower-case with underscores (not_found, too_many_requests...)."),
-}, "Every error's body.", required=("error", "code"))

@@ -5,8 +5,10 @@ Requests and responses are the cronoq.v1 protobuf messages, which is the
 data model both transports share (the gateway maps JSON onto them). Each
 call takes the authenticated ``Principal``, checks its role and pool scope,
 converts the wire task into a ``cronoq.Task`` within the configured
-[limits], calls the scheduler, and maps what it raises to a
-``ServiceError``. Nothing here knows about gRPC.
+[limits] (``convert.TaskReader``), calls the scheduler, and maps what it
+raises to a ``ServiceError``; the answers are built by ``convert.py`` and
+the leader's records of recent tasks kept in ``info.py``. Nothing here
+knows about gRPC.
 
 Pool scope: a credential limited to some pools cannot see tasks of other
 pools (they are NOT_FOUND, exactly like tasks that do not exist), cannot
@@ -25,217 +27,38 @@ import copy
 import logging
 import math
 import time
-from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, cast
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
 
 from .._proto import cronoq_pb2 as pb
 from ..core.errors import EventsLagged, TaskFailed, UnknownTask
-from ..core.snapshot import Checkpoint
-from ..core.types import CLASSES, NS, TERMINAL, Dep, RetryPolicy, TaskSpec
+from ..core.snapshot import POOL_FIELDS
+from ..core.types import CLASSES, NS, TERMINAL, TaskSpec
 from .auth import Principal
-from .codec import OCTETS, Blob, check_content_type
-from .config import RecurringSection, RetrySection, ServerConfig
+from .codec import OCTETS, Blob
+from .config import RecurringSection, ServerConfig
+from .convert import (
+    OVERLAP_IN, OVERLAP_OUT, PRIORITY_IN, TaskReader, check_text, info_message, recurring_options, result_message,
+    status_enum, status_name, task_ref,
+)
 from .errors import Code, ServiceError, from_exception
+from .info import InfoCache, LiveFeed, TaskMeta
 
 if TYPE_CHECKING:
     from ..core.snapshot import Snapshot
     from ..runtime.scheduler import Scheduler
     from .remote import WorkerHub
 
-__all__ = ["Service", "InfoCache", "TaskMeta", "LiveFeed", "status_enum", "status_name"]
+__all__ = ["Service"]
 
 log = logging.getLogger("cronoq.server")
 
-_PRIORITY_IN = {pb.PRIORITY_UNSPECIFIED: 2, pb.PRIORITY_CRITICAL: 0, pb.PRIORITY_HIGH: 1,
-                pb.PRIORITY_NORMAL: 2, pb.PRIORITY_LOW: 3}
-_PRIORITY_OUT = (pb.PRIORITY_CRITICAL, pb.PRIORITY_HIGH, pb.PRIORITY_NORMAL, pb.PRIORITY_LOW)
-_EDGE = {pb.EDGE_COND_UNSPECIFIED: "success", pb.EDGE_COND_ON_SUCCESS: "success",
-         pb.EDGE_COND_ON_FAILURE: "failure", pb.EDGE_COND_ON_COMPLETE: "complete"}
-_EDGE_OUT = {"success": pb.EDGE_COND_ON_SUCCESS, "failure": pb.EDGE_COND_ON_FAILURE,
-             "complete": pb.EDGE_COND_ON_COMPLETE}
-_MISS = {pb.MISS_POLICY_UNSPECIFIED: None, pb.MISS_POLICY_RUN_LATE: "run_late", pb.MISS_POLICY_SKIP: "skip",
-         pb.MISS_POLICY_FAIL: "fail"}
-_OVERLAP_IN = {pb.OVERLAP_UNSPECIFIED: "skip", pb.OVERLAP_SKIP: "skip", pb.OVERLAP_ALLOW: "allow",
-               pb.OVERLAP_QUEUE: "queue", pb.OVERLAP_QUEUE_ON_SUCCESS: "queue_on_success"}
-_OVERLAP_OUT = {"skip": pb.OVERLAP_SKIP, "allow": pb.OVERLAP_ALLOW, "queue": pb.OVERLAP_QUEUE,
-                "queue_on_success": pb.OVERLAP_QUEUE_ON_SUCCESS}
-
-
-def status_enum(status: str) -> pb.TaskStatus:
-    return cast("pb.TaskStatus", pb.TaskStatus.Value("TASK_STATUS_" + status.upper()))
-
-
-def status_name(value: int) -> str:
-    return pb.TaskStatus.Name(value)[len("TASK_STATUS_"):].lower()
-
-
-def checkpoint_message(checkpoint: Checkpoint) -> pb.StageCheckpoint:
-    """A checkpoint on the wire: the data and content type the worker sent."""
-    out = pb.StageCheckpoint(stage=checkpoint.stage, attempt=checkpoint.attempt,
-                             saved_unix_ns=int(round(checkpoint.at * NS)))
-    data = checkpoint.data
-    if isinstance(data, Blob):
-        out.data = data.data
-        out.content_type = data.content_type
-    return out
+# The snapshot's fields taken from the engine's pools as they are.
+_POOL_NUMBERS = tuple((field.wire, field.attr) for field in POOL_FIELDS
+                      if field.attr is not None and field.kind != "classes")
 
 
 def _now_ns() -> int:
     return time.time_ns()
-
-
-# ---------------------------------------------------------------- the info cache
-
-# Dead-lettered tasks whose payload and options the leader keeps, to submit them again.
-DEAD_LETTERS_KEPT = 1000
-# Attempts of one task that Get reports (the latest ones).
-ATTEMPTS_KEPT = 32
-
-
-class TaskMeta:
-    """What the serving leader remembers of a task beyond the engine's record."""
-
-    __slots__ = ("pool", "key", "kind", "priority", "tenant", "tags", "max_attempts", "created_ns",
-                 "started_ns", "finished_ns", "spec", "edges", "attempts")
-
-    def __init__(self, spec: TaskSpec, pool: str, max_attempts: int, created_ns: int) -> None:
-        # The submitted task (the engine holds the same object while the task
-        # lives): kept after it ends only if it was dead-lettered, to submit it again.
-        self.spec: TaskSpec | None = spec
-        self.pool = pool
-        self.key = spec.key
-        self.kind = spec.kind
-        self.priority = spec.priority
-        self.tenant = spec.tenant
-        self.tags = spec.tags
-        self.max_attempts = max_attempts
-        self.created_ns = created_ns
-        self.started_ns: int | None = None
-        self.finished_ns: int | None = None
-        self.edges = spec.edges
-        # [attempt, how it ended (None while it runs), message, started_ns, ended_ns], oldest first
-        self.attempts: list[list[Any]] | None = None
-
-
-# Tasks whose events arrived before their record was made (see InfoCache.early).
-EARLY_KEPT = 4096
-EARLY_EVENTS = 4 * ATTEMPTS_KEPT   # events kept of one such task
-
-
-class InfoCache:
-    """A bounded record of recent tasks (oldest forgotten first), kept up to
-    date by the scheduler's status events.
-
-    A task's first events can arrive before its record exists: with a store,
-    the submit's answer and the events of the task's first attempt are
-    released by the same commit, in no set order, and the record is made
-    when the answer arrives. Such events wait in ``early`` (the newest
-    ``EARLY_KEPT`` tasks' worth) and are applied when the record is put."""
-
-    def __init__(self, limit: int, dead_letters: int = DEAD_LETTERS_KEPT) -> None:
-        self.limit = limit
-        self.entries: OrderedDict[int, TaskMeta] = OrderedDict()
-        self.dead_letters = dead_letters
-        self.dead: deque[int] = deque()     # dead-lettered tasks whose spec is kept, oldest first
-        self.early: OrderedDict[int, list[tuple[str, int, int, str | None]]] = OrderedDict()
-
-    def put(self, task_id: int, meta: TaskMeta) -> None:
-        if not self.limit:
-            return
-        entries = self.entries
-        entries[task_id] = meta
-        if len(entries) > self.limit:
-            entries.popitem(last=False)
-        seen = self.early.pop(task_id, None)
-        if seen is not None:
-            for status, at_ns, attempt, message in seen:
-                self.saw(task_id, status, at_ns, attempt, message)
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.early.clear()
-
-    def get(self, task_id: int) -> TaskMeta | None:
-        return self.entries.get(task_id)
-
-    def saw(self, task_id: int, status: str, at_ns: int, attempt: int = 0, message: str | None = None) -> None:
-        meta = self.entries.get(task_id)
-        if meta is None:
-            if self.limit:
-                early = self.early.get(task_id)
-                if early is None:
-                    early = self.early[task_id] = []
-                    if len(self.early) > EARLY_KEPT:
-                        self.early.popitem(last=False)
-                if len(early) < EARLY_EVENTS:
-                    early.append((status, at_ns, attempt, message))
-            return
-        attempts = meta.attempts
-        if attempts and attempts[-1][4] is None:   # the attempt running ends with whatever comes next
-            last = attempts[-1]
-            last[4] = at_ns
-            if status != "running":
-                last[1] = status
-                last[2] = message or ""
-        if status == "running":
-            meta.started_ns = at_ns
-            if attempts is None:
-                attempts = meta.attempts = []
-            attempts.append([attempt, None, "", at_ns, None])
-            if len(attempts) > ATTEMPTS_KEPT:
-                del attempts[0]
-        elif status in TERMINAL:
-            meta.finished_ns = at_ns
-            if status != "dead_lettered":
-                meta.spec = None
-            elif meta.spec is not None:
-                self.dead.append(task_id)
-                while len(self.dead) > self.dead_letters:
-                    oldest = self.entries.get(self.dead.popleft())
-                    if oldest is not None:
-                        oldest.spec = None
-
-
-# ---------------------------------------------------------------- push streams
-
-
-class LiveFeed:
-    """The status events of one push stream (the gateway's Server-Sent
-    Events): delivered on the scheduler's loop without ever blocking it,
-    buffered up to ``capacity`` (the oldest dropped and counted in
-    ``lagged``), taken in batches by the stream's writer."""
-
-    def __init__(self, capacity: int, pools: frozenset[str] | None, tenant: str | None = None) -> None:
-        self.capacity = capacity
-        self.pools = pools
-        self.tenant = tenant      # a pinned caller's: only its tasks' events
-        self.events: deque[Any] = deque()
-        self.lagged = 0
-        self.ended = False
-        self.wake = asyncio.Event()
-
-    def deliver(self, event: Any) -> None:
-        if self.pools is not None and event.pool not in self.pools:
-            return
-        if self.tenant is not None and event.tenant != self.tenant:
-            return
-        self.events.append(event)
-        if len(self.events) > self.capacity:
-            self.events.popleft()
-            self.lagged += 1
-        self.wake.set()
-
-    def end(self) -> None:
-        self.ended = True
-        self.wake.set()
-
-    def take(self) -> tuple[list[Any], int]:
-        """Every buffered event, and how many were dropped since the last take."""
-        events, lagged = list(self.events), self.lagged
-        self.events.clear()
-        self.lagged = 0
-        self.wake.clear()
-        return events, lagged
 
 
 # ---------------------------------------------------------------- the service
@@ -251,6 +74,7 @@ class Service:
         self.pools = [p.name for p in config.pools]
         self.pool_sections = {p.name: p for p in config.pools}
         self.default_pool = "default" if "default" in self.pool_sections else self.pools[0]
+        self.tasks = TaskReader(config.limits, self.pool_sections, self.default_pool)
         self.scheduler: Scheduler | None = None
         self.state = "standby"           # standby, leader, stopping
         self.info = InfoCache(config.outputs.info_entries)
@@ -311,137 +135,10 @@ class Service:
     def _not_found(self, ref: int | str) -> ServiceError:
         return ServiceError(Code.NOT_FOUND, str(UnknownTask(ref)), "UnknownTask")
 
-    @staticmethod
-    def _ref(message: pb.TaskRef, what: str = "task") -> int | str:
-        which = message.WhichOneof("ref")
-        if which == "id":
-            if message.id == 0:
-                raise ServiceError(Code.INVALID_ARGUMENT, f"{what}: ids start at 1", "InvalidTask")
-            return int(message.id)
-        if which == "key":
-            if not message.key or "\x00" in message.key:
-                raise ServiceError(Code.INVALID_ARGUMENT, f"{what}: a key must be non-empty and without NUL",
-                                   "InvalidTask")
-            return message.key
-        raise ServiceError(Code.INVALID_ARGUMENT, f"{what}: give an id or a key", "InvalidTask")
-
-    # -- converting a wire task
-
-    def _check_text(self, value: str, field: str, limit: int) -> None:
-        if "\x00" in value:
-            raise ServiceError(Code.INVALID_ARGUMENT, f"{field} must not contain NUL characters", "InvalidTask")
-        if len(value) * 4 > limit and len(value.encode("utf-8", "surrogatepass")) > limit:
-            raise ServiceError(Code.INVALID_ARGUMENT, f"{field} is longer than {limit} bytes (limits)",
-                               "InvalidTask")
-
     def task_options(self, caller: Principal, spec: pb.TaskSpec, *, template: bool = False
                      ) -> tuple[Blob, dict[str, Any]]:
-        """The payload and ``cronoq.Task`` options of a wire task, checked
-        against the caller's scope and tenant and the [limits]."""
-        limits = self.limits
-        invalid = Code.INVALID_ARGUMENT
-        try:
-            content_type = check_content_type(spec.content_type) if spec.content_type else OCTETS
-        except ValueError as exc:
-            raise ServiceError(invalid, str(exc), "InvalidTask") from None
-        options: dict[str, Any] = {}
-        pool = spec.pool or self.default_pool
-        self._check_text(pool, "pool", limits.max_name_bytes)
-        if pool not in self.pool_sections:
-            raise ServiceError(Code.NOT_FOUND, f"no pool named {pool!r}", "UnknownPool")
-        if not caller.sees(pool):
-            raise ServiceError(Code.PERMISSION_DENIED, f"the credential may not submit into pool {pool!r}")
-        if spec.pool and pool != self.default_pool:
-            options["pool"] = pool      # (the default pool is the engine's too: a plain task stays plain)
-        if spec.kind:
-            self._check_text(spec.kind, "kind", limits.max_name_bytes)
-            options["kind"] = spec.kind
-        if spec.priority not in _PRIORITY_IN:
-            raise ServiceError(invalid, f"unknown priority {spec.priority}", "InvalidTask")
-        if _PRIORITY_IN[spec.priority] != 2:
-            options["priority"] = CLASSES[_PRIORITY_IN[spec.priority]]
-        if spec.key:
-            self._check_text(spec.key, "key", limits.max_key_bytes)
-            options["key"] = spec.key
-        tenant = spec.tenant or None
-        if tenant is not None:
-            self._check_text(tenant, "tenant", limits.max_name_bytes)
-        if caller.tenant is not None:
-            if tenant is not None and tenant != caller.tenant:
-                raise ServiceError(Code.PERMISSION_DENIED,
-                                   f"the credential submits for tenant {caller.tenant!r}, not {tenant!r}")
-            tenant = caller.tenant
-        if tenant is not None:
-            options["tenant"] = tenant
-        pairs = (("deadline_in_s", "deadline_unix_ns", "deadline"), ("start_in_s", "start_unix_ns", "start"))
-        for relative, absolute, name in pairs:
-            has_rel, has_abs = spec.HasField(relative), spec.HasField(absolute)
-            if has_rel and has_abs:
-                raise ServiceError(invalid, f"give {relative} or {absolute}, not both", "InvalidTask")
-            if template and (has_abs or (name == "start" and has_rel)):
-                raise ServiceError(invalid, f"a recurring template may not set {absolute if has_abs else relative}: "
-                                            f"it describes every occurrence", "InvalidTask")
-            if has_rel:
-                options[f"{name}_in"] = self._seconds(getattr(spec, relative), relative)
-            elif has_abs:
-                options[f"{name}_at"] = getattr(spec, absolute) / NS
-        for field, option in (("tolerance_s", "tolerance"), ("timeout_s", "timeout"),
-                              ("duration_hint_s", "duration_hint")):
-            if spec.HasField(field):
-                options[option] = self._seconds(getattr(spec, field), field)
-        miss = _MISS.get(spec.on_miss, "?")
-        if miss == "?":
-            raise ServiceError(invalid, f"unknown on_miss {spec.on_miss}", "InvalidTask")
-        if miss is not None:
-            options["on_miss"] = miss
-        if spec.HasField("retry"):
-            r = spec.retry
-            try:
-                options["retry"] = RetryPolicy(
-                    max_attempts=r.max_attempts or 3,
-                    initial_backoff=r.initial_backoff_s if r.HasField("initial_backoff_s") else 1.0,
-                    multiplier=r.multiplier if r.HasField("multiplier") else 2.0,
-                    max_backoff=r.max_backoff_s if r.HasField("max_backoff_s") else 60.0,
-                    jitter=r.jitter if r.HasField("jitter") else True)
-            except ValueError as exc:
-                raise ServiceError(invalid, f"retry: {exc}", "InvalidTask") from None
-        if spec.resources:
-            if len(spec.resources) > limits.max_resources:
-                raise ServiceError(invalid, f"at most {limits.max_resources} resources per task (limits)",
-                                   "InvalidTask")
-            for name in spec.resources:
-                self._check_text(name, "resource name", limits.max_name_bytes)
-            options["resources"] = dict(spec.resources)
-        edges = len(spec.after) + len(spec.deps)
-        if edges:
-            if template:
-                raise ServiceError(invalid, "a recurring template may not have dependencies", "InvalidTask")
-            if edges > limits.max_deps:
-                raise ServiceError(invalid, f"at most {limits.max_deps} dependencies per task (limits)",
-                                   "InvalidTask")
-            if spec.after:
-                options["after"] = [self._ref(ref, "after") for ref in spec.after]
-            if spec.deps:
-                options["deps"] = [Dep(self._ref(d.ref, "deps"), _EDGE.get(d.cond, "success")) for d in spec.deps]
-        for field, limit in (("tags", limits.max_tags), ("labels", limits.max_labels)):
-            items = getattr(spec, field)
-            if items:
-                if len(items) > limit:
-                    raise ServiceError(invalid, f"at most {limit} {field} per task (limits)", "InvalidTask")
-                for name, value in items.items():
-                    self._check_text(name, f"{field} name", limits.max_name_bytes)
-                    self._check_text(value, f"{field}[{name!r}]", limits.max_value_bytes)
-                options[field] = dict(items)
-        if spec.stages:
-            options["stages"] = list(spec.stages)   # checked by TaskSpec (InvalidTask names the problem)
-        return Blob(bytes(spec.payload), content_type), options
-
-    @staticmethod
-    def _seconds(value: float, field: str) -> float:
-        if not math.isfinite(value) or value < 0:
-            raise ServiceError(Code.INVALID_ARGUMENT, f"{field} must be a finite number of seconds >= 0, "
-                                                      f"got {value!r}", "InvalidTask")
-        return value
+        """The payload and ``cronoq.Task`` options of a wire task (``TaskReader.options``)."""
+        return self.tasks.options(caller, spec, template=template)
 
     def _make(self, caller: Principal, spec: pb.TaskSpec, index: int | None = None) -> TaskSpec:
         try:
@@ -574,26 +271,7 @@ class Service:
             except asyncio.TimeoutError:
                 raise ServiceError(Code.DEADLINE_EXCEEDED,
                                    f"task {handle.id} is still running after {timeout:g} s; wait again or poll") from None
-        return self._result(handle)
-
-    def _result(self, handle: Any) -> pb.TaskResult:
-        result = pb.TaskResult(id=handle.id)
-        try:
-            output = handle.result()
-        except TaskFailed as exc:
-            if exc.status == "shutdown":
-                raise ServiceError(Code.UNAVAILABLE, "the server stopped serving while waiting; "
-                                                     "wait again (on the new leader)") from None
-            result.status = status_enum(exc.status)
-            if exc.message:
-                result.message = exc.message
-            return result
-        result.status = pb.TASK_STATUS_SUCCEEDED
-        result.output_available = True
-        if isinstance(output, Blob):
-            result.output = output.data
-            result.content_type = output.content_type
-        return result
+        return result_message(handle)
 
     async def _lookup(self, caller: Principal, sched: Scheduler, ref: int | str) -> Any:
         """The engine's TaskInfo of a task the caller may see, or the store's
@@ -618,59 +296,14 @@ class Service:
     async def get(self, caller: Principal, request: pb.GetRequest) -> pb.TaskInfo:
         caller.require("client")
         sched = self.serving()
-        info = await self._lookup(caller, sched, self._ref(request.task))
-        return self._info_message(sched, info)
-
-    def _info_message(self, sched: Scheduler, info: Any) -> pb.TaskInfo:
-        out = pb.TaskInfo(id=info.id, status=status_enum(info.status), pool=info.pool, kind=info.kind or "",
-                          attempt=info.attempt)
-        if info.key is not None:
-            out.key = info.key
-        if info.message:
-            out.message = info.message
-        meta = self.info.get(info.id)
-        record = info if hasattr(info, "has_output") else None
-        out.output_available = info.status == "succeeded" and (record is None or record.has_output)
-        if meta is not None:
-            out.priority = _PRIORITY_OUT[meta.priority]
-            out.max_attempts = meta.max_attempts
-            out.created_unix_ns = meta.created_ns
-            if meta.started_ns is not None:
-                out.started_unix_ns = meta.started_ns
-            if meta.finished_ns is not None:
-                out.finished_unix_ns = meta.finished_ns
-            if meta.tenant:
-                out.tenant = meta.tenant
-            if meta.tags:
-                out.tags.update(meta.tags)
-            for ref, cond in meta.edges:
-                target = pb.TaskRef(id=ref) if isinstance(ref, int) else pb.TaskRef(key=ref)
-                out.deps.add(ref=target, cond=_EDGE_OUT[cond])
-            for number, ended, message, started_ns, ended_ns in meta.attempts or ():
-                item = out.attempts.add(attempt=number, message=message, started_unix_ns=started_ns)
-                if ended is not None:
-                    item.status = status_enum(ended)
-                if ended_ns is not None:
-                    item.ended_unix_ns = ended_ns
-        elif record is not None:
-            out.priority = _PRIORITY_OUT[record.priority]
-            out.created_unix_ns = record.submitted_ns
-            if record.finished_ns is not None:
-                out.finished_unix_ns = record.finished_ns
-        if not out.tenant and info.tenant:
-            out.tenant = info.tenant
-        stages = getattr(info, "stages", None)   # (a store's record has neither)
-        if stages:
-            out.stages.extend(stages)
-        for checkpoint in getattr(info, "checkpoints", ()):
-            out.checkpoints.append(checkpoint_message(checkpoint))
-        return out
+        info = await self._lookup(caller, sched, task_ref(request.task))
+        return info_message(info, self.info.get(info.id))
 
     async def wait(self, caller: Principal, request: pb.WaitRequest) -> pb.TaskResult:
         caller.require("client")
         sched = self.serving()
         timeout = self._timeout(request.timeout_s if request.HasField("timeout_s") else None, "timeout_s")
-        ref = self._ref(request.task)
+        ref = task_ref(request.task)
         info = await self._lookup(caller, sched, ref)
         if hasattr(info, "has_output"):   # only the store knows it now
             return await self._stored_result(sched, info)
@@ -703,7 +336,7 @@ class Service:
     async def cancel(self, caller: Principal, request: pb.CancelRequest) -> pb.CancelResponse:
         caller.require("client")
         sched = self.serving()
-        ref = self._ref(request.task)
+        ref = task_ref(request.task)
         info = await self._lookup(caller, sched, ref)
         if hasattr(info, "has_output"):
             return pb.CancelResponse(cancelled=False)   # finished long ago
@@ -752,7 +385,7 @@ class Service:
             raise from_exception(exc) from None
         more = len(infos) > limit
         for info in infos[:limit]:
-            response.tasks.append(self._info_message(sched, info))
+            response.tasks.append(info_message(info, self.info.get(info.id)))
         if more:
             response.next_after = infos[limit - 1].id
         return response
@@ -774,7 +407,7 @@ class Service:
             budget -= len(page.tasks)
             for info in page.tasks:
                 after = info.id
-                if wanted_class is not None and _PRIORITY_IN[info.priority] != wanted_class:
+                if wanted_class is not None and PRIORITY_IN[info.priority] != wanted_class:
                     continue
                 if tenant is not None and info.tenant != tenant:
                     continue
@@ -927,7 +560,7 @@ class Service:
             if not caller.sees(rec.pool):
                 continue
             item = response.schedules.add(name=rec.name, cron=rec.cron, pool=rec.pool, kind=rec.kind,
-                                          overlap=_OVERLAP_OUT[rec.overlap])
+                                          overlap=OVERLAP_OUT[rec.overlap])
             if rec.tz.upper() != "UTC":
                 item.tz = rec.tz
             if rec.next_at is not None:
@@ -942,8 +575,8 @@ class Service:
         name = request.name
         if not name or "\x00" in name:
             raise ServiceError(Code.INVALID_ARGUMENT, "name must be non-empty and without NUL", "InvalidTask")
-        self._check_text(name, "name", self.limits.max_key_bytes)
-        if request.overlap not in _OVERLAP_IN:
+        check_text(name, "name", self.limits.max_key_bytes)
+        if request.overlap not in OVERLAP_IN:
             raise ServiceError(Code.INVALID_ARGUMENT, f"unknown overlap {request.overlap}", "InvalidTask")
         payload, options = self.task_options(caller, request.template, template=True)
         existing = {rec.name: rec for rec in await sched.recurring()}
@@ -955,7 +588,7 @@ class Service:
         key = options.pop("key", None)
         try:
             await sched.add_recurring(name, request.cron, payload, tz=request.tz or "UTC",
-                                      overlap=_OVERLAP_IN[request.overlap], tolerance=tolerance, on_miss=on_miss,
+                                      overlap=OVERLAP_IN[request.overlap], tolerance=tolerance, on_miss=on_miss,
                                       key=key, **options)
         except Exception as exc:
             raise from_exception(exc) from None
@@ -994,16 +627,10 @@ class Service:
             if not caller.sees(name):
                 continue
             section = self.pool_sections[name]
-            item = response.pools.add(
-                name=name, capacity=pool["capacity"], busy=pool["busy"], held=pool["held"],
-                desired=max(section.min, pool["desired"]), pending=pool["pending"],
-                pending_by_class=[pool["pending_by_class"][c] for c in CLASSES],
-                reservations=pool["reservations"], dispatched=pool["dispatched"], succeeded=pool["succeeded"],
-                failed=pool["failed"], priority_adherence=pool["priority_adherence"],
-                fixed_start_hit_rate=pool["fixed_start_hit_rate"], utilization=pool["utilization"],
-                schedule_efficiency=pool["schedule_efficiency"], wait_p50_s=pool["wait_p50"],
-                wait_p90_s=pool["wait_p90"], wait_p99_s=pool["wait_p99"], cost=pool["cost"],
-                workers_connected=workers.get(name, 0))
+            item = response.pools.add(name=name, **{wire: pool[attr] for wire, attr in _POOL_NUMBERS})
+            item.desired = max(section.min, pool["desired"])
+            item.pending_by_class.extend(pool["pending_by_class"][c] for c in CLASSES)
+            item.workers_connected = workers.get(name, 0)
             for group in sorted(pool["groups"], key=lambda g: (len(g["labels"]), sorted(g["labels"].items()))):
                 item.groups.add(labels=group["labels"], capacity=group["capacity"], busy=group["busy"])
             response.workers_connected += workers.get(name, 0)
@@ -1038,17 +665,4 @@ class Service:
                                       Blob(section.payload, section.content_type or OCTETS), tz=section.tz,
                                       overlap=section.overlap, tolerance=tolerance, on_miss=on_miss, key=key,
                                       **options)
-
-
-def recurring_options(section: RecurringSection) -> dict[str, Any]:
-    """``cronoq.Task`` options of a configured schedule's template."""
-    options: dict[str, Any] = {}
-    renames = {"deadline_in_s": "deadline_in", "tolerance_s": "tolerance", "timeout_s": "timeout",
-               "duration_hint_s": "duration_hint"}
-    for key, value in section.task.items():
-        if isinstance(value, RetrySection):
-            value = RetryPolicy(max_attempts=value.max_attempts, initial_backoff=value.initial_backoff_s,
-                                multiplier=value.multiplier, max_backoff=value.max_backoff_s, jitter=value.jitter)
-        options[renames.get(key, key)] = value
-    return options
 

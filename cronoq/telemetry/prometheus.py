@@ -22,6 +22,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from .._version import __version__
+from ..core.options import CLASSES
 from ..core.snapshot import Snapshot
 from ._snapshot import resolve, take_snapshot
 
@@ -37,7 +38,7 @@ __all__ = ["PrometheusCollector", "MetricsServer", "serve_metrics", "make_wsgi_a
 
 TASK_STATUSES = ("succeeded", "failed", "dead_lettered", "cancelled", "skipped", "missed", "shed")
 WAIT_QUANTILES = (("0.5", "wait_p50"), ("0.9", "wait_p90"), ("0.99", "wait_p99"))
-_CLASSES = ("critical", "high", "normal", "low")
+_CLASSES = CLASSES
 
 # Scheduler-wide counters: (metric name without _total, totals key, help).
 _COUNTERS = (

@@ -27,7 +27,7 @@ TEXT = "text/plain; charset=utf-8"
 _JSON_ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False).encode
 
 
-_ADMISSION = {name: getattr(_errors, name) for name in (
+_ADMISSION: dict[str, type[Exception]] = {name: getattr(_errors, name) for name in (
     "AdmissionError", "InvalidTask", "Cycle", "UnknownDependency", "UnknownPool", "UnknownResource",
     "ResourceExceedsCapacity", "QueueFull", "ReservationConflict")}
 
@@ -109,9 +109,8 @@ def ref_message(ref: int | str) -> pb.TaskRef:
 
 def _unix_ns(value: Any, field: str) -> int:
     if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
-        return round(value.timestamp() * NS)
+        moment: _dt.datetime = value if value.tzinfo is not None else value.replace(tzinfo=_dt.timezone.utc)
+        return round(moment.timestamp() * NS)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{field} must be a datetime or Unix seconds, got {value!r}")
     return round(value * NS)

@@ -112,7 +112,7 @@ class _Waiter:
 
     __slots__ = ("future", "claims", "needs", "deadline", "stage", "deferred")
 
-    def __init__(self, future: asyncio.Future, claims: tuple, needs: tuple, deadline: float,
+    def __init__(self, future: asyncio.Future[None], claims: tuple[Any, ...], needs: tuple[Any, ...], deadline: float,
                  stage: int) -> None:
         self.future = future
         self.claims = claims
@@ -155,14 +155,17 @@ def _idle(loop: asyncio.AbstractEventLoop, own: asyncio.Handle | None) -> bool:
     return True
 
 
-def _effect_task(raw: tuple) -> int | None:
+def _effect_task(raw: tuple[Any, ...]) -> int | None:
     kind = raw[0]
     if kind == 1:      # DISPATCH (entry, lease, ...)
-        return raw[1].id
-    if kind == 3:      # EVENT (task id, ...)
-        return raw[1]
-    if kind == 2:      # ABORT (lease, task id, ...)
-        return raw[2]
+        task_id: int = raw[1].id
+    elif kind == 3:    # EVENT (task id, ...)
+        task_id = raw[1]
+    elif kind == 2:    # ABORT (lease, task id, ...)
+        task_id = raw[2]
+    else:
+        return None
+    return task_id
     return None
 
 
@@ -214,15 +217,15 @@ class DurableLog:
         self.epoch = epoch
         self.commit_timeout = commit_timeout
         self.open = Batch()
-        self.open_effects: list[tuple] = []
+        self.open_effects: list[tuple[Any, ...]] = []
         self.open_waiters: list[_Waiter] = []
         self.open_stage = 1
         self.inflight: Batch | None = None
-        self.inflight_effects: list[tuple] = []
+        self.inflight_effects: list[tuple[Any, ...]] = []
         self.inflight_waiters: list[_Waiter] = []
         self.inflight_stage = 0
         self.sending = False      # an attempt to commit the batch in flight is under way
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[None] | None = None
         self.outage = False
         self.commits = 0
         self.refused = 0          # changes the database refused (logged, callers told)
@@ -236,7 +239,7 @@ class DurableLog:
 
     # -- filling the open batch (on the loop, inside the pump)
 
-    def add(self, mutation: tuple) -> None:
+    def add(self, mutation: tuple[Any, ...]) -> None:
         kind = mutation[0]
         batch = self.open
         if kind == MUT_STATUS:
@@ -268,7 +271,7 @@ class DurableLog:
         elif kind == MUT_WITHDRAWN:
             batch.withdrawn.append(mutation[1])
 
-    def hold(self, raw: tuple) -> bool:
+    def hold(self, raw: tuple[Any, ...]) -> bool:
         """Keep an effect until the mutations before it are durable; False if
         nothing is pending, so it can run at once."""
         if self.open:
@@ -314,7 +317,7 @@ class DurableLog:
 
     # -- waiting for durability
 
-    async def durable(self, claims: tuple = (), needs: tuple = ()) -> None:
+    async def durable(self, claims: tuple[Any, ...] = (), needs: tuple[Any, ...] = ()) -> None:
         """Return once everything produced so far is committed. ``claims``:
         ids of tasks this call submitted (withdrawn if it fails); ``needs``:
         further ids or schedule names whose refusal fails it."""
@@ -492,7 +495,7 @@ class DurableLog:
                 self.inflight_stage = self.open_stage
                 self.open_stage += 1
                 delay = 0.05
-                refused: list | None = None
+                refused: list[Any] | None = None
                 while True:
                     try:
                         refused = await self._write(batch)
@@ -584,7 +587,7 @@ class DurableLog:
         finally:
             self.sending = False
 
-    async def _bisect(self, units: list[Batch], refused: list) -> None:
+    async def _bisect(self, units: list[Batch], refused: list[Any]) -> None:
         try:
             await self.store.commit(self.epoch, _merge(units))
         except StoreRejected as exc:

@@ -139,7 +139,7 @@ def _one_form(r: _Reading, opt: TaskOption) -> None:
     if opt.pair is None:
         return
     relative, absolute = _PAIRS[opt.pair]
-    has_rel, has_abs = r.spec.HasField(relative.wire), r.spec.HasField(absolute.wire)   # type: ignore[arg-type]
+    has_rel, has_abs = r.spec.HasField(relative.wire), r.spec.HasField(absolute.wire)
     if has_rel and has_abs:
         raise _invalid(f"give {relative.wire} or {absolute.wire}, not both")
     if r.template and not opt.template:

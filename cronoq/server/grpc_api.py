@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, NoReturn, TypeVar
 
 import grpc
 from grpc import aio
@@ -34,9 +34,14 @@ def _status(code: Code) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, code.grpc_name)
 
 
-async def _abort(context: aio.ServicerContext, error: ServiceError) -> None:
+Request = TypeVar("Request")
+Answer = TypeVar("Answer")
+
+
+async def _abort(context: aio.ServicerContext, error: ServiceError) -> NoReturn:
     trailing = ((ERROR_METADATA, error.kind),) if error.kind else ()
     await context.abort(_status(error.code), error.message, trailing_metadata=trailing)
+    raise RuntimeError("grpc's ServicerContext.abort returned")   # (it raises, always)
 
 
 def peer_address(context: aio.ServicerContext) -> str:
@@ -74,7 +79,7 @@ class _Base:
         return self.auth.authenticate(authorization, names, peer=peer_address(context), transport="grpc")
 
     async def unary(self, context: aio.ServicerContext,
-                    call: Callable[[Principal, Any], Awaitable[Any]], request: Any) -> Any:
+                    call: Callable[[Principal, Request], Awaitable[Answer]], request: Request) -> Answer:
         try:
             caller = self.caller(context)
             return await asyncio.wait_for(call(caller, request), self.deadline)
@@ -108,7 +113,7 @@ class TasksServicer(_Base, pb_grpc.TasksServicer):
                         ) -> pb.ListTasksResponse:
         return await self.unary(context, self.service.list_tasks, request)
 
-    async def Watch(self, request: pb.WatchRequest, context: aio.ServicerContext  # type: ignore[override]
+    async def Watch(self, request: pb.WatchRequest, context: aio.ServicerContext
                     ) -> AsyncIterator[pb.StatusEvent]:
         try:
             caller = self.caller(context)
@@ -144,7 +149,7 @@ class WorkersServicer(_Base, pb_grpc.WorkersServicer):
         super().__init__(service, auth)
         self.hub = hub
 
-    async def Work(self, request_iterator: AsyncIterator[pb.WorkerMessage],  # type: ignore[override]
+    async def Work(self, request_iterator: AsyncIterator[pb.WorkerMessage],
                    context: aio.ServicerContext) -> None:
         iterator = request_iterator.__aiter__()
 

@@ -282,10 +282,10 @@ class BigInt(Field):
         return None
 
     def convert(self, value: Any) -> int:
-        value = int(value)
-        if not self.minimum <= value <= self.maximum:
+        number = int(value)
+        if not self.minimum <= number <= self.maximum:
             raise Refused
-        return value
+        return number
 
     def _schema(self, out: bool) -> dict[str, Any]:
         string = {"type": "string", "pattern": _DIGITS}

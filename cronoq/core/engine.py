@@ -26,7 +26,7 @@ from .errors import (
 from .invariants import check_invariants
 from .metrics import Histogram, bucket_of
 from .model import (
-    W_DUE, W_LABEL, W_NONE, W_PARKED, W_QUEUE, Edge, Entry, Extra, Group, Labels, Plan, PoolState,
+    W_DUE, W_LABEL, W_NONE, W_PARKED, W_QUEUE, Edge, Entry, Extra, Group, Labels, Plan, PoolState, Record,
     pool_order,
 )
 from .mutations import (
@@ -60,11 +60,6 @@ _SATISFIES: dict[str, frozenset[Status]] = {
 }
 
 Action = tuple[Any, ...]   # a raw action tuple (layouts in cronoq.core.actions)
-# A retained task: (status, pool, key, kind, attempt, message, tenant). The status is
-# kept as its plain string: a tuple of plain values is left alone by the
-# garbage collector, which matters for a million records (an enum member
-# would keep every record tracked).
-Record = tuple[str, str, str | None, str | None, int, str | None, str | None]
 _PLAIN: dict[str, str] = {status: status.value for status in Status}
 
 
@@ -98,7 +93,7 @@ class Core:
         if not self.pools:
             raise ValueError("a scheduler needs at least one pool")
         self.default_pool = self.pools.get("default") or next(iter(self.pools.values()))
-        self.resources: dict[str, ResourceState] = {}
+        self.resources: dict[str, ResourceState[Entry]] = {}
         for rc in resources:
             if not isinstance(rc, ResourceConfig):
                 raise ValueError(f"resources must be ResourceConfig objects, got {type(rc).__name__}")
@@ -1489,7 +1484,7 @@ class Core:
             self._reoffer(short, now)
         return False
 
-    def _give_up_offer(self, e: Entry, keep: ResourceState | None, now: int) -> None:
+    def _give_up_offer(self, e: Entry, keep: ResourceState[Entry] | None, now: int) -> None:
         """``e`` was sent back to its queue with units in view and will not
         take them (it ended, or parked on another resource): the waiters of
         those resources may use them."""
@@ -1499,7 +1494,7 @@ class Core:
             if r is not keep and r.waiters:
                 self._reoffer(r, now)
 
-    def _arm_refill(self, r: ResourceState, now: int, promised: float = 0.0) -> None:
+    def _arm_refill(self, r: ResourceState[Entry], now: int, promised: float = 0.0) -> None:
         """Wake up when the head waiter's tokens (beyond ``promised`` ones) are there."""
         head = r.head()
         if head is None:
@@ -1509,7 +1504,7 @@ class Core:
             r.refill_at = at
             self.timers.push(at, tm.REFILL, r, at)
 
-    def _reoffer(self, r: ResourceState, now: int) -> None:
+    def _reoffer(self, r: ResourceState[Entry], now: int) -> None:
         """Send parked waiters back to their queues while the units last (FIFO)."""
         level = budget = r.level(now)
         while True:

@@ -9,15 +9,41 @@ Tests call it after every engine step; the engine never calls it itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
-from .model import W_DUE, W_LABEL, W_NONE, W_PARKED, W_QUEUE, Entry, Labels, PoolState
-from .types import BLOCKED, READY, RUNNING, SCHEDULED, TERMINAL
+from .model import W_DUE, W_LABEL, W_NONE, W_PARKED, W_QUEUE, Edge, Entry, Labels, PoolState, Record
+from .resources import ResourceState
+from .types import BLOCKED, READY, RUNNING, SCHEDULED, TERMINAL, CoreConfig
 
-if TYPE_CHECKING:
-    from .engine import Core
+__all__ = ["Inspected", "check_invariants"]
 
-__all__ = ["check_invariants"]
+
+class Inspected(Protocol):
+    """The engine's state these checks read (a ``Core``); declared here so
+    that the engine may offer ``Core.check_invariants`` without a cycle."""
+
+    @property
+    def config(self) -> CoreConfig: ...
+    @property
+    def pools(self) -> dict[str, PoolState]: ...
+    @property
+    def resources(self) -> dict[str, ResourceState[Entry]]: ...
+    @property
+    def tasks(self) -> dict[int, Entry]: ...
+    @property
+    def running(self) -> dict[int, Entry]: ...
+    @property
+    def keys(self) -> dict[str, int]: ...
+    @property
+    def retained(self) -> dict[int, Record]: ...
+    @property
+    def awaiting(self) -> dict[str, list[Edge]]: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def dispatching(self) -> bool: ...
+    @property
+    def settled(self) -> bool: ...
 
 
 def _request(e: Entry) -> dict[str, int]:
@@ -26,7 +52,7 @@ def _request(e: Entry) -> dict[str, int]:
     return e.spec.resources
 
 
-def check_invariants(core: Core) -> None:
+def check_invariants(core: Inspected) -> None:
     """Assert the engine's internal consistency (tests call this after every step)."""
     def check(condition: bool, message: str) -> None:
         if not condition:
@@ -126,7 +152,7 @@ def check_invariants(core: Core) -> None:
                   f"{child} awaits {key!r} without knowing it")
 
 
-def _check_liveness(core: Core, p: PoolState, check: Callable[[bool, str], None]) -> None:
+def _check_liveness(core: Inspected, p: PoolState, check: Callable[[bool, str], None]) -> None:
     """Nothing waits while a slot it may take is free (between calls).
 
     A ready task may take a slot when the pool has one free, or when one

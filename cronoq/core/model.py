@@ -34,6 +34,11 @@ W_DUE = 4       # the pool's due queue (fixed starts and their retries)
 
 Labels = frozenset[tuple[str, str]]
 Edge = tuple["Entry", str]   # (child, condition) on a parent, (parent, condition) in a plan
+# A retained task: (status, pool, key, kind, attempt, message, tenant). The status is
+# kept as its plain string: a tuple of plain values is left alone by the
+# garbage collector, which matters for a million records (an enum member
+# would keep every record tracked).
+Record = tuple[str, str, str | None, str | None, int, str | None, str | None]
 
 
 class Extra:
@@ -46,7 +51,7 @@ class Extra:
         self.parents: tuple[int, ...] = ()      # live parent ids at admission (cycle checks)
         self.awaits: list[str] | None = None    # keys this task waits to appear
         self.park_seq: int | None = None
-        self.parked_on: ResourceState | None = None
+        self.parked_on: ResourceState[Entry] | None = None
         self.hb = 0                             # last heartbeat (lease TTL pools)
         self.start: int | None = None           # fixed start
         self.tolerance = 0
@@ -148,7 +153,7 @@ class PoolState:
         self.name = config.name
         self.index = index                # declaration order: the order pools dispatch in
         self.config = config
-        self.queues = ReadyQueues(cfg.priority, cfg.urgency, config.fair_share, config.tenant_weights)
+        self.queues: ReadyQueues[Entry] = ReadyQueues(cfg.priority, cfg.urgency, config.fair_share, config.tenant_weights)
         self.unlabeled = Group(frozenset(), config.initial)
         self.groups: dict[Labels, Group] = {frozenset(): self.unlabeled}
         self.capacity = config.initial

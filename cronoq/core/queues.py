@@ -17,28 +17,51 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from typing import TYPE_CHECKING, Iterator, cast
+from typing import Generic, Iterator, Protocol, TypeVar, cast
 
-from .types import READY, PriorityConfig, UrgencyConfig
+from .types import READY, PriorityConfig, Status, TaskSpec, UrgencyConfig
 
-if TYPE_CHECKING:
-    from .model import Entry
+__all__ = ["Queued", "ReadyQueues"]
 
-__all__ = ["ReadyQueues"]
 
-def _ID(e: Entry) -> int:   # (bisect key)
+class Queued(Protocol):
+    """What the queues read of a task (the engine's E): declared here so
+    that this module needs nothing from the one that declares tasks."""
+
+    tag: float | None   # the fair-share start tag, written here
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def cls(self) -> int: ...
+    @property
+    def est(self) -> int: ...
+    @property
+    def lst(self) -> int | None: ...
+    @property
+    def status(self) -> Status: ...
+    @property
+    def submitted(self) -> int: ...
+    @property
+    def spec(self) -> TaskSpec | None: ...
+
+
+E = TypeVar("E", bound=Queued)
+
+
+def _ID(e: Queued) -> int:   # (bisect key)
     return e.id
 
 
-class ReadyQueues:
+class ReadyQueues(Generic[E]):
     __slots__ = ("lanes", "deadlines", "fair", "count", "total", "base", "rate", "cap",
                  "u_peak", "u_window", "u_rate", "u_cap", "weights", "vtime", "finish")
 
     def __init__(self, priority: PriorityConfig, urgency: UrgencyConfig, fair: bool,
                  weights: dict[str, float]) -> None:
-        self.lanes: list[deque[Entry]] = [deque(), deque(), deque(), deque()]
-        self.deadlines: list[list[tuple[int, int, Entry]]] = [[], [], [], []]
-        self.fair: list[list[tuple[float, int, Entry]]] | None = [[], [], [], []] if fair else None
+        self.lanes: list[deque[E]] = [deque(), deque(), deque(), deque()]
+        self.deadlines: list[list[tuple[int, int, E]]] = [[], [], [], []]
+        self.fair: list[list[tuple[float, int, E]]] | None = [[], [], [], []] if fair else None
         self.count = [0, 0, 0, 0]       # live entries per class
         self.total = 0
         # Scores in points; times in ns, so per-ns rates.
@@ -56,7 +79,7 @@ class ReadyQueues:
 
     # ------------------------------------------------------------ insertion
 
-    def push(self, e: Entry) -> None:
+    def push(self, e: E) -> None:
         """A task becomes ready; a task seen before returns to its place."""
         c = e.cls
         self.count[c] += 1
@@ -76,7 +99,7 @@ class ReadyQueues:
             else:
                 lane.insert(bisect.bisect_left(lane, e.id, key=_ID), e)
 
-    def _start_tag(self, c: int, e: Entry) -> float:
+    def _start_tag(self, c: int, e: E) -> float:
         tenant = e.spec.tenant if e.spec is not None else None
         finish = self.finish[c]
         start: float = max(self.vtime[c], finish.get(tenant, 0.0))
@@ -87,14 +110,14 @@ class ReadyQueues:
             self.finish[c] = {t: f for t, f in finish.items() if f > v}
         return start
 
-    def discard(self, e: Entry) -> None:
+    def discard(self, e: E) -> None:
         """A queued task ended without being picked; its entry goes stale."""
         self.count[e.cls] -= 1
         self.total -= 1
 
     # ------------------------------------------------------------ choice
 
-    def urgency(self, e: Entry, now: int) -> float:
+    def urgency(self, e: E, now: int) -> float:
         # (only a task with a deadline has urgency)
         slack = e.lst - now   # type: ignore[operator]
         horizon = e.est if e.est > self.u_window else self.u_window
@@ -105,7 +128,7 @@ class ReadyQueues:
         overdue = -slack * self.u_rate
         return float(self.u_peak + (overdue if overdue < self.u_cap else self.u_cap))
 
-    def score(self, e: Entry, now: int) -> float:
+    def score(self, e: E, now: int) -> float:
         c = e.cls
         age = (now - e.submitted) * self.rate[c]
         cap = self.cap[c]
@@ -114,7 +137,7 @@ class ReadyQueues:
             s += self.urgency(e, now)
         return s
 
-    def _head(self, c: int) -> tuple[Entry | None, Entry | None]:
+    def _head(self, c: int) -> tuple[E | None, E | None]:
         """The live head of class c's FIFO (or fair) queue and of its deadline heap."""
         if self.fair is None:
             lane = self.lanes[c]
@@ -131,7 +154,7 @@ class ReadyQueues:
             heapq.heappop(heap)
         return first, (heap[0][2] if heap else None)
 
-    def take(self, now: int) -> Entry | None:
+    def take(self, now: int) -> E | None:
         """Remove and return the task with the highest effective score, or None.
 
         Ties go to the more important class, then to the older task.
@@ -166,7 +189,7 @@ class ReadyQueues:
             self.pop(best)
         return best
 
-    def _best(self, now: int) -> Entry | None:
+    def _best(self, now: int) -> E | None:
         count = self.count
         best = None
         best_score = 0.0
@@ -186,13 +209,13 @@ class ReadyQueues:
                     best_score = s
         return best
 
-    def peek(self, now: int) -> Entry | None:
+    def peek(self, now: int) -> E | None:
         """The task ``take`` would return, left in place."""
         if not self.total:
             return None
         return self._best(now)
 
-    def pop(self, e: Entry) -> None:
+    def pop(self, e: E) -> None:
         """Remove ``e``, a live queue head (as ``peek`` returns), from its queue."""
         c = e.cls
         self.count[c] -= 1
@@ -206,7 +229,7 @@ class ReadyQueues:
         else:
             self.lanes[c].popleft()
 
-    def live_entries(self) -> Iterator[Entry]:
+    def live_entries(self) -> Iterator[E]:
         """Every live queued entry (for invariant checks and shedding)."""
         for c in range(4):
             for e in self.lanes[c]:

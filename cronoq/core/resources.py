@@ -11,21 +11,40 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from typing import Generic, Protocol, TypeVar
 
-from typing import TYPE_CHECKING
+from .types import READY, ResourceConfig, Status
 
-from .types import READY, ResourceConfig
+__all__ = ["Parked", "ResourceState"]
 
-if TYPE_CHECKING:
-    from .model import Entry
 
-__all__ = ["ResourceState"]
+class Parking(Protocol):
+    """What a resource reads of a parked task's extra state."""
 
-def _PARK(e: Entry) -> int:   # (bisect key: the order of first parking)
+    @property
+    def park_seq(self) -> int | None: ...
+    @property
+    def parked_on(self) -> object: ...
+
+
+class Parked(Protocol):
+    """What a resource reads of a task (the engine's P): declared here so
+    that this module needs nothing from the one that declares tasks."""
+
+    @property
+    def status(self) -> Status: ...
+    @property
+    def x(self) -> Parking | None: ...
+
+
+P = TypeVar("P", bound=Parked)
+
+
+def _PARK(e: Parked) -> int:   # (bisect key: the order of first parking)
     return e.x.park_seq   # type: ignore[union-attr,return-value]
 
 
-class ResourceState:
+class ResourceState(Generic[P]):
     __slots__ = ("name", "semaphore", "capacity", "available", "tokens", "rate", "last",
                  "waiters", "refill_at")
 
@@ -37,7 +56,7 @@ class ResourceState:
         self.tokens = float(config.burst or 0)   # a bucket starts full
         self.rate = (config.rate or 0.0) / 1e9    # tokens per ns
         self.last = now
-        self.waiters: deque[Entry] = deque()
+        self.waiters: deque[P] = deque()
         self.refill_at: int | None = None          # time of the armed refill timer
 
     def level(self, now: int) -> float:
@@ -67,7 +86,7 @@ class ResourceState:
             return 0
         return max(1, int(missing / self.rate) + 1)
 
-    def park(self, e: Entry) -> None:
+    def park(self, e: P) -> None:
         waiters = self.waiters
         seq = _PARK(e)
         if not waiters or _PARK(waiters[-1]) < seq:
@@ -77,7 +96,7 @@ class ResourceState:
         else:
             waiters.insert(bisect.bisect_left(waiters, seq, key=_PARK), e)
 
-    def head(self) -> Entry | None:
+    def head(self) -> P | None:
         """The first waiter still parked here, dropping stale ones."""
         waiters = self.waiters
         while waiters:

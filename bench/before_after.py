@@ -1,0 +1,110 @@
+"""Run benchmarks of two source trees alternately, in one run, and compare.
+
+    git worktree add --detach /tmp/before <commit>
+    python bench/before_after.py --before /tmp/before [--rounds 5]
+        [--bench "runtime.py --tasks 50000" --bench "engine.py --quick" ...]
+
+Each round runs every benchmark once from the other tree and once from this
+one, in alternating order, so that the machine's noise falls on both alike.
+A benchmark script imports cronoq from its own tree (each puts its tree
+first on sys.path). Every output line that holds a number is a figure: its
+label is the line with the numbers blanked, its value the line's first
+number. The table gives each figure's median, min and max on both sides and
+the ratio of the medians (this tree / the other), with the commits and the
+load averages before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+DEFAULT_BENCHES = ("runtime.py", "threads.py --skip-latency", "engine.py --quick")
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def commit_of(tree: Path) -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "(not a git tree)"
+    return out + (" + uncommitted changes" if dirty else "")
+
+
+def figures(output: str) -> dict[str, float]:
+    """label -> first number, for every line with a number (repeated labels numbered)."""
+    found: dict[str, float] = {}
+    for line in output.splitlines():
+        match = NUMBER.search(line)
+        if match is None:
+            continue
+        label = re.sub(r"\s+", " ", NUMBER.sub("#", line)).strip()
+        while label in found:
+            label += " (again)"
+        found[label] = float(match.group().replace(",", ""))
+    return found
+
+
+def run(tree: Path, bench: str, workdir: str) -> dict[str, float]:
+    script, *args = bench.split()
+    done = subprocess.run([sys.executable, str(tree / "bench" / script), *args], cwd=workdir,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{tree / 'bench' / script} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return figures(done.stdout)
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):,.6g} ({min(values):,.6g}-{max(values):,.6g})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", required=True, type=Path, help="the other source tree (a git worktree)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--bench", action="append", help="a script of bench/ and its arguments (repeatable)")
+    args = parser.parse_args()
+    benches = args.bench or list(DEFAULT_BENCHES)
+    trees = {"before": args.before.resolve(), "after": HERE}
+    for side, tree in trees.items():
+        if not (tree / "cronoq" / "__init__.py").exists():
+            parser.error(f"--{side} {tree}: not a cronoq source tree")
+    results: dict[tuple[str, str], dict[str, list[float]]] = {}
+    print(f"before: {trees['before']} at {commit_of(trees['before'])}")
+    print(f"after:  {trees['after']} at {commit_of(trees['after'])}")
+    print(f"load average at the start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+    with tempfile.TemporaryDirectory(prefix="cronoq-bench-") as workdir:
+        for round_ in range(args.rounds):
+            order = ("before", "after") if round_ % 2 == 0 else ("after", "before")
+            for bench in benches:
+                for side in order:
+                    for label, value in run(trees[side], bench, workdir).items():
+                        results.setdefault((bench, label), {"before": [], "after": []})[side].append(value)
+            print(f"round {round_ + 1} of {args.rounds} done", file=sys.stderr)
+    print(f"load average at the end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+    print(f"{args.rounds} rounds; median (min-max) on each side; ratio = after / before of the medians\n")
+    current = None
+    for (bench, label), sides in results.items():
+        if len(sides["before"]) != len(sides["after"]) or not sides["before"]:
+            continue   # a figure only one side prints
+        if bench != current:
+            print(f"== {bench}")
+            current = bench
+        before, after = statistics.median(sides["before"]), statistics.median(sides["after"])
+        ratio = f"{after / before:.3f}" if before else "-"
+        print(f"  {label}\n      before {spread(sides['before'])}   after {spread(sides['after'])}   ratio {ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -145,3 +145,39 @@ def test_the_commands_on_the_page_run_as_written(servers, tmp_path):
     finally:
         for worker in workers:
             worker.stop()
+
+
+def test_the_first_example_answers_what_its_comment_says_with_the_quickstart_worker(servers, tmp_path):
+    """The page's first block against the server quickstart's own worker.py
+    (taken from docs/server-quickstart.md as written), its export lines
+    pointing at a local server instead of cronoq.internal."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from clikit import cli_env
+    from serverkit import AUTH, CLIENT, LISTEN, WORKER, server_env
+
+    quickstart = (ROOT / "docs" / "server-quickstart.md").read_text()
+    worker_py = quickstart.split("cat > worker.py <<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    server = servers(LISTEN + AUTH + '[[pools]]\nname = "default"\n')
+    (tmp_path / "worker.py").write_text(worker_py.replace('"localhost:7070"', repr(server.target)))
+    worker = subprocess.Popen([sys.executable, "worker.py"], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**server_env(), "CRONOQ_WORKER_TOKEN": WORKER})
+    try:
+        server.wait_for("registered")
+        first = _blocks("sh")[0]
+        submit = next(line for line in first.splitlines() if line.startswith("cronoq submit"))
+        command, comment = submit.split("#", 1)
+        expected = json.loads(comment.split("answers", 1)[1].strip())
+        env = cli_env(token=CLIENT, server=server.target)
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr.decode()
+        assert json.loads(done.stdout) == expected == {"echo": "hello", "attempt": 1}
+    finally:
+        worker.terminate()
+        worker.wait(30)

@@ -121,7 +121,7 @@ def test_the_token_and_the_plain_http_warning():
     for host in ("http://127.0.0.1:1", "http://127.8.9.10:1", "http://localhost:1", "http://[::1]:1",
                  "http://api.localhost:1"):
         assert not settings("--server", host, CRONOQ_TOKEN="t").warnings(), host
-    assert is_loopback("LOCALHOST") and not is_loopback("example.com") and not is_loopback("0.0.0.0")
+    assert is_loopback("LOCALHOST") and not is_loopback("example.com") and not is_loopback("0.0.0.0")   # (a non-loopback address)
     with pytest.raises(CliError, match="--retry-for"):
         settings("--retry-for", "-1")
 

@@ -373,7 +373,7 @@ async def test_the_http_gateway_runs_without_a_token_only_when_told_on_loopback(
 @pytest.mark.parametrize("args,env,message", [
     (["--http", "127.0.0.1:0"], {}, "needs an access token"),
     (["--http", "127.0.0.1:0"], {"CRONOQ_MCP_TOKEN": "short"}, "at least 16 characters"),
-    (["--http", "0.0.0.0:0", "--no-access-token"], {}, "only allowed on a loopback address"),
+    (["--http", "0.0.0.0:0", "--no-access-token"], {}, "only allowed on a loopback address"),   # non-loopback: refused
     (["--http", "127.0.0.1:0", "--no-access-token"], {"CRONOQ_MCP_TOKEN": ACCESS}, "choose one"),
     (["--no-access-token"], {}, "applies to --http only"),
     (["--http", "localhost"], {"CRONOQ_MCP_TOKEN": ACCESS}, "must be HOST:PORT"),

@@ -11,6 +11,7 @@ from .errors import (
     ReservationConflict, ResourceExceedsCapacity, Retryable, SchedulerError, TaskFailed,
     UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
 )
+from .explain import Explanation, Reason
 from .snapshot import Checkpoint, GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
 from .types import (
     BLOCKED, CANCELLED, CANCELLED_OUTCOME, CLASSES, DEAD_LETTERED, FAILED, MISSED, NS, PERMANENT,
@@ -23,7 +24,7 @@ __all__ = [
     "Core", "CoreConfig", "PoolConfig", "ResourceConfig", "AutoscaleConfig", "PriorityConfig",
     "UrgencyConfig", "TaskSpec", "Dep", "RetryPolicy", "Priority",
     "Dispatch", "Abort", "StatusEvent", "Persist", "Scale",
-    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "Checkpoint", "CheckpointError",
+    "Snapshot", "PoolSnapshot", "Explanation", "Reason", "GroupSnapshot", "TaskInfo", "Checkpoint", "CheckpointError",
     "CronoqError", "SchedulerError", "TaskFailed", "Retryable", "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
     "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",

@@ -13,6 +13,7 @@ from .core.errors import (
     ReservationConflict, ResourceExceedsCapacity, Retryable, SchedulerError, TaskFailed,
     UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
 )
+from .core.explain import Explanation, Reason
 from .core.snapshot import Checkpoint, GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
 from .core.types import AutoscaleConfig, Dep, Outcome, Priority, RetryPolicy, Status
 from .core.types import ResourceConfig as Resource
@@ -34,7 +35,8 @@ __all__ = [
     "Scheduler", "BlockingScheduler", "BlockingHandle", "BlockingEventStream", "Pool", "Task", "Dep", "RetryPolicy", "Priority", "Status", "Outcome", "Resource", "AutoscaleConfig",
     "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock", "SystemClock",
     "SqliteStore", "PostgresStore", "JsonCodec",
-    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "Checkpoint", "CheckpointError", "RecurringInfo",
+    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "Explanation", "Reason", "Checkpoint", "CheckpointError",
+    "RecurringInfo",
     "CronoqError", "SchedulerError", "StoreUnavailable", "LeaderUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
     "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",

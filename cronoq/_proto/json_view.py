@@ -106,6 +106,8 @@ def info_json(info: pb.TaskInfo) -> dict[str, Any]:
         out["tenant"] = info.tenant
     if info.tags:
         out["tags"] = dict(info.tags)
+    if info.labels:
+        out["labels"] = dict(sorted(info.labels.items()))
     out["output_available"] = info.output_available
     if info.message:
         out["message"] = info.message
@@ -122,6 +124,29 @@ def info_json(info: pb.TaskInfo) -> dict[str, Any]:
         out["stages"] = list(info.stages)
     if info.checkpoints:
         out["checkpoints"] = [checkpoint_json(c) for c in info.checkpoints]
+    return out
+
+
+def explanation_json(explanation: pb.Explanation) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": str(explanation.id), "status": STATUS_NAMES[explanation.status],
+                           "pool": explanation.pool}
+    if explanation.priority:
+        out["priority"] = PRIORITY_NAMES.get(explanation.priority, "normal")
+    if explanation.key:
+        out["key"] = explanation.key
+    if explanation.tenant:
+        out["tenant"] = explanation.tenant
+    out["summary"] = explanation.summary
+    out["waiting"] = bool(explanation.reasons)
+    if explanation.HasField("score"):
+        out["score"] = explanation.score
+    if explanation.HasField("position"):
+        out["position"] = explanation.position
+    out["queued"] = explanation.queued
+    out["reasons"] = [{"code": r.code, "message": r.message,
+                       "detail": JSON_DECODER.decode(r.detail_json) if r.detail_json else {}}
+                      for r in explanation.reasons]
+    out["at_unix_ns"] = str(explanation.at_unix_ns)
     return out
 
 
@@ -149,4 +174,4 @@ def snapshot_json(snap: pb.SnapshotResponse) -> dict[str, Any]:
 
 
 __all__ = ["STATUS_NAMES", "PRIORITY_NAMES", "OVERLAP_NAMES", "CONDITION_NAMES", "JSON_DECODER", "is_json",
-           "result_json", "checkpoint_json", "info_json", "ordered_totals", "snapshot_json"]
+           "result_json", "checkpoint_json", "info_json", "explanation_json", "ordered_totals", "snapshot_json"]

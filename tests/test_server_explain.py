@@ -2,8 +2,9 @@
 with real workers: one task waiting for each reason (dependencies, an awaited
 key, a fixed start, a retry backoff, worker labels, a resource, a held slot,
 fair share, a full pool, a pool without workers), explained alike over gRPC
-(cronoq.client), HTTP and the command line (cronoq explain), with Get's
-authorization (pool scope, tenant pinning) and Get's gains (labels, deps)."""
+(cronoq.client), HTTP, the command line (cronoq explain) and MCP's
+explain_task, with Get's authorization (pool scope, tenant pinning) and Get's
+gains (labels, deps)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from cronoq.client import BlockingClient, Client
 from clikit import cronoq as run_cronoq
 from clikit import err
 from httpkit import client as http_client
-from mcpkit import start_worker
+from mcpkit import start_worker, stdio_session, structured
 from serverkit import ADMIN, AUTH, CLIENT, LISTEN, METRICS, WORKER
 
 SCOPED = "scoped-client-token-0123456789abcd"
@@ -213,6 +214,22 @@ def test_every_reason_over_the_command_line(server, scenario):
     assert by_key.returncode == 0 and "- pool_full: No worker serves pool idle" in by_key.stdout.decode()
     missing = run_cronoq("explain", "999999999999", token=CLIENT, server=server.target)
     assert missing.returncode != 0 and "999999999999" in err(missing)
+
+
+@pytest.mark.asyncio
+async def test_every_reason_over_mcp(server, scenario):
+    pytest.importorskip("mcp")
+    async with stdio_session(server.target, ADMIN) as session:
+        explained = {}
+        for name, task in scenario.items():
+            answer = structured(await session.call_tool("explain_task", {"task": task}))
+            assert answer["task"]["id"] == task
+            explained[name] = {**answer, "status": answer["task"]["status"]}
+        _check_all(explained)
+        assert explained["share"]["pool"]["name"] == "busy" and explained["share"]["pool"]["busy"] == 4
+        child = structured(await session.call_tool("get_task", {"task": scenario["child"]}))
+        assert child["labels"] == {"zone": "eu"} and child["dependencies"] == [{"task": "explain-parent",
+                                                                               "on": "success"}]
 
 
 @pytest.mark.asyncio

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from ..core.snapshot import POOL_FIELDS, TOTAL_FIELDS
+from ..core.types import CLASSES
 from . import cronoq_pb2 as pb
 
 
@@ -161,7 +162,8 @@ _POOL_FIELDS = ("name", *(field.wire for field in POOL_FIELDS))
 
 def _pool_json(pool: pb.PoolSnapshot) -> dict[str, Any]:
     out = {name: getattr(pool, name) for name in _POOL_FIELDS}
-    out["pending_by_class"] = list(pool.pending_by_class)
+    # By class name, as in the Python snapshot, the client's and the MCP tools' (the wire's list is in class order).
+    out["pending_by_class"] = dict(zip(CLASSES, pool.pending_by_class))
     out["groups"] = [{"labels": dict(g.labels), "capacity": g.capacity, "busy": g.busy} for g in pool.groups]
     return out
 

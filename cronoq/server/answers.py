@@ -178,7 +178,7 @@ GROUP = Obj("WorkerGroup", {
 
 _KINDS = {"count": Integer, "number": Number, "seconds": Seconds}
 _POOL_NUMBERS: dict[str, Field] = {
-    field.wire: Array(Integer(), field.doc) if field.kind == "classes" else _KINDS[field.kind](field.doc)
+    field.wire: Map(Integer(), field.doc) if field.kind == "classes" else _KINDS[field.kind](field.doc)
     for field in POOL_FIELDS}
 
 POOL = Obj("PoolSnapshot", {

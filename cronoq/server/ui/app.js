@@ -346,7 +346,7 @@ function fillPoolCard(card, pool) {
   const secs = (x) => x < 1 ? (1000 * x).toFixed(0) + " ms" : x.toFixed(2) + " s";
   const fields = [
     ["capacity", pool.capacity], ["desired", pool.desired], ["busy", pool.busy], ["pending", pool.pending],
-    ...CLASSES.map((c, i) => ["pending " + c, pool.pending_by_class[i]]),
+    ...CLASSES.map((c) => ["pending " + c, pool.pending_by_class[c]]),
     ["wait p50", secs(pool.wait_p50_s)], ["wait p90", secs(pool.wait_p90_s)], ["wait p99", secs(pool.wait_p99_s)],
     ["workers", pool.workers_connected], ["priority adherence", pct(pool.priority_adherence)],
     ["fixed-start hits", pct(pool.fixed_start_hit_rate)], ["utilization", pct(pool.utilization)],

@@ -239,3 +239,24 @@ def test_positions_are_the_order_the_pool_dispatches_in(seed, fair):
         order.append(d.task_id)
         lease = d.lease
     assert order == predicted
+
+
+def test_a_fixed_start_waiting_for_a_slot_to_hold_says_so():
+    core = make_core(pool(initial=1))
+    occupy(core)
+    task = submit(core, 0, "job", start_in=10, tolerance=20)   # within its hold lead at once
+    run_to(core, S)   # (the hold is checked on the timer armed for now)
+    answer = explained(core, task, S)
+    assert codes(answer) == ["start_time", "hold"] and reason(answer, "hold").detail == {"held": False}
+    assert "no slot of its pool is free" in reason(answer, "hold").message
+
+
+def test_a_label_waiter_in_a_pool_without_a_free_slot_reports_both():
+    core = make_core(pool(initial=1))
+    core.set_group_capacity(0, "default", {"gpu": "a100"}, 1)
+    submit(core, 0, "gpu-1", labels={"gpu": "a100"})
+    waiter = submit(core, 0, "gpu-2", labels={"gpu": "a100"})   # label-parked: its group is busy
+    drain(core)
+    occupy(core)                                                 # and the unlabeled slot is taken
+    answer = explained(core, waiter)
+    assert codes(answer) == ["labels", "pool_full"]

@@ -146,6 +146,8 @@ def explain(core: Explained, ref: int | str, now: int) -> Explanation:
         elif e.where == W_LABEL:
             _labels(p, e, reasons, waiting=True)
             _hold(e, reasons)
+            if not (e.x is not None and e.x.hold):
+                _pool_full(p, reasons)
         elif e.where == W_DUE:
             _fixed_start(e, now, reasons)
             _hold(e, reasons)
@@ -213,6 +215,9 @@ def _hold(e: Entry, reasons: list[Reason]) -> None:
     x = e.x
     if x is not None and x.hold:
         reasons.append(Reason("hold", "A slot of its pool is held for its fixed start.", {"held": True}))
+    elif e.status is SCHEDULED and any(w is e for w in e.pool.hold_waiters):
+        reasons.append(Reason("hold", "Its fixed start is near, but no slot of its pool is free to hold for it "
+                                      "yet: it gets the first one that frees up.", {"held": False}))
 
 
 def _retry_at(core: Explained, e: Entry) -> int | None:

@@ -7,11 +7,12 @@
 Each round runs every benchmark once from the other tree and once from this
 one, in alternating order, so that the machine's noise falls on both alike.
 A benchmark script imports cronoq from its own tree (each puts its tree
-first on sys.path). Every output line that holds a number is a figure: its
-label is the line with the numbers blanked, its value the line's first
-number. The table gives each figure's median, min and max on both sides and
-the ratio of the medians (this tree / the other), with the commits and the
-load averages before and after.
+first on sys.path). A line is matched across runs by its text with the
+numbers blanked; the numbers that never change are parameters (put back in
+the label), the first that does is the line's figure. The table gives each
+figure's median, min and max on both sides and the ratio of the medians
+(this tree / the other), with the commits and the load averages before and
+after.
 """
 
 from __future__ import annotations
@@ -41,21 +42,36 @@ def commit_of(tree: Path) -> str:
     return out + (" + uncommitted changes" if dirty else "")
 
 
-def figures(output: str) -> dict[str, float]:
-    """label -> first number, for every line with a number (repeated labels numbered)."""
-    found: dict[str, float] = {}
+def figures(output: str) -> dict[str, list[float]]:
+    """label -> the numbers of every line that holds one (repeated labels numbered)."""
+    found: dict[str, list[float]] = {}
     for line in output.splitlines():
-        match = NUMBER.search(line)
-        if match is None:
+        numbers = [float(n.replace(",", "")) for n in NUMBER.findall(line)]
+        if not numbers:
             continue
         label = re.sub(r"\s+", " ", NUMBER.sub("#", line)).strip()
         while label in found:
             label += " (again)"
-        found[label] = float(match.group().replace(",", ""))
+        found[label] = numbers
     return found
 
 
-def run(tree: Path, bench: str, workdir: str) -> dict[str, float]:
+def figure(label: str, runs: list[list[float]]) -> tuple[str, int] | None:
+    """The label with the numbers that never change (parameters) put back, and
+    the place of the first number that does (the measurement), or None."""
+    if len({len(numbers) for numbers in runs}) != 1:
+        return None
+    varying = [i for i in range(len(runs[0])) if len({numbers[i] for numbers in runs}) > 1]
+    if not varying:
+        return None
+    parts = label.split("#")
+    text = parts[0]
+    for i, part in enumerate(parts[1:]):
+        text += ("<>" if i == varying[0] else "*" if i in varying else shown(runs[0][i])) + part
+    return text, varying[0]
+
+
+def run(tree: Path, bench: str, workdir: str) -> dict[str, list[float]]:
     script, *args = bench.split()
     done = subprocess.run([sys.executable, str(tree / "bench" / script), *args], cwd=workdir,
                           capture_output=True, text=True)
@@ -64,8 +80,12 @@ def run(tree: Path, bench: str, workdir: str) -> dict[str, float]:
     return figures(done.stdout)
 
 
+def shown(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):,.6g} ({min(values):,.6g}-{max(values):,.6g})"
+    return f"{shown(statistics.median(values))} ({shown(min(values))}-{shown(max(values))})"
 
 
 def main() -> int:
@@ -79,7 +99,7 @@ def main() -> int:
     for side, tree in trees.items():
         if not (tree / "cronoq" / "__init__.py").exists():
             parser.error(f"--{side} {tree}: not a cronoq source tree")
-    results: dict[tuple[str, str], dict[str, list[float]]] = {}
+    results: dict[tuple[str, str], dict[str, list[list[float]]]] = {}
     print(f"before: {trees['before']} at {commit_of(trees['before'])}")
     print(f"after:  {trees['after']} at {commit_of(trees['after'])}")
     print(f"load average at the start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
@@ -92,17 +112,23 @@ def main() -> int:
                         results.setdefault((bench, label), {"before": [], "after": []})[side].append(value)
             print(f"round {round_ + 1} of {args.rounds} done", file=sys.stderr)
     print(f"load average at the end: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
-    print(f"{args.rounds} rounds; median (min-max) on each side; ratio = after / before of the medians\n")
+    print(f"{args.rounds} rounds; median (min-max) on each side of the figure shown as <>; * marks other figures "
+          f"of the line; ratio = after / before of the medians\n")
     current = None
     for (bench, label), sides in results.items():
         if len(sides["before"]) != len(sides["after"]) or not sides["before"]:
-            continue   # a figure only one side prints
+            continue   # a line only one side prints
+        shown = figure(label, sides["before"] + sides["after"])
+        if shown is None:
+            continue   # a heading: nothing on it was measured
+        text, at = shown
+        before = [numbers[at] for numbers in sides["before"]]
+        after = [numbers[at] for numbers in sides["after"]]
         if bench != current:
             print(f"== {bench}")
             current = bench
-        before, after = statistics.median(sides["before"]), statistics.median(sides["after"])
-        ratio = f"{after / before:.3f}" if before else "-"
-        print(f"  {label}\n      before {spread(sides['before'])}   after {spread(sides['after'])}   ratio {ratio}")
+        ratio = statistics.median(after) / statistics.median(before) if statistics.median(before) else float("nan")
+        print(f"  {text}\n      before {spread(before)}   after {spread(after)}   ratio {ratio:.3f}")
     return 0
 
 

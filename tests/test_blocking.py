@@ -76,6 +76,8 @@ NO_TWIN = {
     "snapshot_from_thread": "likewise: BlockingScheduler.snapshot is built on it",
     "config": "read it on .scheduler: a plain attribute, safe from any thread",
     "leading": "read it on .scheduler (start() says so): a plain attribute, safe from any thread",
+    "epoch": "read it on .scheduler: the leader's term, a property safe from any thread",
+    "lost_reason": "read it on .scheduler: why the lead was lost, a property safe from any thread",
 }
 # Public members of BlockingScheduler alone, and why.
 FACADE_ONLY = {

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from cronoq.__main__ import main
+from cronoq.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -293,3 +293,25 @@ def test_readme_keeps_its_first_two_commands_and_links_the_docs():
     assert "## Documentation" in readme
     for name in ("docs/index.md", "docs/concepts.md", "docs/api.md", "docs/metrics.md", "docs/operations.md"):
         assert f"]({name})" in readme, name
+
+
+INSTALL = re.compile(r"""pip install (?:-q )?-e (?:\.(?=[\s`&]|$)|(["'])\.\[([^\]]*)\]\1)""")
+
+
+def test_every_install_line_names_extras_that_exist():
+    import tomllib
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    seen, unknown, bare = 0, [], []
+    for path in FILES:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for match in INSTALL.finditer(line):
+                seen += 1
+                unknown += [f"{rel(path)}:{number}: [{name}]" for name in (match.group(2) or "").split(",")
+                            if name and name.strip() not in extras]
+            # Our distribution is not on the package registry (README, Installing): only editable installs.
+            if re.search(r"pip install (-q )?[\"']?cronoq\b", line) and "would give you" not in line:
+                bare.append(f"{rel(path)}:{number}")
+    assert seen >= 15, "the install lines were not found"
+    assert not unknown, f"install lines naming extras pyproject.toml does not define: {unknown}"
+    assert not bare, f"install lines that would fetch another project's cronoq from the registry: {bare}"

@@ -170,7 +170,7 @@ def test_blocking_scheduler_on_a_sqlite_store(tmp_path):
 
 
 def test_the_demo_keeps_its_state_in_the_store_it_is_given(tmp_path, capsys):
-    from cronoq.__main__ import main
+    from cronoq.cli import main
 
     path = str(tmp_path / "demo.db")
     assert main(["demo", "--seconds", "0.3", "--speed", "0.2", "--no-live", "--store", path]) == 0
@@ -187,7 +187,7 @@ def test_the_demo_keeps_its_state_in_the_store_it_is_given(tmp_path, capsys):
 
 
 def test_the_demo_refuses_a_store_it_cannot_create_by_name(tmp_path, capsys):
-    from cronoq.__main__ import main
+    from cronoq.cli import main
 
     missing = tmp_path / "no-such-directory" / "demo.db"
     with pytest.raises(SystemExit) as exited:

@@ -21,10 +21,11 @@ if TYPE_CHECKING:
 __all__ = ["main", "ExitCode", "CliError", "Settings", "add_connection_arguments", "settings_from", "make_client"]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``cronoq ARGS`` (default: the process's arguments); returns the exit code."""
+def main(argv: Sequence[str] | None = None, prog: str = "cronoq") -> int:
+    """Run ``cronoq ARGS`` (default: the process's arguments); returns the exit code.
+    ``prog`` names the program in usage lines (``python -m cronoq`` is the same one)."""
     from .app import main as run
-    return run(argv)
+    return run(argv, prog)
 
 
 def make_client(settings: Settings) -> Client:

@@ -4,7 +4,6 @@ subcommands, the contributed ones (plugins.py), and the exit codes."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import Callable, Sequence
 
@@ -21,12 +20,13 @@ __all__ = ["main", "build_parser"]
 _ENDED_BY_INTERRUPT = {"watch", "top"}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``cronoq ARGS``; returns the exit code (docs/cli.md#exit-codes)."""
+def main(argv: Sequence[str] | None = None, prog: str = "cronoq") -> int:
+    """Run ``cronoq ARGS``; returns the exit code (docs/cli.md#exit-codes).
+    ``prog`` is the name usage lines give (``python -m cronoq`` runs it too)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
     out = Output()
     try:
-        parser = build_parser(_command_of(arguments))
+        parser = build_parser(_command_of(arguments), prog=prog)
     except CliError as exc:
         out.error(f"cronoq: {exc.message}")
         return exc.code
@@ -74,6 +74,8 @@ def _server_command(name: str) -> Callable[[argparse.Namespace], int]:
                 await connection.close()
 
         try:
+            import asyncio   # (not at start-up: --help and --version need no event loop)
+
             return asyncio.run(run())
         except BrokenPipeError:
             _quiet_stdout()
@@ -140,11 +142,12 @@ def _global_arguments(parser: argparse.ArgumentParser) -> None:
     add_connection_arguments(parser)
 
 
-def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
+def build_parser(chosen: str | None = None, prog: str = "cronoq") -> argparse.ArgumentParser:
     """The parser; ``chosen`` is the subcommand about to run (if a plugin's, its module is imported)."""
     parser = argparse.ArgumentParser(
-        prog="cronoq", description="The command line of cronoq-server: submit and follow tasks, look at "
-                                   "workers, schedules and pools, and watch it all live with `cronoq top`.",
+        prog=prog, description="The cronoq command line: see the scheduler at work with `cronoq demo`; "
+                               "drive a cronoq-server: submit and follow tasks, look at workers, schedules "
+                               "and pools, and watch it all live with `cronoq top`.",
         epilog="The token comes from $CRONOQ_TOKEN; exit codes and every option: docs/cli.md.")
     parser.add_argument("--version", action="version", version=f"cronoq {__version__}")
     _global_arguments(parser)

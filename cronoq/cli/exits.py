@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import enum
 
-from .. import errors
-
 __all__ = ["ExitCode", "exit_code_for", "CliError"]
 
 
@@ -32,6 +30,8 @@ class CliError(Exception):
 
 def exit_code_for(exc: BaseException) -> ExitCode:
     """The exit code of an exception raised by a call to the server."""
+    from .. import errors   # (not at start-up: it loads the stores' base and asyncio)
+
     if isinstance(exc, CliError):
         return exc.code
     if isinstance(exc, errors.AccessDenied):

@@ -36,7 +36,7 @@ class Plugin:
 
 
 PLUGINS: tuple[Plugin, ...] = (
-    Plugin("demo", "cronoq.__main__", "run a mixed workload through an in-process scheduler and report", None),
+    Plugin("demo", "cronoq.demo_cli", "run a mixed workload through an in-process scheduler and report", None),
     Plugin("mcp", "cronoq.mcp.cli", "serve the scheduler's tools to AI assistants (Model Context Protocol)", "mcp"),
     Plugin("simulate", "cronoq.whatif.cli", "what-if: replay a workload against other pool settings", "whatif"),
 )

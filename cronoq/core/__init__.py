@@ -4,14 +4,14 @@ Nothing here reads a clock, starts a thread or performs I/O; every call takes
 ``now`` in integer Unix nanoseconds. The asyncio runtime (``cronoq``) drives it.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .actions import Abort, Dispatch, Persist, Scale, StatusEvent
-from .engine import Core
 from .errors import (
     AdmissionError, CheckpointError, CronoqError, Cycle, EventsLagged, InvalidTask, Permanent, QueueFull,
     ReservationConflict, ResourceExceedsCapacity, Retryable, SchedulerError, TaskFailed,
     UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
 )
-from .explain import Explanation, Reason
 from .snapshot import Checkpoint, GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
 from .types import (
     BLOCKED, CANCELLED, CANCELLED_OUTCOME, CLASSES, DEAD_LETTERED, FAILED, MISSED, NS, PERMANENT,
@@ -19,6 +19,10 @@ from .types import (
     SUCCESS, TERMINAL, AutoscaleConfig, CoreConfig, Dep, PoolConfig, Priority, PriorityConfig,
     ResourceConfig, RetryPolicy, Outcome, Status, TaskSpec, UrgencyConfig,
 )
+
+if TYPE_CHECKING:
+    from .engine import Core
+    from .explain import Explanation, Reason
 
 __all__ = [
     "Core", "CoreConfig", "PoolConfig", "ResourceConfig", "AutoscaleConfig", "PriorityConfig",
@@ -33,3 +37,15 @@ __all__ = [
     "SUCCEEDED", "FAILED", "DEAD_LETTERED", "CANCELLED", "SKIPPED", "MISSED", "SHED", "SHUTDOWN",
     "SUCCESS", "RETRYABLE", "PERMANENT", "CANCELLED_OUTCOME",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The engine loads with its first use: the vocabulary and the types above
+    # are what a command line needs to parse its arguments.
+    if name == "Core":
+        from .engine import Core
+        return Core
+    if name in ("Explanation", "Reason"):
+        from . import explain
+        return getattr(explain, name)
+    raise AttributeError(f"module 'cronoq.core' has no attribute {name!r}")

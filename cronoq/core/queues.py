@@ -25,7 +25,7 @@ __all__ = ["Queued", "ReadyQueues"]
 
 
 class Queued(Protocol):
-    """What the queues read of a task (the engine's E): declared here so
+    """What the queues read of a task (the engine's Entry): declared here so
     that this module needs nothing from the one that declares tasks."""
 
     tag: float | None   # the fair-share start tag, written here

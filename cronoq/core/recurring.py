@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as _dt
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
 
 from .options import OVERLAP_POLICIES
 from .types import NS, TaskSpec
@@ -66,6 +65,8 @@ class CronSchedule:
         self.expr = " ".join(fields)
         self.tz = tz
         self._zone = _zone(tz)
+        from croniter import croniter   # (loaded with the first schedule: it costs 0.1 s to import)
+
         try:
             croniter(self.expr, _dt.datetime(2000, 1, 1), second_at_beginning=self._six).get_next(_dt.datetime)
         except Exception as exc:  # croniter raises several types for bad input
@@ -98,6 +99,8 @@ class CronSchedule:
         """The first occurrence strictly after ``after_ns`` (Unix ns), or None."""
         after = after_ns // NS
         start = self._wall(after) - _dt.timedelta(seconds=1)
+        from croniter import croniter
+
         it = croniter(self.expr, start, second_at_beginning=self._six)
         for _ in range(10_000):
             try:

@@ -34,7 +34,8 @@ from .base import Batch, ClusterStore, Fenced, StoreUnavailable, seconds
 from .cluster import channel_name
 from .migrate import upgrade
 from .schema import tables
-from .sql import SqlStore, Worker
+from .sql import SqlStore
+from .worker import Worker
 
 _T = TypeVar("_T")
 

@@ -58,7 +58,8 @@ from ..realtime import real_time_ns
 from .base import Batch, ClusterStore, Fenced, StoreUnavailable, seconds
 from .migrate import upgrade
 from .schema import tables
-from .sql import NS, SqlStore, fork_gate
+from .sql import NS, SqlStore
+from .worker import fork_gate
 
 __all__ = ["SqliteStore"]
 

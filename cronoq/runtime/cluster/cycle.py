@@ -14,7 +14,7 @@ from ...core.types import NS
 from ...realtime import real_time_ns
 from ...store.cluster import ClusterTransport, Incoming, Outgoing, Wants
 from ...store.codec import Codec
-from ...store.sql import Worker
+from ...store.worker import Worker
 from ..durability import EncodedPayloads
 from ..handle import TaskHandle
 from ..lifecycle import TaskGroup

@@ -11,8 +11,9 @@ queues the way ``ReadyQueues.take`` does, at ``now``, without taking anything.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 from . import timers as tm
 from .errors import UnknownTask
@@ -338,43 +339,45 @@ def _pool_full(p: PoolState, reasons: list[Reason]) -> None:
 # ---------------------------------------------------------------- the place in line
 
 
-def _sequences(p: PoolState, c: int) -> tuple[list[Entry], list[Entry]]:
-    """Class ``c``'s queued ready tasks in the order its two queues give them."""
+def _live(entries: Iterable[Entry]) -> Iterator[Entry]:
+    seen: set[int] = set()
+    for x in entries:
+        if x.status is READY and x.where == W_QUEUE and x.id not in seen:
+            seen.add(x.id)
+            yield x
+
+
+def _in_order(heap: list[tuple[Any, int, Entry]]) -> Iterator[Entry]:
+    """A queue heap's entries in order, popped from a copy (the queue is left as it is)."""
+    copy = list(heap)
+    while copy:
+        yield heapq.heappop(copy)[2]
+
+
+def _sequences(p: PoolState, c: int) -> tuple[Iterator[Entry], Iterator[Entry]]:
+    """Class ``c``'s queued ready tasks in the order its two queues give them
+    (lazily: finding a task near the head reads little of a long backlog)."""
     q = p.queues
-
-    def live(entries: Iterator[Entry]) -> list[Entry]:
-        seen: set[int] = set()
-        out = []
-        for x in entries:
-            if x.status is READY and x.where == W_QUEUE and x.id not in seen:
-                seen.add(x.id)
-                out.append(x)
-        return out
-
-    if q.fair is None:
-        first = live(iter(q.lanes[c]))
-    else:
-        first = live(item[2] for item in sorted(q.fair[c], key=lambda t: (t[0], t[1])))
-    deadlines = live(item[2] for item in sorted(q.deadlines[c], key=lambda t: (t[0], t[1])))
-    return first, deadlines
+    first = _live(q.lanes[c]) if q.fair is None else _live(_in_order(q.fair[c]))
+    return first, _live(_in_order(q.deadlines[c]))
 
 
 def _position(p: PoolState, e: Entry, now: int) -> int:
     """1 + how many queued tasks ``ReadyQueues.take`` would return before ``e`` at ``now``."""
     q = p.queues
-    heads: list[tuple[list[Entry], int]] = []
+    heads: list[tuple[Entry, Iterator[Entry]]] = []   # each queue's next task, and the rest
     for c in range(4):
         if q.count[c]:
             for seq in _sequences(p, c):
-                if seq:
-                    heads.append((seq, 0))
+                head = next(seq, None)
+                if head is not None:
+                    heads.append((head, seq))
     taken = 0
     while heads:
         best_i = -1
         best: Entry | None = None
         best_score = 0.0
-        for i, (seq, at) in enumerate(heads):
-            cand = seq[at]
+        for i, (cand, _) in enumerate(heads):
             s = q.score(cand, now)
             if best is None or s > best_score or (s == best_score and (cand.cls < best.cls or (
                     cand.cls == best.cls and cand.id < best.id))):
@@ -382,9 +385,10 @@ def _position(p: PoolState, e: Entry, now: int) -> int:
         if best is e:
             return taken + 1
         taken += 1
-        seq, at = heads[best_i]
-        if at + 1 < len(seq):
-            heads[best_i] = (seq, at + 1)
+        rest = heads[best_i][1]
+        following = next(rest, None)
+        if following is not None:
+            heads[best_i] = (following, rest)
         else:
             heads.pop(best_i)
     return taken + 1   # (not found: it is not in the queues)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:   # type checkers see every export at once; a program loads ea
         ReservationConflict, ResourceExceedsCapacity, Retryable, SchedulerError, TaskFailed,
         UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
     )
+    from .core.explain import Explanation, Reason
     from .core.snapshot import Checkpoint, GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
     from .core.types import AutoscaleConfig, Dep, Outcome, Priority, RetryPolicy, Status
     from .core.types import ResourceConfig as Resource
@@ -35,7 +36,8 @@ __all__ = [
     "Scheduler", "BlockingScheduler", "BlockingHandle", "BlockingEventStream", "Pool", "Task", "Dep", "RetryPolicy", "Priority", "Status", "Outcome", "Resource", "AutoscaleConfig",
     "TaskContext", "TaskHandle", "EventStream", "StatusEvent", "VirtualClock", "SystemClock",
     "SqliteStore", "PostgresStore", "JsonCodec",
-    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "Checkpoint", "CheckpointError", "RecurringInfo",
+    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "Explanation", "Reason", "Checkpoint", "CheckpointError",
+    "RecurringInfo",
     "CronoqError", "SchedulerError", "StoreUnavailable", "LeaderUnavailable", "StoreRejected", "Fenced", "TaskFailed", "Retryable",
     "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
@@ -67,6 +69,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "UnknownPool": (".core.errors", "UnknownPool"),
     "UnknownResource": (".core.errors", "UnknownResource"),
     "UnknownTask": (".core.errors", "UnknownTask"),
+    "Explanation": (".core.explain", "Explanation"),
+    "Reason": (".core.explain", "Reason"),
     "Checkpoint": (".core.snapshot", "Checkpoint"),
     "GroupSnapshot": (".core.snapshot", "GroupSnapshot"),
     "PoolSnapshot": (".core.snapshot", "PoolSnapshot"),

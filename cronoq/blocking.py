@@ -23,6 +23,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from .core.actions import StatusEvent
 from .core.errors import AdmissionError, SchedulerError
+from .core.explain import Explanation
 from .core.snapshot import Snapshot, TaskInfo
 from .core.types import CoreConfig, ResourceConfig, TaskSpec
 from .runtime.checkpoints import DEFAULT_MAX_CHECKPOINT_BYTES
@@ -476,6 +477,9 @@ class BlockingScheduler:
 
     def info(self, ref: int | str) -> TaskInfo:
         return self._portal_here().call(self._sched.info, ref)
+
+    def explain(self, ref: int | str) -> Explanation:
+        return self._portal_here().call(self._sched.explain, ref)
 
     def set_capacity(self, pool: str, capacity: int) -> None:
         self._portal_here().call(self._sched.set_capacity, pool, capacity)

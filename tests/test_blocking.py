@@ -198,6 +198,26 @@ def test_result_timeout_raises_builtin_timeout_error_while_the_task_keeps_runnin
         assert handle.result(timeout=10) == "v"
 
 
+def test_explain_says_why_a_task_waits_and_that_a_running_one_does_not(gate):
+    def slow(ctx, x):
+        assert gate.wait(10)
+        return x
+
+    with cronoq.BlockingScheduler([fixed("default", slow)]) as bs:
+        running = bs.submit("first")
+        queued = bs.submit("second", priority="low")
+        while bs.info(running.id).status != "running":
+            time.sleep(0.01)
+        assert bs.explain(running.id).reasons == ()
+        answer = bs.explain(queued.id)
+        assert (answer.status, answer.priority, answer.position) == ("ready", "low", 1)
+        assert [r.code for r in answer.reasons] == ["pool_full"]
+        with pytest.raises(cronoq.UnknownTask):
+            bs.explain(10**12)
+        gate.set()
+        assert queued.result(timeout=10) == "second"
+
+
 def test_many_threads_can_wait_on_one_handle(gate):
     def slow(ctx, x):
         assert gate.wait(10)

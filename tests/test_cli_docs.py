@@ -49,7 +49,7 @@ def _commands() -> list[list[str]]:
 def test_every_command_on_the_page_parses():
     commands = _commands()
     shown = {words[0] for words in commands}
-    assert {"submit", "get", "wait", "cancel", "tasks", "workers", "schedules", "schedule", "snapshot", "watch",
+    assert {"submit", "get", "explain", "wait", "cancel", "tasks", "workers", "schedules", "schedule", "snapshot", "watch",
             "top"} <= shown
     for words in commands:
         try:

@@ -236,6 +236,16 @@ def test_cancelling_a_running_task_from_its_drawer(browser, servers, workers):
         page.wait_for_selector(f'#task-table tr[data-id="{sub["id"]}"][data-status="running"]', timeout=WAIT_MS)
         page.click(f'#task-table tr[data-id="{sub["id"]}"]')
         page.wait_for_selector('#drawer-fields dd[data-field="status"]:text-is("running")', timeout=WAIT_MS)
+        assert page.locator("#drawer-why-part").is_hidden()   # a running task waits for nothing
+        # The one slot is taken: a second task's drawer says why it waits, from the server's explanation.
+        queued = http.post("/v1/tasks", json={"payload": {"n": 1}, "priority": "low"}).json()
+        page.click(f'#task-table tr[data-id="{queued["id"]}"]')
+        page.wait_for_selector('#drawer-reasons li[data-code="pool_full"]', timeout=WAIT_MS)
+        assert "1 of 1 busy" in page.locator('#drawer-reasons li[data-code="pool_full"]').inner_text()
+        assert "Number 1 of 1 in line" in page.locator("#drawer-why").inner_text()
+        page.click(f'#task-table tr[data-id="{sub["id"]}"]')
+        page.wait_for_selector('#drawer-fields dd[data-field="status"]:text-is("running")', timeout=WAIT_MS)
+        page.wait_for_selector("#drawer-why-part", state="hidden", timeout=WAIT_MS)
         page.click("#drawer-cancel")
         page.wait_for_selector("#drawer-message:text-is('cancelled')", timeout=WAIT_MS)
         page.wait_for_selector(f'#task-table tr[data-id="{sub["id"]}"][data-status="cancelled"]', timeout=WAIT_MS)

@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 import cronoq
 from cronoq.core.errors import SchedulerError
+from cronoq.core.explain import Explanation, Reason
 from cronoq.core.snapshot import TaskInfo
 from cronoq.runtime import operations as ops
 from cronoq.runtime.durability import EncodedPayloads
@@ -38,7 +40,7 @@ def answer_trip(op, answer):
 
 def test_every_operation_is_in_the_table_once_with_a_version():
     names = [name for name, _ in ops.OPERATIONS]
-    assert sorted(names) == sorted({"submit", "cancel", "info", "snapshot", "set_capacity", "set_group_capacity",
+    assert sorted(names) == sorted({"submit", "cancel", "info", "explain", "snapshot", "set_capacity", "set_group_capacity",
                                     "add_recurring", "remove_recurring", "checkpoint"})
     assert all(version == 1 for _, version in ops.OPERATIONS)
 
@@ -52,6 +54,9 @@ def test_arguments_and_answers_survive_the_trip():
     info = TaskInfo(3, "running", "default", "k", "default", 1, None, tenant="t")
     back = answer_trip(ops.INFO, info)
     assert (back.id, back.status, back.key, back.tenant) == (3, "running", "k", "t")
+    explanation = Explanation(3, "ready", "default", "high", "k", None, 1.5, "Ready.", 1000.0, 2, 4,
+                              (Reason("pool_full", "No free slot.", {"capacity": 1, "busy": 1}),))
+    assert trip(ops.EXPLAIN, 3) == 3 and answer_trip(ops.EXPLAIN, explanation) == explanation
     assert trip(ops.SET_CAPACITY, ("default", 3)) == ("default", 3)
     assert trip(ops.SET_GROUP_CAPACITY, ("default", {"gpu": "a"}, 2)) == ("default", {"gpu": "a"}, 2)
     template = cronoq.Task("p", deadline_in=2)
@@ -107,5 +112,30 @@ async def test_a_leader_answers_a_follower_that_sends_no_version_and_refuses_an_
         # The follower's own calls go through the table.
         assert (await follower.info("one")).status == "succeeded"
     finally:
+        await follower.shutdown()
+        await leader.shutdown()
+
+
+@pytest.mark.asyncio
+async def test_a_follower_explains_a_task_through_the_leader(sqlite_backend):
+    work = Work()
+    leader = cronoq.Scheduler([pool(work, capacity=1)], store=sqlite_backend.store())
+    await leader.start()
+    follower = cronoq.Scheduler([pool(Work(), capacity=1)], store=sqlite_backend.store())
+    await follower.start()
+    try:
+        assert leader.leading and not follower.leading
+        await leader.submit({"op": "block"}, key="holder")
+        await work.running.wait()
+        await follower.submit({"name": "queued"}, key="queued")
+        explained = await follower.explain("queued")
+        assert (explained.status, explained.position) == ("ready", 1)
+        assert [r.code for r in explained.reasons] == ["pool_full"]
+        direct = await leader.explain("queued")
+        assert dataclasses.replace(explained, at=0, score=0) == dataclasses.replace(direct, at=0, score=0)
+        with pytest.raises(cronoq.UnknownTask):
+            await follower.explain("nothing-by-this-key")
+    finally:
+        work.release.set()
         await follower.shutdown()
         await leader.shutdown()

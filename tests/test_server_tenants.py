@@ -103,6 +103,11 @@ async def test_a_pinned_credential_sees_and_changes_only_its_tenants_tasks(serve
     code, _ = await code_of(tasks.Get(pb.GetRequest(task=by_id(theirs)), metadata=acme))
     assert code == grpc.StatusCode.NOT_FOUND
     assert (await tasks.Get(pb.GetRequest(task=by_id(mine)), metadata=acme)).status == pb.TASK_STATUS_CANCELLED
+    # Explain answers from the store's record too: its status, nothing holding it back.
+    explained = await tasks.Explain(pb.ExplainRequest(task=by_id(mine)), metadata=acme)
+    assert (explained.status, explained.tenant, list(explained.reasons)) == (pb.TASK_STATUS_CANCELLED, "acme", [])
+    code, _ = await code_of(tasks.Explain(pb.ExplainRequest(task=by_id(theirs)), metadata=acme))
+    assert code == grpc.StatusCode.NOT_FOUND
     listed = await tasks.ListTasks(pb.ListTasksRequest(), metadata=acme)
     assert [info.id for info in listed.tasks] == [mine]
     await channel.close()

@@ -14,6 +14,7 @@ import typing
 import pytest
 
 import cronoq
+from cronoq.core.explain import REASONS
 from cronoq.core.options import (
     CLASSES, CONDITIONS, MISS_POLICIES, OPTIONS, OVERLAP_POLICIES, RETRY_DEFAULTS, RETRY_FIELDS, TASK_OPTIONS,
     WIRE_ORDER,
@@ -80,6 +81,7 @@ def test_the_mcp_tools_take_the_declared_options_lists_and_defaults():
     assert typing.get_args(models.MissPolicyName) == MISS_POLICIES
     assert typing.get_args(models.ConditionName) == CONDITIONS
     assert typing.get_args(models.OverlapName) == OVERLAP_POLICIES
+    assert typing.get_args(models.ReasonCode) == REASONS
     assert {name: f.default for name, f in models.RetryInput.model_fields.items()} == RETRY_DEFAULTS
     assert list(models.PoolView.model_fields) == ["name", *(f.wire for f in POOL_FIELDS), "groups"]
     timeout = models.TaskInput.model_json_schema()["properties"]["timeout"]["anyOf"][0]

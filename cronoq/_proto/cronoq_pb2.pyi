@@ -260,8 +260,15 @@ class GetRequest(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "max_attempts", "message", "output_available", "created_unix_ns", "started_unix_ns", "finished_unix_ns", "priority", "tenant", "tags", "deps", "attempts", "stages", "checkpoints")
+    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "max_attempts", "message", "output_available", "created_unix_ns", "started_unix_ns", "finished_unix_ns", "priority", "tenant", "tags", "deps", "attempts", "stages", "checkpoints", "labels")
     class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +294,7 @@ class TaskInfo(_message.Message):
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: TaskStatus
     pool: str
@@ -306,7 +314,8 @@ class TaskInfo(_message.Message):
     attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
     stages: _containers.RepeatedScalarFieldContainer[str]
     checkpoints: _containers.RepeatedCompositeFieldContainer[StageCheckpoint]
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., message: _Optional[str] = ..., output_available: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., stages: _Optional[_Iterable[str]] = ..., checkpoints: _Optional[_Iterable[_Union[StageCheckpoint, _Mapping]]] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., message: _Optional[str] = ..., output_available: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., stages: _Optional[_Iterable[str]] = ..., checkpoints: _Optional[_Iterable[_Union[StageCheckpoint, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Attempt(_message.Message):
     __slots__ = ("attempt", "status", "message", "started_unix_ns", "ended_unix_ns")
@@ -335,6 +344,50 @@ class StageCheckpoint(_message.Message):
     attempt: int
     saved_unix_ns: int
     def __init__(self, stage: _Optional[str] = ..., data: _Optional[bytes] = ..., content_type: _Optional[str] = ..., attempt: _Optional[int] = ..., saved_unix_ns: _Optional[int] = ...) -> None: ...
+
+class ExplainRequest(_message.Message):
+    __slots__ = ("task",)
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    task: TaskRef
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
+
+class WaitReason(_message.Message):
+    __slots__ = ("code", "message", "detail_json")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_JSON_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    detail_json: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., detail_json: _Optional[str] = ...) -> None: ...
+
+class Explanation(_message.Message):
+    __slots__ = ("id", "status", "pool", "priority", "key", "tenant", "summary", "score", "position", "queued", "reasons", "at_unix_ns")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    status: TaskStatus
+    pool: str
+    priority: Priority
+    key: str
+    tenant: str
+    summary: str
+    score: float
+    position: int
+    queued: int
+    reasons: _containers.RepeatedCompositeFieldContainer[WaitReason]
+    at_unix_ns: int
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., priority: _Optional[_Union[Priority, str]] = ..., key: _Optional[str] = ..., tenant: _Optional[str] = ..., summary: _Optional[str] = ..., score: _Optional[float] = ..., position: _Optional[int] = ..., queued: _Optional[int] = ..., reasons: _Optional[_Iterable[_Union[WaitReason, _Mapping]]] = ..., at_unix_ns: _Optional[int] = ...) -> None: ...
 
 class WaitRequest(_message.Message):
     __slots__ = ("task", "timeout_s")

@@ -69,6 +69,11 @@ class TasksStub:
                 request_serializer=cronoq_dot___proto_dot_cronoq__pb2.WatchRequest.SerializeToString,
                 response_deserializer=cronoq_dot___proto_dot_cronoq__pb2.StatusEvent.FromString,
                 _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/cronoq.v1.Tasks/Explain',
+                request_serializer=cronoq_dot___proto_dot_cronoq__pb2.ExplainRequest.SerializeToString,
+                response_deserializer=cronoq_dot___proto_dot_cronoq__pb2.Explanation.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -116,6 +121,12 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Explain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +164,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=cronoq_dot___proto_dot_cronoq__pb2.WatchRequest.FromString,
                     response_serializer=cronoq_dot___proto_dot_cronoq__pb2.StatusEvent.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=cronoq_dot___proto_dot_cronoq__pb2.ExplainRequest.FromString,
+                    response_serializer=cronoq_dot___proto_dot_cronoq__pb2.Explanation.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +360,33 @@ class Tasks:
             '/cronoq.v1.Tasks/Watch',
             cronoq_dot___proto_dot_cronoq__pb2.WatchRequest.SerializeToString,
             cronoq_dot___proto_dot_cronoq__pb2.StatusEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.Tasks/Explain',
+            cronoq_dot___proto_dot_cronoq__pb2.ExplainRequest.SerializeToString,
+            cronoq_dot___proto_dot_cronoq__pb2.Explanation.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from ..core.snapshot import POOL_FIELDS, TOTAL_FIELDS
+from ..core.types import CLASSES
 from . import cronoq_pb2 as pb
 
 
@@ -106,6 +107,8 @@ def info_json(info: pb.TaskInfo) -> dict[str, Any]:
         out["tenant"] = info.tenant
     if info.tags:
         out["tags"] = dict(info.tags)
+    if info.labels:
+        out["labels"] = dict(sorted(info.labels.items()))
     out["output_available"] = info.output_available
     if info.message:
         out["message"] = info.message
@@ -125,6 +128,29 @@ def info_json(info: pb.TaskInfo) -> dict[str, Any]:
     return out
 
 
+def explanation_json(explanation: pb.Explanation) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": str(explanation.id), "status": STATUS_NAMES[explanation.status],
+                           "pool": explanation.pool}
+    if explanation.priority:
+        out["priority"] = PRIORITY_NAMES.get(explanation.priority, "normal")
+    if explanation.key:
+        out["key"] = explanation.key
+    if explanation.tenant:
+        out["tenant"] = explanation.tenant
+    out["summary"] = explanation.summary
+    out["waiting"] = bool(explanation.reasons)
+    if explanation.HasField("score"):
+        out["score"] = explanation.score
+    if explanation.HasField("position"):
+        out["position"] = explanation.position
+    out["queued"] = explanation.queued
+    out["reasons"] = [{"code": r.code, "message": r.message,
+                       "detail": JSON_DECODER.decode(r.detail_json) if r.detail_json else {}}
+                      for r in explanation.reasons]
+    out["at_unix_ns"] = str(explanation.at_unix_ns)
+    return out
+
+
 def ordered_totals(totals: Any) -> dict[str, int]:
     """The snapshot's totals in the documented order (a map on the wire has none), others after by name."""
     known = [name for name in TOTAL_FIELDS if name in totals]
@@ -136,7 +162,8 @@ _POOL_FIELDS = ("name", *(field.wire for field in POOL_FIELDS))
 
 def _pool_json(pool: pb.PoolSnapshot) -> dict[str, Any]:
     out = {name: getattr(pool, name) for name in _POOL_FIELDS}
-    out["pending_by_class"] = list(pool.pending_by_class)
+    # By class name, as in the Python snapshot, the client's and the MCP tools' (the wire's list is in class order).
+    out["pending_by_class"] = dict(zip(CLASSES, pool.pending_by_class))
     out["groups"] = [{"labels": dict(g.labels), "capacity": g.capacity, "busy": g.busy} for g in pool.groups]
     return out
 
@@ -149,4 +176,4 @@ def snapshot_json(snap: pb.SnapshotResponse) -> dict[str, Any]:
 
 
 __all__ = ["STATUS_NAMES", "PRIORITY_NAMES", "OVERLAP_NAMES", "CONDITION_NAMES", "JSON_DECODER", "is_json",
-           "result_json", "checkpoint_json", "info_json", "ordered_totals", "snapshot_json"]
+           "result_json", "checkpoint_json", "info_json", "explanation_json", "ordered_totals", "snapshot_json"]

@@ -173,6 +173,11 @@ def build_parser(chosen: str | None = None, prog: str = "cronoq") -> argparse.Ar
 
     p = command("get", "show a task", "Show a task, by id or by --key.")
     _ref_arguments(p)
+    p = command("explain", "say why a task waits",
+                "Say why a task is not running yet, from the leader's engine: its dispatch score, its place in "
+                "its pool's line and every reason it waits (dependencies, awaited keys, start times and "
+                "retry backoffs, worker labels, resources, held slots, fair share, a full pool).")
+    _ref_arguments(p)
     p = command("wait", "wait for a task and print its output",
                 "Wait until a task finished and print its output: unchanged when standard output is a file "
                 "or a pipe, with control characters escaped on a terminal. Exit 4 if it did not succeed.")

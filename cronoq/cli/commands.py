@@ -17,12 +17,13 @@ from .._proto import cronoq_pb2 as pb
 from ..client import wire
 from ..errors import SchedulerError, ServerError
 from .exits import CliError, ExitCode
-from .._proto.json_view import info_json as task_json, ordered_totals, result_json, snapshot_json
+from .._proto.json_view import (explanation_json, info_json as task_json, ordered_totals, result_json,
+                                snapshot_json)
 from .output import (PRIORITY_NAMES, STATUS_NAMES, Output, age, event_json, iso_ns, schedule_json, worker_health,
                      worker_json)
 from .remote import Connection
 
-__all__ = ["submit", "get", "wait", "cancel", "tasks", "workers", "schedules", "schedule", "snapshot", "watch",
+__all__ = ["submit", "get", "explain", "wait", "cancel", "tasks", "workers", "schedules", "schedule", "snapshot", "watch",
            "wait_for", "split_list", "status_values"]
 
 _STATUS_VALUES = {name: cast("pb.TaskStatus", pb.TaskStatus.Value("TASK_STATUS_" + name.upper()))
@@ -189,6 +190,26 @@ async def get(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     rows.append(("message", out.field(info.message) if info.message else "-"))
     for name, value in rows:
         out.line(f"{name.ljust(9)}{value}")
+    return ExitCode.OK
+
+
+async def explain(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    explanation = await conn.explain(_ref(args))
+    document = explanation_json(explanation)
+    if _json_wanted(args):
+        out.json(document)
+        return ExitCode.OK
+    out.line(out.field(explanation.summary))
+    rows = [("id", document["id"]), ("status", document["status"]), ("pool", out.field(explanation.pool)),
+            ("priority", document.get("priority", "-"))]
+    if "score" in document:
+        rows.append(("score", f"{explanation.score:.1f}"))
+    if "position" in document:
+        rows.append(("position", f"{explanation.position} of {explanation.queued} queued"))
+    for name, value in rows:
+        out.line(f"{name.ljust(9)}{value}")
+    for reason in document["reasons"]:
+        out.line(f"- {reason['code']}: {out.field(reason['message'])}")
     return ExitCode.OK
 
 

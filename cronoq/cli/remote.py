@@ -62,6 +62,10 @@ class Connection:
         request = pb.GetRequest(task=wire.ref_message(ref))
         return await self.call(lambda: self.tasks.Get(request, metadata=self.metadata), ref)
 
+    async def explain(self, ref: int | str) -> pb.Explanation:
+        request = pb.ExplainRequest(task=wire.ref_message(ref))
+        return await self.call(lambda: self.tasks.Explain(request, metadata=self.metadata), ref)
+
     async def wait_once(self, ref: int | str, timeout: float | None) -> pb.TaskResult:
         request = pb.WaitRequest(task=wire.ref_message(ref))
         if timeout is not None:

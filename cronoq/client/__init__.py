@@ -1,6 +1,6 @@
 """cronoq.client: talk to a cronoq-server (extra ``cronoq[client]``).
 
-``Client`` submits tasks and follows them (submit, submit_batch, get, wait,
+``Client`` submits tasks and follows them (submit, submit_batch, get, explain, wait,
 cancel, list, watch, and the admin calls); ``Worker`` serves a pool from this
 process, speaking worker protocol version ``PROTOCOL_VERSION`` (3). Handlers
 raise ``cronoq.Retryable``, ``cronoq.Permanent``, ``Reject`` or
@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING, Any
 from .._proto import PROTOCOL_VERSION
 from ..core.errors import Permanent, Retryable
 from ..errors import AccessDenied, CancelTask, Reject, ServerError
-from .client import AttemptInfo, Client, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo
+from .client import (
+    AttemptInfo, Client, Explanation, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WaitReason, WorkerInfo,
+)
 
 if TYPE_CHECKING:
     from .blocking import BlockingClient
     from .worker import Lease, Worker
 
 __all__ = ["Client", "BlockingClient", "Worker", "Lease", "Reject", "CancelTask", "Retryable", "Permanent",
-           "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "TaskPage", "WorkerInfo", "ScheduleInfo", "ServerError",
+           "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "Explanation", "WaitReason", "TaskPage", "WorkerInfo", "ScheduleInfo", "ServerError",
            "AccessDenied", "PROTOCOL_VERSION"]
 
 

@@ -16,7 +16,7 @@ from typing import Any, Coroutine, Iterable, Mapping, TypeVar
 import grpc
 
 from ..core.types import TaskSpec
-from .client import Client, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo
+from .client import Client, Explanation, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo
 
 __all__ = ["BlockingClient"]
 
@@ -50,6 +50,9 @@ class BlockingClient:
 
     def get(self, ref: int | str) -> TaskInfo:
         return self._run(self._client.get(ref))
+
+    def explain(self, ref: int | str) -> Explanation:
+        return self._run(self._client.explain(ref))
 
     def wait(self, ref: int | str, timeout: float | None = None) -> TaskResult:
         return self._run(self._client.wait(ref, timeout))

@@ -17,11 +17,14 @@ from ..core.snapshot import POOL_FIELDS, Checkpoint
 from ..core.types import CLASSES, NS, STATUSES, TaskSpec
 from . import wire
 
-__all__ = ["Client", "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "TaskPage", "WorkerInfo", "ScheduleInfo"]
+__all__ = ["Client", "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "TaskPage", "WorkerInfo", "ScheduleInfo",
+           "Explanation", "WaitReason"]
 
 T = TypeVar("T")
 _PRIORITIES = {pb.PRIORITY_CRITICAL: "critical", pb.PRIORITY_HIGH: "high", pb.PRIORITY_NORMAL: "normal",
                pb.PRIORITY_LOW: "low", pb.PRIORITY_UNSPECIFIED: "normal"}
+_CONDITIONS = {pb.EDGE_COND_UNSPECIFIED: "success", pb.EDGE_COND_ON_SUCCESS: "success",
+               pb.EDGE_COND_ON_FAILURE: "failure", pb.EDGE_COND_ON_COMPLETE: "complete"}
 _OVERLAP = {"skip": pb.OVERLAP_SKIP, "allow": pb.OVERLAP_ALLOW, "queue": pb.OVERLAP_QUEUE,
             "queue_on_success": pb.OVERLAP_QUEUE_ON_SUCCESS}
 
@@ -120,14 +123,63 @@ class TaskInfo:
     stages: list[str] | None = None   # as declared
     checkpoints: list[Checkpoint] = field(default_factory=list)   # from get() only, in stage order
     attempts: list[AttemptInfo] = field(default_factory=list)     # the latest ones, oldest first
+    labels: dict[str, str] = field(default_factory=dict)          # the worker labels it asked for
+    deps: list[tuple[int | str, str]] = field(default_factory=list)   # (id or key, condition), as submitted
 
     @classmethod
     def _from(cls, m: pb.TaskInfo) -> TaskInfo:
+        deps: list[tuple[int | str, str]] = [
+            (d.ref.id if d.ref.WhichOneof("ref") == "id" else d.ref.key, _CONDITIONS.get(d.cond, "success"))
+            for d in m.deps]
         return cls(m.id, _status(m.status), m.pool, m.key or None, m.kind, m.attempt, m.max_attempts,
                    m.message or None, m.output_available, _PRIORITIES.get(m.priority, "normal"), m.tenant or None,
                    dict(m.tags), _seconds(m, "created_unix_ns"), _seconds(m, "started_unix_ns"),
                    _seconds(m, "finished_unix_ns"), list(m.stages) or None,
-                   [checkpoint_from(c) for c in m.checkpoints], [AttemptInfo._from(a) for a in m.attempts])
+                   [checkpoint_from(c) for c in m.checkpoints], [AttemptInfo._from(a) for a in m.attempts],
+                   dict(sorted(m.labels.items())), deps)
+
+
+@dataclass(frozen=True)
+class WaitReason:
+    """One reason a task is not running yet: ``code`` (dependencies,
+    awaiting_key, start_time, labels, resource, hold, fair_share, pool_full,
+    next), a sentence, and its figures (docs/server.md lists them)."""
+
+    code: str
+    message: str
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a task waits, from the leader's engine (``Client.explain``).
+    ``score`` and ``position`` (1: next to start) are set while it is ready in
+    its pool's queues; ``queued`` counts those; ``at`` is Unix seconds."""
+
+    id: int
+    status: str
+    pool: str
+    priority: str | None
+    key: str | None
+    tenant: str | None
+    summary: str
+    score: float | None
+    position: int | None
+    queued: int
+    reasons: list[WaitReason]
+    at: float
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self.reasons)
+
+    @classmethod
+    def _from(cls, m: pb.Explanation) -> Explanation:
+        reasons = [WaitReason(r.code, r.message, json.loads(r.detail_json) if r.detail_json else {})
+                   for r in m.reasons]
+        return cls(m.id, _status(m.status), m.pool, _PRIORITIES[m.priority] if m.priority else None,
+                   m.key or None, m.tenant or None, m.summary, m.score if m.HasField("score") else None,
+                   m.position if m.HasField("position") else None, m.queued, reasons, m.at_unix_ns / NS)
 
 
 def checkpoint_from(m: pb.StageCheckpoint) -> Checkpoint:
@@ -270,6 +322,14 @@ class Client:
         request = pb.GetRequest(task=wire.ref_message(ref))
         tasks, _ = self._stubs()
         return TaskInfo._from(await self._call(lambda: tasks.Get(request, metadata=self._metadata), ref))
+
+    async def explain(self, ref: int | str) -> Explanation:
+        """Why the task with this id or key waits: its score, its place in its
+        pool's line and every reason it is not running (see ``Explanation``);
+        ``UnknownTask`` as for ``get``."""
+        request = pb.ExplainRequest(task=wire.ref_message(ref))
+        tasks, _ = self._stubs()
+        return Explanation._from(await self._call(lambda: tasks.Explain(request, metadata=self._metadata), ref))
 
     async def wait(self, ref: int | str, timeout: float | None = None) -> TaskResult:
         """Wait until the task finished (at most ``timeout`` seconds, capped by

@@ -22,12 +22,13 @@ from .types import (
 
 if TYPE_CHECKING:
     from .engine import Core
+    from .explain import Explanation, Reason
 
 __all__ = [
     "Core", "CoreConfig", "PoolConfig", "ResourceConfig", "AutoscaleConfig", "PriorityConfig",
     "UrgencyConfig", "TaskSpec", "Dep", "RetryPolicy", "Priority",
     "Dispatch", "Abort", "StatusEvent", "Persist", "Scale",
-    "Snapshot", "PoolSnapshot", "GroupSnapshot", "TaskInfo", "Checkpoint", "CheckpointError",
+    "Snapshot", "PoolSnapshot", "Explanation", "Reason", "GroupSnapshot", "TaskInfo", "Checkpoint", "CheckpointError",
     "CronoqError", "SchedulerError", "TaskFailed", "Retryable", "Permanent", "EventsLagged",
     "UnknownTask", "AdmissionError", "ReservationConflict", "Cycle", "UnknownDependency",
     "UnknownPool", "UnknownResource", "ResourceExceedsCapacity", "QueueFull", "InvalidTask",
@@ -44,4 +45,7 @@ def __getattr__(name: str) -> Any:
     if name == "Core":
         from .engine import Core
         return Core
+    if name in ("Explanation", "Reason"):
+        from . import explain
+        return getattr(explain, name)
     raise AttributeError(f"module 'cronoq.core' has no attribute {name!r}")

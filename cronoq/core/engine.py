@@ -23,6 +23,7 @@ from .errors import (
     AdmissionError, Cycle, InvalidTask, QueueFull, ReservationConflict, ResourceExceedsCapacity,
     SchedulerError, UnknownDependency, UnknownPool, UnknownResource, UnknownTask,
 )
+from .explain import Explanation, explain
 from .invariants import check_invariants
 from .metrics import Histogram, bucket_of
 from .model import (
@@ -397,6 +398,10 @@ class Core:
         task_id = ref if isinstance(ref, int) else self.keys[ref]
         status, pool, key, kind, attempt, message, tenant = record
         return TaskInfo(task_id, Status(status), pool, key, kind, attempt, message, tenant=tenant)
+
+    def explain(self, ref: int | str, now: int) -> Explanation:
+        """Why task ``ref`` waits (read-only; see ``cronoq.core.explain``)."""
+        return explain(self, ref, now)
 
     def check_invariants(self) -> None:
         """Assert the engine's internal consistency (tests call this after every step)."""

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 from .cli import main
 
 if TYPE_CHECKING:
-    from .explain import Memory
     from .server import build_server
 
-__all__ = ["build_server", "Memory", "main"]
+__all__ = ["build_server", "main"]
 
 
 def __getattr__(name: str) -> Any:
@@ -26,7 +25,4 @@ def __getattr__(name: str) -> Any:
     if name == "build_server":
         from .server import build_server
         return build_server
-    if name == "Memory":
-        from .explain import Memory
-        return Memory
     raise AttributeError(f"module 'cronoq.mcp' has no attribute {name!r}")

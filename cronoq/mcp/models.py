@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..client import Explanation as ClientExplanation
 from ..client import ScheduleInfo, TaskInfo, TaskResult, WorkerInfo
 from ..core.options import RETRY_FIELDS, TASK_OPTIONS, option
 from ..core.snapshot import POOL_FIELDS
@@ -24,8 +25,8 @@ from ..core.snapshot import POOL_FIELDS
 __all__ = ["PriorityName", "StatusName", "TaskRef", "RetryInput", "DepInput", "TaskInput", "TaskView",
            "ResultView", "SubmitAnswer", "BatchAnswer", "CancelAnswer", "TaskPageView", "WorkerView",
            "ScheduleView", "WorkerList", "ScheduleList", "ScheduleAdded", "ScheduleRemoved", "GroupView",
-           "PoolView", "SnapshotView", "TaskDetail", "PoolDetail", "DeadLetters", "DependencyView", "Explanation",
-           "payload_bytes", "task_view", "result_view", "worker_view", "schedule_view", "pool_view",
+           "PoolView", "SnapshotView", "TaskDetail", "PoolDetail", "DeadLetters", "DependencyView", "AttemptView", "ReasonView",
+           "Explanation", "payload_bytes", "task_view", "explanation_view", "result_view", "worker_view", "schedule_view", "pool_view",
            "snapshot_view", "unix"]
 
 # Literal types for the models' schemas (static, for type checkers); tests/test_vocabulary.py holds each to
@@ -36,6 +37,8 @@ StatusName = Literal["blocked", "scheduled", "ready", "running", "retrying", "su
 OverlapName = Literal["skip", "allow", "queue", "queue_on_success"]
 MissPolicyName = Literal["run_late", "skip", "fail"]
 ConditionName = Literal["success", "failure", "complete"]
+ReasonCode = Literal["dependencies", "awaiting_key", "start_time", "labels", "resource", "hold", "fair_share",
+                     "pool_full", "next"]
 
 # ---------------------------------------------------------------- arguments
 # The task options' descriptions and bounds come from the task vocabulary (cronoq.core.options).
@@ -172,6 +175,22 @@ def unix(seconds: float | None) -> _dt.datetime | None:
     return None if seconds is None else _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc)
 
 
+class DependencyView(BaseModel):
+    """A dependency as submitted."""
+
+    task: int | str = Field(description="The task depended on: its id, or its key.")
+    on: ConditionName = Field(description="When the dependent may run: once it succeeded, failed, or ended.")
+
+
+class AttemptView(BaseModel):
+    attempt: int
+    status: StatusName | None = Field(description="How it ended (retrying, succeeded, failed...); null while it "
+                                                  "runs.")
+    message: str | None = Field(description="Why it failed, when it did.")
+    started: _dt.datetime | None
+    ended: _dt.datetime | None
+
+
 class TaskView(BaseModel):
     """A task as the server knows it (fields other than id and status are best effort)."""
 
@@ -190,6 +209,9 @@ class TaskView(BaseModel):
     message: str | None = Field(description="Why it failed, was cancelled or skipped.")
     output_available: bool = Field(description="Whether its output can still be read (wait_task).")
     tags: dict[str, str]
+    labels: dict[str, str] = Field(description="The worker labels it asked for (a worker must carry them all).")
+    dependencies: list[DependencyView] = Field(description="What it depends on (after and deps), as submitted.")
+    attempts: list[AttemptView] = Field(description="Its attempts the server saw, oldest first (the latest 32).")
     created: _dt.datetime | None
     started: _dt.datetime | None = Field(description="When its latest attempt started.")
     finished: _dt.datetime | None
@@ -203,7 +225,12 @@ def task_view(info: TaskInfo) -> TaskView:
     return TaskView(id=info.id, status=cast(StatusName, info.status), pool=info.pool, key=info.key, kind=info.kind,
                     priority=cast(PriorityName, info.priority), tenant=info.tenant, attempt=info.attempt,
                     max_attempts=info.max_attempts, message=info.message, output_available=info.output_available,
-                    tags=info.tags, created=unix(info.created), started=unix(info.started),
+                    tags=info.tags, labels=info.labels,
+                    dependencies=[DependencyView(task=ref, on=cast(ConditionName, on)) for ref, on in info.deps],
+                    attempts=[AttemptView(attempt=a.attempt, status=cast("StatusName | None", a.status),
+                                          message=a.message, started=unix(a.started), ended=unix(a.ended))
+                              for a in info.attempts],
+                    created=unix(info.created), started=unix(info.started),
                     finished=unix(info.finished), stages=info.stages,
                     completed_stages=[c.stage for c in info.checkpoints] if info.stages else None)
 
@@ -396,28 +423,37 @@ class DeadLetters(BaseModel):
     complete: bool = Field(description="False when the scan stopped before the newest ones.")
 
 
-class DependencyView(BaseModel):
-    task: int | str
-    on: str = Field(description="The condition: success, failure or complete.")
-    status: str | None = Field(description="Its status now; null when the server does not know it.")
+class ReasonView(BaseModel):
+    """One reason a task is not running yet."""
+
+    code: ReasonCode = Field(description=(
+        "dependencies (unfinished parents), awaiting_key (a key no task has yet), start_time (a fixed start "
+        "or a retry backoff to wait out), labels (no free worker carries its labels), resource (units other "
+        "tasks hold), hold (a slot is held for its fixed start), fair_share (its tenant had more than its "
+        "share), pool_full (no free slot), next (nothing: it starts at the next dispatch)."))
+    message: str = Field(description="The reason in a sentence.")
+    detail: dict[str, Any] = Field(description="Its figures: which parents and their status, labels asked and "
+                                               "the matching worker groups, resource units asked and free, "
+                                               "times (Unix seconds)...")
 
 
 class Explanation(BaseModel):
-    """Why a task is (or is not) waiting, from what the server's API shows."""
+    """Why a task is (or is not) waiting, from the leader's engine."""
 
     task: TaskView
-    waiting: bool = Field(description="True while it is blocked, scheduled, ready or retrying.")
-    summary: str = Field(description="The main reason, in one sentence.")
-    reasons: list[str] = Field(description="Everything that holds it back, most important first.")
-    score: float | None = Field(description="Its dispatch score now (class base + aging + deadline urgency) "
-                                            "when it is ready.")
-    deadline: _dt.datetime | None = Field(description="Its deadline, when this gateway submitted it.")
-    position: int | None = Field(description="Its estimated place in its pool's queue (1 = next) when ready.")
-    ready_in_pool: int | None = Field(description="Ready tasks of its pool (counted up to the scan limit).")
-    dependencies: list[DependencyView] = Field(description="Its dependencies and their statuses, when known.")
-    resources: dict[str, int] | None = Field(description="Resource units it waits for, when known.")
-    labels: dict[str, str] | None = Field(description="Worker labels it needs, when known.")
-    start_at: _dt.datetime | None = Field(description="Its fixed start, when known.")
-    pool: PoolView | None = Field(description="Its pool now (null without the metrics role).")
-    unknown: list[str] = Field(description="What the API does not show for this task, so the explanation "
-                                           "cannot rule it out.")
+    waiting: bool = Field(description="True while something holds it back (reasons is not empty).")
+    summary: str = Field(description="Where it stands and the main reason, in a sentence or two.")
+    reasons: list[ReasonView] = Field(description="Every reason it waits; empty while it runs or once it ended.")
+    score: float | None = Field(description="Its dispatch score now (class base + aging + deadline urgency), "
+                                            "while it is ready in its pool's queues.")
+    position: int | None = Field(description="Its place in its pool's line (1 = the next to start), while it is "
+                                             "ready in its pool's queues.")
+    queued: int = Field(description="Ready tasks in its pool's queues.")
+    pool: PoolView | None = Field(description="Its pool now, while it waits (null without the metrics role).")
+
+
+def explanation_view(explained: ClientExplanation, info: TaskInfo, pool: PoolView | None) -> Explanation:
+    return Explanation(task=task_view(info), waiting=explained.waiting, summary=explained.summary,
+                       reasons=[ReasonView(code=cast(ReasonCode, r.code), message=r.message, detail=r.detail)
+                                for r in explained.reasons],
+                       score=explained.score, position=explained.position, queued=explained.queued, pool=pool)

@@ -10,29 +10,28 @@ the server's status code and message; nothing is retried here.
 
 import contextlib
 import datetime as _dt
-import time
 import zoneinfo
 from pathlib import Path
 from typing import Annotated, Any, Iterator, cast
 
 from mcp.server.mcpserver import MCPServer, ResourceSecurity
-from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError, UnexpectedToolError
 from mcp.types import (
     Completion, CompletionArgument, CompletionContext, PromptReference, ResourceTemplateReference, ToolAnnotations,
 )
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from .. import errors as _errors
 from ..client import Client, TaskInfo, wire
 from ..core.types import TERMINAL, Dep, RetryPolicy
 from . import prompts
-from .explain import WAITING, Memory, Remembered, explain
 from .models import (
     After, BatchAnswer, CancelAnswer, ContentType, DeadLetters, DeadlineAt, DeadlineIn, Deps, DurationHint,
     Explanation, Key, Kind, Labels, OnMiss, OverlapName, Payload, PayloadBase64, PoolDetail, PoolName, Priority,
     ResultView, Resources, Retry, ScheduleAdded, ScheduleList, ScheduleRemoved, SnapshotView, Stages, StartAt, StartIn,
     StatusName, SubmitAnswer, Tags, TaskDetail, TaskInput, TaskPageView, TaskRef, TaskView, Tenant, Timeout, Tolerance,
-    WorkerList, payload_bytes, pool_view, result_view, schedule_view, snapshot_view, task_view, worker_view,
+    WorkerList, explanation_view, payload_bytes, pool_view, result_view, schedule_view, snapshot_view, task_view,
+    worker_view,
 )
 
 __all__ = ["build_server", "describe_error", "INSTRUCTIONS", "WHAT_IF_INSTRUCTIONS"]
@@ -92,7 +91,6 @@ WaitTimeout = Annotated[float, Field(ge=0, le=3600, description=(
     "Seconds to wait at most (the server caps it at its limits.max_wait_s, 300 by default); 0 answers at once."))]
 ScheduleName = Annotated[str, Field(description="The schedule's unique name.")]
 
-READY_SCAN_PAGES = 10       # explain_task reads at most this many pages of ready tasks
 DEAD_LETTER_PAGES = 20      # cronoq://dead-letters reads at most this many pages
 RECENT_DEAD_LETTERS = 50
 MAX_COMPLETIONS = 100     # the protocol's limit of values in one completion
@@ -117,31 +115,60 @@ def task_options(task: TaskInput) -> dict[str, Any]:
     return values
 
 
-def remembered(task: TaskInput, now: float) -> Remembered:
-    deadline = (now + task.deadline_in if task.deadline_in is not None
-                else task.deadline_at.timestamp() if task.deadline_at is not None else None)
-    start = (now + task.start_in if task.start_in is not None
-             else task.start_at.timestamp() if task.start_at is not None else None)
-    deps = tuple((ref, "success") for ref in task.after or ()) + tuple((d.task, d.on) for d in task.deps or ())
-    return Remembered(deadline=deadline, start=start, duration_hint=task.duration_hint, deps=deps,
-                      resources=dict(task.resources or {}), labels=dict(task.labels or {}))
+def _argument_problem(error: Any) -> str:
+    """One refused argument, in our words (a pydantic error: its location, type and context)."""
+    where = ".".join(str(part) for part in error.get("loc", ())) or "the arguments"
+    kind = error.get("type", "")
+    context = error.get("ctx") or {}
+    given = error.get("input")
+    got = f", got {given!r}"[:80] if kind != "missing" else ""
+    if kind == "missing":
+        return f"{where} is required"
+    if kind == "extra_forbidden":
+        return f"{where} is not an argument of this tool"
+    if kind == "literal_error" or kind == "enum":
+        return f"{where} must be one of {context.get('expected', '')}{got}"
+    bounds = {"greater_than_equal": "at least", "greater_than": "more than", "less_than_equal": "at most",
+              "less_than": "less than"}
+    if kind in bounds:
+        limit = next(iter(context.values()), "")
+        return f"{where} must be {bounds[kind]} {limit}{got}"
+    if kind in ("too_short", "too_long"):
+        return f"{where} must have {'at least' if kind == 'too_short' else 'at most'} " \
+               f"{context.get('min_length', context.get('max_length', ''))} item(s)"
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        expected = kind.rsplit("_", 1)[0].replace("_", " ")
+        return f"{where} must be {'an' if expected[:1] in 'aeiou' else 'a'} {expected}{got}"
+    message = str(error.get("msg", "is not valid"))
+    return f"{where}: {message[:1].lower()}{message[1:]}{got}"
 
 
-def build_server(client: Client, *, memory: Memory | None = None, name: str = "cronoq",
-                 traces: Path | None = None) -> MCPServer[Any]:
+class _Server(MCPServer[Any]):
+    """The SDK's server, with refused arguments told in our words (the SDK
+    sends pydantic's text, with its internal type names and links)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError) and not isinstance(exc, UnexpectedToolError):
+                problems = "; ".join(_argument_problem(e) for e in cause.errors())
+                raise ToolError(f"Error executing tool {name}: invalid arguments, nothing was sent: {problems}"
+                                ) from cause
+            raise
+
+
+def build_server(client: Client, *, name: str = "cronoq", traces: Path | None = None) -> MCPServer[Any]:
     """An MCP server driving the cronoq-server behind ``client`` (its token's role applies).
 
-    ``memory`` keeps the options of the tasks submitted through this server
-    that the API does not show (deadlines, dependencies, resources, labels),
-    for explain_task. ``traces``, a directory of recorded workloads, adds the
-    what_if tool (it needs cronoq's simulator, ``cronoq.whatif``: ValueError
-    without it)."""
+    ``traces``, a directory of recorded workloads, adds the what_if tool (it
+    needs cronoq's simulator, ``cronoq.whatif``: ValueError without it)."""
     from .. import __version__
 
     target = client.target
-    memory = memory if memory is not None else Memory()
     instructions = INSTRUCTIONS + (WHAT_IF_INSTRUCTIONS if traces is not None else "")
-    app: MCPServer[Any] = MCPServer(name, title="cronoq", version=__version__, instructions=instructions)
+    app: MCPServer[Any] = _Server(name, title="cronoq", version=__version__, instructions=instructions)
 
     @contextlib.contextmanager
     def calls() -> Iterator[None]:
@@ -185,11 +212,8 @@ def build_server(client: Client, *, memory: Memory | None = None, name: str = "c
         given = locals()
         task = TaskInput.model_validate({field: given[field] for field in TaskInput.model_fields})
         options = checked(task)
-        now = time.time()
         with calls():
             submission = await client.submit(**options)
-        if not submission.duplicate:
-            memory.remember(submission.id, remembered(task, now))
         answer = SubmitAnswer(id=submission.id, duplicate=submission.duplicate)
         if wait:
             try:
@@ -214,12 +238,8 @@ def build_server(client: Client, *, memory: Memory | None = None, name: str = "c
                 options.append(task_options(task))
             except (ValueError, TypeError) as exc:
                 raise ToolError(f"invalid arguments, nothing was sent: task {index}: {exc}") from None
-        now = time.time()
         with calls():
             submissions = await client.submit_batch(options)
-        for task, submission in zip(tasks, submissions):
-            if not submission.duplicate:
-                memory.remember(submission.id, remembered(task, now))
         return BatchAnswer(tasks=[SubmitAnswer(id=s.id, duplicate=s.duplicate) for s in submissions])
 
     @app.tool(annotations=_READ)
@@ -259,48 +279,24 @@ def build_server(client: Client, *, memory: Memory | None = None, name: str = "c
 
     @app.tool(annotations=_READ)
     async def explain_task(task: TaskRef) -> Explanation:
-        """Why a task is waiting (or that it is not): its class and dispatch score, its deadline, its estimated
-        position in the pool's queue, the dependencies it is blocked on, the resource it is parked on, the
-        labels no worker has, its fixed start, and its pool's capacity against what it wants. It also lists
-        what the API cannot show for tasks not submitted through this server."""
+        """Why a task is waiting (or that it is not), from the leader's engine: its dispatch score and place in
+        its pool's line when it is queued, and every reason it does not run yet: unfinished dependencies, a key
+        no task has yet, a fixed start or retry backoff to wait out, labels no free worker carries, resource
+        units other tasks hold, a slot held for its fixed start, its tenant's fair share, a full pool. With the
+        metrics role, its pool's figures too."""
         with calls():
-            info = await client.get(task)
-        return await _explain(info)
-
-    async def _explain(info: TaskInfo) -> Explanation:
+            explained = await client.explain(task)
+            info = await client.get(explained.id)
         pool = None
-        pool_error = None
-        ready: list[TaskInfo] | None = None
-        truncated = False
-        statuses: dict[int | str, str | None] = {}
-        if info.status in WAITING:
+        if explained.waiting:
             try:
                 snapshot = await client.snapshot()
-                pool = next((p for p in snapshot["pools"] if p["name"] == info.pool), None)
-            except _CALL_ERRORS as exc:
-                pool_error = describe_error(exc, target)[1]
-        if info.status == "ready":
-            ready, after = [], 0
-            with calls():
-                for _ in range(READY_SCAN_PAGES):
-                    page = await client.list(pools=[info.pool], statuses=["ready"], after=after, limit=1000)
-                    ready.extend(page.tasks)
-                    if page.next_after is None:
-                        break
-                    after = page.next_after
-                else:
-                    truncated = True
-        known = memory.get(info.id)
-        if info.status == "blocked" and known is not None:
-            for ref, _ in known.deps:
-                try:
-                    statuses[ref] = (await client.get(ref)).status
-                except _errors.UnknownTask:
-                    statuses[ref] = None
-                except _CALL_ERRORS as exc:
-                    raise ToolError(describe_error(exc, target)[1]) from None
-        return explain(info, memory=memory, pool=pool, pool_error=pool_error, ready=ready,
-                       ready_truncated=truncated, dependency_status=statuses)
+            except _CALL_ERRORS:
+                pass   # the pool's figures need the metrics role: the explanation stands without them
+            else:
+                found = next((p for p in snapshot["pools"] if p["name"] == explained.pool), None)
+                pool = pool_view(found) if found is not None else None
+        return explanation_view(explained, info, pool)
 
     # ------------------------------------------------------------ tools: the server
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable, Protocol
 
 from ..core.engine import Core
+from ..core.explain import Explanation
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import TaskSpec
 from .handle import TaskHandle
@@ -45,6 +46,9 @@ class Backend(Protocol):
         ...
 
     async def info(self, ref: int | str) -> TaskInfo:
+        ...
+
+    async def explain(self, ref: int | str) -> Explanation:
         ...
 
     async def snapshot(self) -> Snapshot:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 from .. import realtime
 from ..core.engine import Core
+from ..core.explain import Explanation
 from ..core.errors import InvalidTask, SchedulerError, TaskFailed
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import TERMINAL, TaskSpec
@@ -204,6 +205,11 @@ class EngineBackend:
             info.stages = list(stages) if stages is not None else None
         info.checkpoints = book.of(info.id, tuple(info.stages) if info.stages else None)
         return info
+
+    async def explain(self, ref: int | str) -> Explanation:
+        driver = self.driver
+        with driver.lock:
+            return self.check().explain(ref, driver.clock.now_ns())
 
     async def snapshot(self) -> Snapshot:
         with self.driver.lock:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 from ..core.engine import Core
 from ..core.errors import SchedulerError, TaskFailed
+from ..core.explain import Explanation
 from ..core.snapshot import Snapshot, TaskInfo
 from ..core.types import TERMINAL, TaskSpec
 from . import operations as ops
@@ -97,6 +98,9 @@ class FollowerBackend:
 
     async def info(self, ref: int | str) -> TaskInfo:
         return await self._send(ops.INFO, ref)
+
+    async def explain(self, ref: int | str) -> Explanation:
+        return await self._send(ops.EXPLAIN, ref)
 
     async def snapshot(self) -> Snapshot:
         return await self._send(ops.SNAPSHOT, None)

@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Generic, Mapping, Sequence, TypeVar
 
 from ..core.errors import InvalidTask, SchedulerError
+from ..core.explain import Explanation
 from ..core.persist import spec_from_record, spec_record
 from ..core.snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
 from ..core.types import TaskSpec
 from .durability import EncodedPayloads
 
-__all__ = ["Operation", "OPERATIONS", "send", "serve", "SUBMIT", "CANCEL", "INFO", "SNAPSHOT",
+__all__ = ["Operation", "OPERATIONS", "send", "serve", "SUBMIT", "CANCEL", "INFO", "EXPLAIN", "SNAPSHOT",
            "SET_CAPACITY", "SET_GROUP_CAPACITY", "ADD_RECURRING", "REMOVE_RECURRING", "CHECKPOINT",
            "SubmitArgs", "RecurringArgs", "CheckpointArgs", "info_from_dict", "snapshot_from_dict"]
 
@@ -237,6 +238,8 @@ SUBMIT: Operation[SubmitArgs, list[tuple[int, bool]]] = Operation(
 CANCEL: Operation[int | str, bool] = Operation("cancel", 1, _ref_out, _ref_in, _same, _flag)
 INFO: Operation[int | str, TaskInfo] = Operation(
     "info", 1, _ref_out, _ref_in, TaskInfo.as_dict, info_from_dict)
+EXPLAIN: Operation[int | str, Explanation] = Operation(
+    "explain", 1, _ref_out, _ref_in, Explanation.as_dict, Explanation.from_dict)
 SNAPSHOT: Operation[None, Snapshot] = Operation(
     "snapshot", 1, _none_out, _none_in, Snapshot.as_dict, snapshot_from_dict)
 SET_CAPACITY: Operation[tuple[str, int], None] = Operation(
@@ -250,7 +253,7 @@ CHECKPOINT: Operation[CheckpointArgs, float] = Operation(
     "checkpoint", 1, _checkpoint_out, _checkpoint_in, _at_out, _at_in)
 
 OPERATIONS: dict[tuple[str, int], Operation[Any, Any]] = {
-    op.key: op for op in (SUBMIT, CANCEL, INFO, SNAPSHOT, SET_CAPACITY, SET_GROUP_CAPACITY, ADD_RECURRING,
+    op.key: op for op in (SUBMIT, CANCEL, INFO, EXPLAIN, SNAPSHOT, SET_CAPACITY, SET_GROUP_CAPACITY, ADD_RECURRING,
                           REMOVE_RECURRING, CHECKPOINT)}
 
 

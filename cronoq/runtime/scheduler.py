@@ -26,6 +26,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from ..core import actions as act
 from ..core.errors import SchedulerError
+from ..core.explain import Explanation
 from ..core.snapshot import Checkpoint, Snapshot, TaskInfo
 from ..core.types import RUNNING as TASK_RUNNING, CoreConfig, ResourceConfig, TaskSpec, check_name
 from ..store.base import STORE_MEMBERS, Store
@@ -294,6 +295,12 @@ class Scheduler:
         """What the scheduler knows of a task (status, attempt, message, its
         declared stages and checkpoints...)."""
         return await self._backend.info(ref)
+
+    async def explain(self, ref: int | str) -> Explanation:
+        """Why a task is waiting, from the leader's engine: its score, its place
+        in its pool's line and every reason it does not run yet (see
+        ``cronoq.core.Explanation``). ``UnknownTask`` if no such task is known."""
+        return await self._backend.explain(ref)
 
     async def snapshot(self) -> Snapshot:
         """Pools, quality metrics over the window, and totals since start."""

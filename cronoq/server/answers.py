@@ -4,6 +4,7 @@ and tests/test_server_openapi.py holds every live answer to these schemas."""
 
 from __future__ import annotations
 
+from ..core.explain import REASONS
 from ..core.options import OVERLAP_POLICIES
 from ..core.snapshot import POOL_FIELDS
 from ..core.types import STATUSES as _ALL_STATUSES
@@ -14,7 +15,7 @@ from .schema import (
 )
 
 __all__ = ["STATUSES", "TERMINAL_STATUSES", "RESULT", "SUBMITTED", "SUBMIT_OUT", "BATCH_OUT", "INFO", "TASKS_OUT",
-           "CANCEL_OUT", "REMOVED_OUT", "WORKER", "WORKERS_OUT", "SCHEDULE", "SCHEDULES_OUT", "POOL", "SNAPSHOT",
+           "CANCEL_OUT", "REMOVED_OUT", "EXPLANATION", "WORKER", "WORKERS_OUT", "SCHEDULE", "SCHEDULES_OUT", "POOL", "SNAPSHOT",
            "ERROR"]
 
 STATUSES = tuple(str(status) for status in _ALL_STATUSES)
@@ -84,6 +85,7 @@ INFO = Obj("TaskInfo", {
     "priority": Choice(PRIORITIES, "Its priority class, when known."),
     "tenant": Text("Its tenant, if any."),
     "tags": Map(Text(), "Its tags, when known."),
+    "labels": Map(Text(), "The worker labels it asked for, when known."),
     "output_available": Flag("It succeeded and its output is kept."),
     "message": Text("Why it failed, was cancelled or skipped."),
     "created_unix_ns": UnixNs("When it was submitted, when known."),
@@ -96,6 +98,32 @@ INFO = Obj("TaskInfo", {
                                            "lookup only, not listings)."),
 }, "A task's state. id and status are authoritative; the other fields are best effort (the leader's "
    "info cache, or the store).", required=("id", "status", "pool", "attempt", "output_available"))
+
+WAIT_REASON = Obj("WaitReason", {
+    "code": Choice(REASONS, "What holds it back (docs/server.md lists each code's detail)."),
+    "message": Text("The reason, in a sentence."),
+    "detail": Map(AnyJson(), "The reason's figures: which dependencies, labels, resource units, times..."),
+}, "One reason a task is not running yet.", required=("code", "message", "detail"))
+
+EXPLANATION = Obj("Explanation", {
+    "id": Id("The task."),
+    "status": Choice(STATUSES, "Its status now."),
+    "pool": Text("Its pool."),
+    "priority": Choice(PRIORITIES, "Its priority class, when known."),
+    "key": Text("Its key, if any."),
+    "tenant": Text("Its tenant, if any."),
+    "summary": Text("Where it stands, in a sentence or two."),
+    "waiting": Flag("Whether something holds it back (reasons is not empty)."),
+    "score": Number("Its dispatch score (class base, aging, deadline urgency), while it is ready in its pool's "
+                    "queues."),
+    "position": Integer("Its place among the pool's queued ready tasks (1: the next to start), while it is "
+                        "queued.", maximum=2 ** 32 - 1),
+    "queued": Integer("Ready tasks in its pool's queues.", maximum=2 ** 32 - 1),
+    "reasons": Array(WAIT_REASON, "Every reason it waits, in a fixed order of codes; empty while it runs or "
+                                  "once it ended."),
+    "at_unix_ns": UnixNs("The leader's engine time of this answer."),
+}, "Why a task waits, from the leader's engine state.",
+    required=("id", "status", "pool", "summary", "waiting", "queued", "reasons", "at_unix_ns"))
 
 TASKS_OUT = Obj("TaskList", {
     "tasks": Array(INFO, "In id order."),
@@ -150,7 +178,7 @@ GROUP = Obj("WorkerGroup", {
 
 _KINDS = {"count": Integer, "number": Number, "seconds": Seconds}
 _POOL_NUMBERS: dict[str, Field] = {
-    field.wire: Array(Integer(), field.doc) if field.kind == "classes" else _KINDS[field.kind](field.doc)
+    field.wire: Map(Integer(), field.doc) if field.kind == "classes" else _KINDS[field.kind](field.doc)
     for field in POOL_FIELDS}
 
 POOL = Obj("PoolSnapshot", {

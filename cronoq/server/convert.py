@@ -4,18 +4,22 @@
 ``cronoq.Task`` options, within the [limits] and the caller's pool scope and
 tenant; it walks the fields the message sets, each converted by the rule of
 its kind in the task vocabulary (``cronoq.core.options``). The other way:
-``info_message``, ``result_message`` and ``checkpoint_message`` build the
+``info_message``, ``explanation_message``, ``result_message`` and
+``checkpoint_message`` build the
 answers, and the enum maps translate priorities, conditions, miss and
 overlap policies and statuses. Nothing here calls the scheduler.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from .._proto import cronoq_pb2 as pb
 from ..core.errors import TaskFailed
+from ..core.explain import Explanation
 from ..core.options import CLASSES, DEFAULT_CLASS, OPTIONS, RETRY_FIELDS, TASK_OPTIONS, WIRE_ORDER, TaskOption
 from ..core.snapshot import Checkpoint
 from ..core.types import NS, Dep, RetryPolicy
@@ -28,7 +32,7 @@ if TYPE_CHECKING:
     from .info import TaskMeta
 
 __all__ = ["TaskReader", "status_enum", "status_name", "checkpoint_message", "info_message", "result_message",
-           "recurring_options", "task_ref", "PRIORITY_IN", "OVERLAP_IN", "OVERLAP_OUT"]
+           "recurring_options", "task_ref", "explanation_message", "PRIORITY_IN", "OVERLAP_IN", "OVERLAP_OUT"]
 
 PRIORITY_IN: dict[int, int] = {pb.PRIORITY_UNSPECIFIED: DEFAULT_CLASS, pb.PRIORITY_CRITICAL: 0, pb.PRIORITY_HIGH: 1,
                                pb.PRIORITY_NORMAL: 2, pb.PRIORITY_LOW: 3}
@@ -324,6 +328,39 @@ def result_message(handle: Any) -> pb.TaskResult:
     return result
 
 
+def explanation_message(explanation: Explanation | None, info: Any, meta: TaskMeta | None) -> pb.Explanation:
+    """The wire form of the engine's explanation of a task; with none (the
+    engine no longer retains the task), its status from ``info`` and no reasons."""
+    if explanation is None:
+        out = pb.Explanation(id=info.id, status=status_enum(info.status), pool=info.pool,
+                             summary=f"It is not waiting: it ended {info.status}.",
+                             at_unix_ns=time.time_ns())
+        if info.key is not None:
+            out.key = info.key
+    else:
+        out = pb.Explanation(id=explanation.id, status=status_enum(explanation.status), pool=explanation.pool,
+                             summary=explanation.summary, queued=explanation.queued,
+                             at_unix_ns=round(explanation.at * NS))
+        if explanation.priority in CLASSES:
+            out.priority = PRIORITY_OUT[CLASSES.index(explanation.priority)]
+        if explanation.key is not None:
+            out.key = explanation.key
+        if explanation.tenant:
+            out.tenant = explanation.tenant
+        if explanation.score is not None:
+            out.score = explanation.score
+        if explanation.position is not None:
+            out.position = explanation.position
+        for reason in explanation.reasons:
+            out.reasons.add(code=reason.code, message=reason.message,
+                            detail_json=json.dumps(reason.detail, separators=(",", ":"), sort_keys=True))
+    if not out.priority and meta is not None:   # (the engine's record of an ended task keeps no class)
+        out.priority = PRIORITY_OUT[meta.priority]
+    if not out.tenant and getattr(info, "tenant", None):
+        out.tenant = info.tenant
+    return out
+
+
 def info_message(info: Any, meta: TaskMeta | None) -> pb.TaskInfo:
     """The TaskInfo of the engine's (or the store's) record of a task, with
     what the leader's info cache remembers of it (``meta``)."""
@@ -347,6 +384,8 @@ def info_message(info: Any, meta: TaskMeta | None) -> pb.TaskInfo:
             out.tenant = meta.tenant
         if meta.tags:
             out.tags.update(meta.tags)
+        if meta.labels:
+            out.labels.update(dict(meta.labels))
         for ref, cond in meta.edges:
             target = pb.TaskRef(id=ref) if isinstance(ref, int) else pb.TaskRef(key=ref)
             out.deps.add(ref=target, cond=EDGE_OUT[cond])

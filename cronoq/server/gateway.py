@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from .._proto import cronoq_pb2 as pb
-from .._proto.json_view import OVERLAP_NAMES, info_json, result_json, snapshot_json
+from .._proto.json_view import OVERLAP_NAMES, explanation_json, info_json, result_json, snapshot_json
 from .._version import __version__
 from .auth import Authenticator, Principal
 from .bodies import EXACT, Body, Payloads, task_message
@@ -282,6 +282,8 @@ class Gateway:
                                  "(/v1/tasks/by-key/report%2F42)")
         if len(parts) == 1 and parts[0].endswith(":resubmit") and len(parts[0]) > len(":resubmit"):
             return "/v1/tasks/{id}:resubmit", {"id": parts[0][:-len(":resubmit")]}
+        if len(parts) == 1 and parts[0].endswith(":explain") and len(parts[0]) > len(":explain"):
+            return "/v1/tasks/{id}:explain", {"id": parts[0][:-len(":explain")]}
         if len(parts) == 1 and parts[0]:
             return "/v1/tasks/{id}", {"id": parts[0]}
         if len(parts) == 2 and parts[0] and parts[1] == "result":
@@ -367,6 +369,11 @@ class Gateway:
         assert call.caller is not None
         info = await self.service.get(call.caller, pb.GetRequest(task=self._task_ref(call.params)))
         return self.json(info_json(info))
+
+    async def explain(self, call: Call) -> Response:
+        assert call.caller is not None
+        explanation = await self.service.explain(call.caller, pb.ExplainRequest(task=self._task_ref(call.params)))
+        return self.json(explanation_json(explanation))
 
     async def result(self, call: Call) -> Response:
         assert call.caller is not None

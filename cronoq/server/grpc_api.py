@@ -103,6 +103,9 @@ class TasksServicer(_Base, pb_grpc.TasksServicer):
     async def Get(self, request: pb.GetRequest, context: aio.ServicerContext) -> pb.TaskInfo:
         return await self.unary(context, self.service.get, request)
 
+    async def Explain(self, request: pb.ExplainRequest, context: aio.ServicerContext) -> pb.Explanation:
+        return await self.unary(context, self.service.explain, request)
+
     async def Wait(self, request: pb.WaitRequest, context: aio.ServicerContext) -> pb.TaskResult:
         return await self.unary(context, self.service.wait, request)
 

@@ -25,7 +25,7 @@ class TaskMeta:
     """What the serving leader remembers of a task beyond the engine's record."""
 
     __slots__ = ("pool", "key", "kind", "priority", "tenant", "tags", "max_attempts", "created_ns",
-                 "started_ns", "finished_ns", "spec", "edges", "attempts")
+                 "started_ns", "finished_ns", "spec", "edges", "attempts", "labels")
 
     def __init__(self, spec: TaskSpec, pool: str, max_attempts: int, created_ns: int) -> None:
         # The submitted task (the engine holds the same object while the task
@@ -42,6 +42,7 @@ class TaskMeta:
         self.started_ns: int | None = None
         self.finished_ns: int | None = None
         self.edges = spec.edges
+        self.labels = spec.labels
         # [attempt, how it ended (None while it runs), message, started_ns, ended_ns], oldest first
         self.attempts: list[list[Any]] | None = None
 

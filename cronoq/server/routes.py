@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .answers import (
-    BATCH_OUT, CANCEL_OUT, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT,
+    BATCH_OUT, CANCEL_OUT, EXPLANATION, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT,
     REMOVED_OUT,
 )
 from .schema import BATCH, PRIORITIES, SUBMIT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text
@@ -81,6 +81,11 @@ ROUTES: tuple[Route, ...] = (
           statuses=_TASK_ERRORS),
     Route("GET", _BY_KEY, "get_task_by_key", "A task by key", "get", role="client", response=INFO,
           statuses=_TASK_ERRORS),
+    Route("GET", _BY_ID + ":explain", "explain_task", "Why a task waits", "explain", role="client",
+          response=EXPLANATION, statuses=_TASK_ERRORS,
+          description="From the leader's engine: the task's dispatch score, its place in its pool's line and "
+                      "every reason it is not running yet (dependencies, awaited keys, start times and retry "
+                      "backoffs, worker labels, resources, held slots, fair share, a full pool)."),
     Route("DELETE", _BY_ID, "cancel_task", "Cancel a task by id", "cancel", role="client",
           response=CANCEL_OUT, statuses=_TASK_ERRORS,
           description="cancelled is false when the task had already finished."),

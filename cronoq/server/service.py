@@ -37,8 +37,8 @@ from .auth import Principal
 from .codec import OCTETS, Blob
 from .config import RecurringSection, ServerConfig
 from .convert import (
-    OVERLAP_IN, OVERLAP_OUT, PRIORITY_IN, TaskReader, check_text, info_message, recurring_options, result_message,
-    status_enum, status_name, task_ref,
+    OVERLAP_IN, OVERLAP_OUT, PRIORITY_IN, TaskReader, check_text, explanation_message, info_message,
+    recurring_options, result_message, status_enum, status_name, task_ref,
 )
 from .errors import Code, ServiceError, from_exception
 from .info import InfoCache, LiveFeed, TaskMeta
@@ -298,6 +298,19 @@ class Service:
         sched = self.serving()
         info = await self._lookup(caller, sched, task_ref(request.task))
         return info_message(info, self.info.get(info.id))
+
+    async def explain(self, caller: Principal, request: pb.ExplainRequest) -> pb.Explanation:
+        caller.require("client")
+        sched = self.serving()
+        info = await self._lookup(caller, sched, task_ref(request.task))
+        try:
+            explanation = await sched.explain(info.id)
+        except UnknownTask:
+            # Only the store remembers it now: it ended, so nothing holds it back.
+            return explanation_message(None, info, self.info.get(info.id))
+        except Exception as exc:
+            raise from_exception(exc) from None
+        return explanation_message(explanation, info, self.info.get(info.id))
 
     async def wait(self, caller: Principal, request: pb.WaitRequest) -> pb.TaskResult:
         caller.require("client")

@@ -346,7 +346,7 @@ function fillPoolCard(card, pool) {
   const secs = (x) => x < 1 ? (1000 * x).toFixed(0) + " ms" : x.toFixed(2) + " s";
   const fields = [
     ["capacity", pool.capacity], ["desired", pool.desired], ["busy", pool.busy], ["pending", pool.pending],
-    ...CLASSES.map((c, i) => ["pending " + c, pool.pending_by_class[i]]),
+    ...CLASSES.map((c) => ["pending " + c, pool.pending_by_class[c]]),
     ["wait p50", secs(pool.wait_p50_s)], ["wait p90", secs(pool.wait_p90_s)], ["wait p99", secs(pool.wait_p99_s)],
     ["workers", pool.workers_connected], ["priority adherence", pct(pool.priority_adherence)],
     ["fixed-start hits", pct(pool.fixed_start_hit_rate)], ["utilization", pct(pool.utilization)],
@@ -549,6 +549,7 @@ async function openDrawer(id) {
   $("#drawer-attempts").replaceChildren(...(app.seen.get(id) || []).map(eventItem));
   $("#drawer-deps").replaceChildren();
   showStages([], []);
+  showExplanation(null);
   await fillDrawer(id);
 }
 
@@ -575,6 +576,7 @@ async function fillDrawer(id) {
     if (task.attempts) $("#drawer-attempts").replaceChildren(...task.attempts.map(attemptItem));
     drawDeps(id, task.deps || []);
     showStages(task.stages || [], task.checkpoints || []);
+    explainTask(id, task.status);
     const result = $("#drawer-result");
     if (TERMINAL.has(task.status)) {
       const r = await api(`/v1/tasks/${id}/result?timeout_s=0`);
@@ -589,6 +591,37 @@ async function fillDrawer(id) {
   } catch (err) {
     $("#drawer-message").textContent = describe(err);
   }
+}
+
+// Why a task that has not run yet waits: the leader's explanation (its reasons, score and place in line).
+async function explainTask(id, status) {
+  if (TERMINAL.has(status) || status === "running") {
+    showExplanation(null);
+    return;
+  }
+  try {
+    const answer = await api(`/v1/tasks/${id}:explain`);
+    if (app.drawerId === id) showExplanation(answer);
+  } catch (err) {
+    if (app.drawerId === id) showExplanation(null);
+  }
+}
+
+function showExplanation(answer) {
+  $("#drawer-why-part").hidden = !(answer && answer.waiting);
+  if (!answer || !answer.waiting) {
+    $("#drawer-reasons").replaceChildren();
+    return;
+  }
+  const place = answer.position ? ` Number ${answer.position} of ${answer.queued} in line, score ` +
+    `${answer.score.toFixed(0)}.` : "";
+  $("#drawer-why").textContent = answer.summary + place;
+  $("#drawer-reasons").replaceChildren(...answer.reasons.map((r) => {
+    const li = document.createElement("li");
+    li.dataset.code = r.code;
+    li.textContent = r.message;
+    return li;
+  }));
 }
 
 // Declared stages in order, each with the checkpoint that completed it.

@@ -169,3 +169,34 @@ def test_a_stop_during_the_opening_makes_it_give_up():
     [(kind, error)] = started
     assert kind == "error" and str(error) == "gave up"
     assert portal.state is PortalState.STOPPED and not portal.thread.is_alive()
+
+
+def test_a_stop_that_overtakes_the_start_of_the_thread_waits_for_it(monkeypatch):
+    # start() has taken the state but not yet started its thread when another
+    # thread stops the portal: the stop waits for the thread instead of failing
+    # with "cannot join thread before it is started".
+    import cronoq.runtime.portal as portal_module
+
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowToStart(threading.Thread):
+        def start(self):
+            if self.name == "test-portal":   # the portal's loop thread, not the test's helpers
+                entered.set()
+                assert release.wait(WAIT)
+            super().start()
+
+    monkeypatch.setattr(portal_module.threading, "Thread", SlowToStart)
+    portal = Portal("Thing", "test-portal")
+    starter, started = in_thread(lambda: portal.start(nothing, nothing))
+    assert entered.wait(WAIT)
+    stopper, stopped = in_thread(lambda: portal.stop(nothing))
+    stopper.join(0.2)
+    assert stopper.is_alive()               # waiting for the thread, not failed
+    release.set()
+    stopper.join(WAIT)
+    starter.join(WAIT)
+    assert stopped == [("ok", None)]
+    [(kind, error)] = started
+    assert kind == "error" and isinstance(error, SchedulerError) and "shut down" in str(error)
+    assert portal.state is PortalState.STOPPED and not portal.thread.is_alive()

@@ -229,10 +229,24 @@ class Portal:
         self.check_thread()     # the loop thread must never wait for itself
         thread = self.request_stop(closing)
         if thread is not None:
-            thread.join()
+            self._join(thread)
         error, self._stop_error = self._stop_error, None
         if error is not None:
             raise error
+
+    def _join(self, thread: threading.Thread) -> None:
+        """Wait for ``thread`` to end. A stop can overtake ``start()`` between
+        its taking the state and its ``Thread.start()``: then wait for the
+        thread to be started, unless starting it failed (the portal is new
+        again)."""
+        while True:
+            try:
+                thread.join()
+                return
+            except RuntimeError:   # not started yet
+                if thread.ident is None and self._state is NEW:
+                    return
+                time.sleep(0.001)
 
     def _refusal(self) -> BaseException:
         """The error for a call made while the portal does not serve."""

@@ -390,7 +390,7 @@ class Core:
             spec = e.spec
             stages = list(spec.stages) if spec is not None and spec.stages else None
             return TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None, stages,
-                            tenant=None if spec is None else spec.tenant)
+                            tenant=None if spec is None else spec.tenant, max_attempts=self._policy(e).max_attempts)
         record = self._retained_record(ref)
         if record is None:
             raise UnknownTask(ref)
@@ -1207,6 +1207,10 @@ class Core:
         self._wait_retry(e, now, delay)
         self._announce(e, RETRYING, now, message)
 
+    def max_attempts(self, e: Entry) -> int:
+        """The attempts a live task's retry policy allows."""
+        return self._policy(e).max_attempts
+
     def _policy(self, e: Entry) -> RetryPolicy:
         spec = e.spec
         return spec.retry if spec is not None and spec.retry is not None else e.pool.retry
@@ -1382,7 +1386,8 @@ class Core:
             self._succeeded += 1
         else:
             self._counts[status] += 1
-        self.actions.append((act.EVENT, task_id, e.pool.name, e.key, status, e.attempt, now, message, tenant))
+        self.actions.append((act.EVENT, task_id, e.pool.name, e.key, status, e.attempt, now, message, tenant,
+                             self._policy(e).max_attempts))
         if self._persist:
             self.actions.append((act.PERSIST, (MUT_STATUS, task_id, status, e.attempt, now, message)))
 
@@ -1432,7 +1437,7 @@ class Core:
     def _event(self, e: Entry, status: Status, now: int, message: str | None) -> None:
         spec = e.spec
         self.actions.append((act.EVENT, e.id, e.pool.name, e.key, status, e.attempt, now, message,
-                             None if spec is None else spec.tenant))
+                             None if spec is None else spec.tenant, self._policy(e).max_attempts))
 
     # ================================================================ estimates
 
@@ -1817,7 +1822,7 @@ class Core:
                 ended.append(RestoredTask(task_id, t.pool, spec, t.submitted_ns, FAILED, t.attempt,
                                           message, now))
                 self.actions.append((act.EVENT, task_id, t.pool, None, FAILED, t.attempt, now, message,
-                                     None if spec is None else spec.tenant))
+                                     None if spec is None else spec.tenant, None))
                 if self._persist:
                     self.actions.append((act.PERSIST, (MUT_STATUS, task_id, FAILED, t.attempt, now, message)))
                 continue
@@ -2077,7 +2082,7 @@ class Core:
         self._flush(now)
         pools = [self._pool_snapshot(p, now) for p in self.pools.values()]
         return Snapshot(pools, self.totals, len(self.tasks), len(self.running), self.pending,
-                        now / NS)
+                        now / NS, window=self.config.metrics_window_ns / NS)
 
     def _pool_snapshot(self, p: PoolState, now: int) -> PoolSnapshot:
         w = p.window

@@ -103,7 +103,8 @@ def engine_tasks(core: Core, pools: frozenset[str] | None, statuses: frozenset[s
         for e in heapq.nsmallest(limit, live, key=lambda e: e.id):
             spec = e.spec
             found.append(TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None,
-                                  tenant=None if spec is None else spec.tenant))
+                                  tenant=None if spec is None else spec.tenant,
+                                  max_attempts=core.max_attempts(e)))
     if statuses is None or statuses & TERMINAL:
         ended = ((task_id, record) for task_id, record in core.retained.items() if task_id > after
                  and (pools is None or record[1] in pools) and (statuses is None or record[0] in statuses))

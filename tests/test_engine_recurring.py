@@ -516,3 +516,9 @@ def test_an_occurrence_says_how_many_attempts_it_has_like_a_submitted_task():
     events = [a for _, a in out if type(a).__name__ == "StatusEvent"]
     assert events and {(e.key, e.max_attempts) for e in events} == {
         ("hourly@2026-01-01T01:00:00Z", 3), ("twice@2026-01-01T01:00:00Z", 2)}
+    # And once it ended, in the record the engine retains.
+    for d in [a for _, a in out if type(a).__name__ == "Dispatch"]:
+        assert core.complete(core.now, d.lease)
+    core.check_invariants()
+    ended = core.info("twice@2026-01-01T01:00:00Z")
+    assert ended.status == "succeeded" and ended.max_attempts == 2

@@ -103,7 +103,7 @@ class Core:
         self.tasks: dict[int, Entry] = {}
         self.running: dict[int, Entry] = {}       # lease -> entry
         self.keys: dict[str, int] = {}            # key -> id, live or retained
-        self.retained: dict[int, Record] = {}     # id -> (status, pool, key, kind, attempt, message, tenant)
+        self.retained: dict[int, Record] = {}     # id -> (status, pool, key, kind, attempt, message, tenant, ...)
         self._retain_order: deque[tuple[int, int]] = deque()   # (expiry, id)
         self.awaiting: dict[str, list[Edge]] = {}  # key -> [(child entry, condition)]
         self.recurring: dict[str, Recurring] = {}
@@ -395,8 +395,9 @@ class Core:
         if record is None:
             raise UnknownTask(ref)
         task_id = ref if isinstance(ref, int) else self.keys[ref]
-        status, pool, key, kind, attempt, message, tenant = record
-        return TaskInfo(task_id, Status(status), pool, key, kind, attempt, message, tenant=tenant)
+        status, pool, key, kind, attempt, message, tenant, max_attempts = record
+        return TaskInfo(task_id, Status(status), pool, key, kind, attempt, message, tenant=tenant,
+                        max_attempts=max_attempts)
 
     def check_invariants(self) -> None:
         """Assert the engine's internal consistency (tests call this after every step)."""
@@ -1376,7 +1377,8 @@ class Core:
         spec = e.spec
         tenant = None if spec is None else spec.tenant
         if self._retain_on:
-            self.retained[task_id] = (_PLAIN[status], e.pool.name, e.key, e.kind, e.attempt, message, tenant)
+            self.retained[task_id] = (_PLAIN[status], e.pool.name, e.key, e.kind, e.attempt, message, tenant,
+                                      self._policy(e).max_attempts)
             self._retain_order.append((now + self._retention, task_id))
             if len(self.retained) > self._retain_max:
                 self._expire_retained(now, True)
@@ -1858,7 +1860,11 @@ class Core:
                 key = t.spec.key if t.spec is not None else None
                 kind = t.spec.kind if t.spec is not None else None
                 tenant = t.spec.tenant if t.spec is not None else None
-                self.retained[t.id] = (_PLAIN[t.status], t.pool, key, kind, t.attempt, t.message, tenant)
+                pool = self.pools.get(t.pool)
+                retry = t.spec.retry if t.spec is not None and t.spec.retry is not None else \
+                    pool.retry if pool is not None and t.spec is not None else None
+                self.retained[t.id] = (_PLAIN[t.status], t.pool, key, kind, t.attempt, t.message, tenant,
+                                       None if retry is None else retry.max_attempts)
                 self._retain_order.append((expires, t.id))
                 if key is not None and keys.get(key) not in live_tasks:   # a live task keeps its key
                     keys[key] = t.id

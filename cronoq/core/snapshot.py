@@ -185,8 +185,8 @@ class TaskInfo(_View):
     """What the scheduler knows of one task (live, or retained after it
     ended): ``stages`` as declared (None if none), ``checkpoints`` in stage
     order, ``tenant`` the one it was submitted for (None if none),
-    ``max_attempts`` the attempts its retry policy allows (known while it
-    lives; None once it ended)."""
+    ``max_attempts`` the attempts its retry policy allows (None when not
+    known: a finished task read from the store, or restored without its options)."""
 
     __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "message", "stages", "checkpoints", "tenant",
                  "max_attempts")

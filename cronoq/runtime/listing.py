@@ -109,8 +109,9 @@ def engine_tasks(core: Core, pools: frozenset[str] | None, statuses: frozenset[s
         ended = ((task_id, record) for task_id, record in core.retained.items() if task_id > after
                  and (pools is None or record[1] in pools) and (statuses is None or record[0] in statuses))
         for task_id, record in heapq.nsmallest(limit, ended, key=lambda item: item[0]):
-            status, pool, key, kind, attempt, message, tenant = record
-            found.append(TaskInfo(task_id, status, pool, key, kind, attempt, message, tenant=tenant))
+            status, pool, key, kind, attempt, message, tenant, max_attempts = record
+            found.append(TaskInfo(task_id, status, pool, key, kind, attempt, message, tenant=tenant,
+                                  max_attempts=max_attempts))
     return found
 
 

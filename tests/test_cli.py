@@ -288,10 +288,13 @@ def test_workers_schedules_and_snapshot(server):
     assert listed[0]["slots"] == 4 and listed[0]["connected_unix_ns"].isdigit() and listed[0]["id"].isdigit()
 
     snapshot = text(run(server, "snapshot", token=METRICS))
-    assert "POOL" in snapshot and "\ntight " in snapshot and "totals: submitted" in snapshot
+    assert "POOL" in snapshot and "\ntight " in snapshot and "totals since start, tasks: submitted" in snapshot
+    # Each count says what it counts, and over what span (the server's metrics window).
+    assert "SUCCEEDED and FAILED attempts over the last 60 s" in snapshot and "; attempts: dispatched" in snapshot
     document = json.loads(run(server, "snapshot", "-o", "json", token=METRICS).stdout)
     assert [p["name"] for p in document["pools"]] == ["default", "llm", "tight"]
     assert len(document["pools"][0]["pending_by_class"]) == 4 and document["at_unix_ns"].isdigit()
+    assert document["metrics_window_s"] == 60
     assert list(document["totals"])[:3] == ["submitted", "dispatched", "succeeded"]
 
 
@@ -378,12 +381,12 @@ def test_watch_prints_transitions_until_ctrl_c(server, client):
         events = [e for e in events_of(every.lines) if e["id"] == str(task)]
         assert [e["status"] for e in events][-2:] == ["running", "succeeded"]
         assert events[-1]["pool"] == "default" and events[-1]["key"] == "watched"
-        assert events[-1]["attempt"] == 1 and events[-1]["at_unix_ns"].isdigit()
-        # Without --all, terminal transitions only: TIME ID POOL STATUS attempt N KEY.
+        assert events[-1]["attempt"] == 1 and events[-1]["max_attempts"] == 3 and events[-1]["at_unix_ns"].isdigit()
+        # Without --all, terminal transitions only: TIME ID POOL STATUS attempt N/MAX KEY.
         assert all(json.loads(line)["status"] for line in every.lines)
         assert not any(" running " in line or " ready " in line for line in terminal.lines)
         line = next(line for line in terminal.lines if f" {task} " in line)
-        assert line.split()[1:] == [str(task), "default", "succeeded", "attempt", "1", "watched"]
+        assert line.split()[1:] == [str(task), "default", "succeeded", "attempt", "1/3", "watched"]
     finally:
         every_exit, every_err = every.interrupt()
         terminal_exit, terminal_err = terminal.interrupt()
@@ -527,3 +530,29 @@ role = "client"
     # TLS settings with an http:// server are refused, not ignored.
     refused = cronoq("tasks", *tls, server=f"http://127.0.0.1:{server.grpc_port}")
     assert refused.returncode == USAGE and "use https://" in err(refused)
+
+
+def test_a_schedules_occurrence_shows_its_attempt_of_those_allowed(server, client):
+    # Occurrences are made by the engine, not submitted through this server: their
+    # allowance comes from the engine's policy (it was missing: "0" where "0/3" was due).
+    added = run(server, "schedule", "add", "every-second", "* * * * * *", "tick", "--pool", "llm", "--key", "tick")
+    assert added.returncode == OK, err(added)
+    try:
+        deadline = time.monotonic() + 30
+        while True:   # (llm has no worker: the occurrence waits)
+            listed = json.loads(run(server, "tasks", "--pool", "llm", "--status", "ready", "-o", "json").stdout)
+            ticks = [t for t in listed["tasks"] if t.get("key", "").startswith("tick@")]
+            if ticks or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert ticks and ticks[0]["max_attempts"] == 3, listed
+        table = text(run(server, "tasks", "--pool", "llm", "--status", "ready"))
+        row = next(line.split() for line in table.splitlines() if ticks[0]["key"] in line)
+        assert row[6] == "0/3", table
+        shown = text(run(server, "get", ticks[0]["id"]))
+        assert "attempt  0 of 3" in shown, shown
+    finally:
+        run(server, "schedule", "remove", "every-second")
+        for task in json.loads(run(server, "tasks", "--pool", "llm", "-o", "json").stdout)["tasks"]:
+            if task.get("key", "").startswith("tick@") and task["status"] in ("ready", "scheduled"):
+                client.cancel(int(task["id"]))

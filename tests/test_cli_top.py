@@ -74,9 +74,9 @@ def test_top_shows_pools_a_worker_connecting_a_task_running_and_finishing_and_q_
 
         def finished(s: str) -> bool:   # gone from the live tasks; its events newest first
             shown = panes(s)
-            events = [line.split()[1:5] for line in shown.get("Recent events", "").splitlines()]
-            ended, started = [str(task), "default", "succeeded", "top-task"], [str(task), "default", "running",
-                                                                               "top-task"]
+            events = [line.split()[1:6] for line in shown.get("Recent events", "").splitlines()]
+            ended, started = [str(task), "default", "succeeded", "1/3", "top-task"], [str(task), "default", "running",
+                                                                                      "1/3", "top-task"]
             return "top-task" not in shown.get("Live tasks", "") and ended in events and started in events \
                 and events.index(ended) < events.index(started)
 
@@ -97,8 +97,10 @@ def test_panes_say_which_role_they_need(servers):
                                     and "Live tasks (" in s)
         assert "needs the metrics role" in panes(screen)["Workers"]
         assert "needs the" not in panes(screen)["Live tasks"] + panes(screen)["Recent events"]
+        # (the pools too: the event pane's denial can draw a frame before the refresh's calls all answered)
         screen = as_metrics.wait_for(lambda s: "needs the client role" in panes(s).get("Live tasks", "")
-                                     and "needs the client role" in panes(s).get("Recent events", ""))
+                                     and "needs the client role" in panes(s).get("Recent events", "")
+                                     and "loading" not in panes(s).get("Pools", ""))
         assert "\ndefault " in panes(screen)["Pools"] and "needs the" not in panes(screen)["Pools"]
         quit_with_q(as_client)
         quit_with_q(as_metrics)
@@ -203,3 +205,42 @@ def test_top_and_watch_reconnect_to_a_restarted_server(servers):
         if worker is not None:
             worker.stop()
     assert code == 0 and "reconnecting" in stderr
+
+
+def test_at_80x24_top_starts_with_the_recent_events_and_cuts_no_column(servers):
+    server = servers(CONFIG)
+    worker = EchoWorker(server.target, "default", name="early-worker", token=WORKER)
+    term = None
+    try:
+        server.wait_for("'early-worker' registered")
+        task = submit(server, "x", "--key", "before-top")
+        assert cronoq("wait", str(task), token=ADMIN, server=server.target).returncode == 0
+        term = top(server, columns=80, lines=24)
+        # The task ended before top started: its events come from the ones the server kept.
+        screen = term.wait_for(lambda s: "before-top" in panes(s).get("Recent events", "")
+                               and "\ndefault " in panes(s).get("Pools", ""))
+        events = [line.split()[1:6] for line in panes(screen)["Recent events"].splitlines()]
+        assert [str(task), "default", "succeeded", "1/3", "before-top"] in events, screen
+        lines = screen.splitlines()
+        assert len(lines) <= 24 and all(len(line) <= 80 for line in lines)
+        assert "…" not in "\n".join(line for line in lines if "POOL" in line), screen   # headers whole
+        assert "attempts in the last 60 s" in panes(screen)["Pools"]
+        quit_with_q(term)
+    finally:
+        if term is not None:
+            term.close()
+        worker.stop()
+
+
+def test_top_and_watch_end_alike_on_an_unknown_pool(servers):
+    server = servers(CONFIG)
+    watched = cronoq("watch", "--pool", "nope", token=ADMIN, server=server.target)
+    assert watched.returncode == 3
+    message = watched.stderr.decode().strip()
+    assert message == "cronoq: no pool named 'nope' (pools: default, batch)"
+    term = top(server, ADMIN, "--pool", "nope")
+    try:
+        assert term.wait(30) == 3   # it retried forever
+        assert message in term.display()   # the same line, on the screen top restored
+    finally:
+        term.close()

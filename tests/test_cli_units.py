@@ -327,7 +327,7 @@ class _FlakyConnection:
         self._maybe_fail("list_tasks")
         return pb.ListTasksResponse()
 
-    async def watch(self, pools, terminal_only):
+    async def watch(self, pools, terminal_only, recent=0):
         yield pb.StatusEvent(id=7, pool="default", status=pb.TASK_STATUS_SUCCEEDED)
         await asyncio.Event().wait()   # then a quiet, open stream
 
@@ -365,3 +365,145 @@ def test_the_event_stream_survives_an_unexpected_error():
             await asyncio.gather(follower, return_exceptions=True)
 
     assert asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------- top at 80 x 24 and 200 x 50; counts labeled
+
+_HEADERS = {"POOL", "CAPACITY", "BUSY", "PENDING", "WAIT P50", "WAIT P90", "UTIL", "SUCCEEDED", "FAILED", "WORKERS",
+            "NAME", "LABELS", "CONNECTED", "CRON", "NEXT", "ID", "STATUS", "KEY", "ATTEMPT", "FOR", "MESSAGE", "TIME"}
+
+
+def _crowded(width: int, height: int, window: float = 60.0) -> list[str]:
+    """top drawn with long pool, worker, schedule and key names, as a list of lines."""
+    import time
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from cronoq.cli.top import TopView
+
+    console = Console(width=width, height=height, file=io.StringIO(), color_system=None, highlight=False)
+    view = TopView(SimpleNamespace(settings=SimpleNamespace(url="https://cronoq.example.internal:7070")),  # type: ignore[arg-type]
+                   pools=[], interval=1.0, task_limit=200, console=console)
+    view.keys = True
+    now_ns = time.time_ns()
+    view.snapshot.set(pb.SnapshotResponse(
+        live_tasks=12345, running=8, pending=12337, workers_connected=2, metrics_window_s=window,
+        pools=[pb.PoolSnapshot(name="default", capacity=8, busy=8, pending=12337, wait_p50_s=1.5,
+                               wait_p90_s=12.25, utilization=0.93, succeeded=1234, failed=6, workers_connected=2),
+               pb.PoolSnapshot(name="reports-nightly-eu", capacity=10, pending=3)]))
+    view.workers.set(pb.ListWorkersResponse(workers=[
+        pb.WorkerInfo(id=1, name="gpu-1", pool="llm", slots=4, busy=2, labels={"gpu": "a100"}, connected_unix_ns=now_ns),
+        pb.WorkerInfo(id=2, name="worker-host-17.example", pool="default", slots=8, busy=8,
+                      labels={"zone": "eu-1", "disk": "ssd"}, connected_unix_ns=now_ns)]))
+    view.schedules.set(pb.ListRecurringResponse(schedules=[
+        pb.RecurringInfo(name="nightly-report", cron="0 3 * * *", tz="Europe/Berlin", pool="reports-nightly-eu",
+                         next_unix_ns=now_ns + 7_300_000_000_000)]))
+    view.tasks.set([pb.TaskInfo(id=1_000_000 + i, status=pb.TASK_STATUS_RUNNING, pool="reports-nightly-eu",
+                                key=f"order-{i}-checkout", attempt=1, max_attempts=3, started_unix_ns=now_ns,
+                                created_unix_ns=now_ns, message="charging the card, then mailing the receipt")
+                    for i in range(8)])
+    for i in range(8):
+        view.events.events.appendleft(pb.StatusEvent(id=1_000_000 + i, pool="reports-nightly-eu",
+                                                     key=f"order-{i}-checkout", status=pb.TASK_STATUS_RETRYING,
+                                                     attempt=2, max_attempts=3, at_unix_ns=now_ns,
+                                                     message="card declined"))
+    view.events.state = "live"
+    view.refreshed_at = time.time()
+    console.print(view.render())
+    return console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+
+
+def _header_rows(lines: list[str]) -> list[str]:
+    """The column-header lines of the panes (the line after each pane's title)."""
+    return [line for line in lines if any(word in _HEADERS for word in line.split()) and
+            all(word in _HEADERS or word in ("P50", "P90", "WAIT") for word in line.split())]
+
+
+@pytest.mark.parametrize("width, height", [(80, 24), (200, 50)])
+def test_top_fits_its_terminal_by_leaving_columns_out_never_by_cutting_them(width, height):
+    lines = _crowded(width, height)
+    assert len(lines) <= height and all(len(line) <= width for line in lines)
+    headers = _header_rows(lines)
+    # Pools; workers and schedules side by side; tasks and events (stacked below 160 columns).
+    assert len(headers) == (4 if width < 160 else 3), lines
+    for row in headers:
+        assert "…" not in row, row
+        # Each header is whole: no word of it is cut into a prefix of a header ("CAPACI…", "P…").
+        assert all(word in _HEADERS or word in ("WAIT", "P50", "P90") for word in row.split()), row
+    pools = [line.split()[0] for line in lines if line.startswith(("default ", "reports"))]
+    assert pools == ["default", "reports-nightly-eu"], lines   # never "defau…" or "reports-night…"
+    assert lines[0].startswith("cronoq top  q quit  r refresh") and "pending 12337" in lines[0]
+    assert "1/3" in "\n".join(lines) and "2/3" in "\n".join(lines)   # attempts of the allowed, in both panes
+
+
+def test_top_at_200_columns_shows_every_column_and_at_80_the_important_ones():
+    wide = "\n".join(_crowded(200, 50))
+    for header in ("WAIT P90", "WORKERS", "LABELS", "CONNECTED", "CRON", "MESSAGE", "ATTEMPT"):
+        assert header in wide, header
+    narrow = _header_rows(_crowded(80, 24))
+    pools, tasks = narrow[0].split(), narrow[2].split()
+    for header in ("POOL", "BUSY", "PENDING", "SUCCEEDED", "FAILED"):
+        assert header in pools, narrow
+    for header in ("ID", "STATUS", "POOL", "ATTEMPT"):
+        assert header in tasks, narrow
+
+
+def test_top_says_that_the_pools_counts_are_attempts_over_the_snapshots_window():
+    lines = _crowded(120, 30, window=30.0)
+    title = next(line for line in lines if line.startswith("Pools"))
+    assert "SUCCEEDED, FAILED: attempts in the last 30 s" in title
+    old_server = next(line for line in _crowded(120, 30, window=0.0) if line.startswith("Pools"))
+    assert "attempts in the metrics window" in old_server
+
+
+def test_snapshot_totals_say_what_they_count():
+    from cronoq.cli.output import totals_text, window_text
+
+    text = totals_text({"submitted": 5, "dispatched": 9, "succeeded": 3, "failed": 0, "dead_lettered": 2,
+                        "retries": 4, "recurring_invalid": 0, "a_newer_total": 1})
+    assert text == ("since start, tasks: submitted 5, succeeded 3, failed 0, dead_lettered 2; "
+                    "attempts: dispatched 9, retries 4; schedule occurrences: recurring_invalid 0; "
+                    "other: a_newer_total 1")
+    assert window_text(60.0) == "the last 60 s" and window_text(0.5) == "the last 0.5 s"
+
+
+class _WatchedConnection:
+    """A stand-in for watch's Connection: one stream of events, then an unknown pool (which ends watch)."""
+
+    def __init__(self, events: list[pb.StatusEvent]) -> None:
+        self.events = events
+
+    async def list_tasks(self, pools, statuses, after, limit, **_: object) -> pb.ListTasksResponse:
+        return pb.ListTasksResponse()
+
+    async def watch(self, pools, terminal_only, recent=0):
+        for event in self.events:
+            yield event
+        raise errors.UnknownPool("no pool named 'gone'")
+
+
+def test_watch_lines_are_columns_and_attempts_say_of_how_many():
+    from cronoq.cli import commands
+
+    events = [pb.StatusEvent(id=7, pool="default", status=pb.TASK_STATUS_SUCCEEDED, attempt=1, max_attempts=3,
+                             key="a", at_unix_ns=1_796_000_000_000_000_000),
+              pb.StatusEvent(id=123456, pool="llm", status=pb.TASK_STATUS_DEAD_LETTERED, attempt=3, max_attempts=3,
+                             key="summarize-42", message="gave up", at_unix_ns=1_796_000_001_000_000_000),
+              pb.StatusEvent(id=8, pool="default", status=pb.TASK_STATUS_FAILED, attempt=10, max_attempts=10,
+                             at_unix_ns=1_796_000_002_000_000_000),
+              pb.StatusEvent(id=9, pool="default", status=pb.TASK_STATUS_CANCELLED, attempt=0,
+                             at_unix_ns=1_796_000_003_000_000_000)]
+    stdout = Stream(False)
+    args = argparse.Namespace(pool=[], all=False, output="text")
+    with pytest.raises(errors.UnknownPool):
+        asyncio.run(commands.watch(_WatchedConnection(events), args, Output(stdout, Stream(False))))  # type: ignore[arg-type]
+    lines = stdout.getvalue().splitlines()
+    assert [line.split()[4:6] for line in lines] == [["attempt", "1/3"], ["attempt", "3/3"], ["attempt", "10/10"],
+                                                     ["attempt", "0"]]
+    # From the second line on (the widest id came then), every column starts where the one above does:
+    # the pool, the status, the attempt and the key.
+    import re
+    starts = [[m.start() for m in re.finditer(r"\S+", line)] for line in lines[1:]]
+    for column in (2, 3, 4, 6):
+        assert len({row[column] for row in starts}) == 1, (column, lines)

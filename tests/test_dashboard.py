@@ -223,6 +223,14 @@ def test_the_overview_charts_move_with_the_pools(browser, servers, workers, shot
             for _ in range(6):
                 client_http.post("/v1/tasks", json={"payload": {"sleep": 0.5}, "pool": "default"})
         card.locator('dd[data-field="succeeded"]:text-is("6")').wait_for(timeout=WAIT_MS)
+        # Window counts and totals say what they count, and over what span.
+        assert card.locator("p.window").inner_text().startswith("waits, rates and attempts: last 60 s")
+        assert card.locator('dd[data-field="succeeded"]').locator("xpath=preceding-sibling::dt[1]").inner_text() \
+            == "attempts succeeded"
+        groups = page.locator("#totals .total-group").all_inner_texts()
+        assert [g.split(":")[0] for g in groups][:4] == ["now", "since start, tasks", "since start, attempts",
+                                                         "since start, schedule occurrences"], groups
+        assert "submitted" in groups[1] and "dispatched" in groups[2] and "dispatched" not in groups[1]
         shots(page, "overview")
         page.context.close()
 
@@ -293,6 +301,9 @@ def test_events_workers_and_recurring_pages(browser, servers, workers, shots):
         sub = http.post("/v1/tasks", json={"pool": "reports", "key": "dash-event", "payload": {"sleep": 0.2}}).json()
         page.wait_for_selector(f'#event-table tr[data-id="{sub["id"]}"]:has-text("succeeded")', timeout=WAIT_MS)
         assert page.locator(f'#event-table tr[data-id="{sub["id"]}"]:has-text("running")').count() == 1
+        # The attempt, of those allowed (the pool's policy: 3).
+        ended = page.locator(f'#event-table tr[data-id="{sub["id"]}"]:has-text("succeeded")')
+        assert ended.locator("td").nth(5).inner_text() == "1/3"
         shots(page, "events")
         # A burst (600 tasks: about 1,800 events) is drawn in batches and the page keeps the last 500 rows.
         http.post("/v1/tasks:batch", json={"tasks": [{"pool": "reports", "key": f"burst-{i}"} for i in range(600)]})

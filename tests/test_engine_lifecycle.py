@@ -39,7 +39,7 @@ def test_blocked_ready_running_succeeded_with_transitions():
     assert core.complete(3 * S, dc.lease)
     core.check_invariants()
     [ev] = events(drain(core))
-    assert ev == StatusEvent(child, "default", "c", "succeeded", 1, 3.0, None)
+    assert ev == StatusEvent(child, "default", "c", "succeeded", 1, 3.0, None, max_attempts=3)
 
 
 def test_event_fields():
@@ -66,7 +66,7 @@ def test_event_fields():
     assert core.complete(4 * S, d.lease, "permanent", message="bad input")
     core.check_invariants()
     [failed] = events(drain(core))
-    assert failed == StatusEvent(tid, "work", "k1", "failed", 2, 4.0, "bad input")
+    assert failed == StatusEvent(tid, "work", "k1", "failed", 2, 4.0, "bad input", max_attempts=NO_JITTER.max_attempts)
 
 
 def test_without_emit_transitions_only_terminal_events_are_published():

@@ -330,3 +330,8 @@ def test_totals_since_start():
     assert snap.totals == expected
     assert snap.pool("default").dispatched == 0
     core.check_invariants()
+
+
+def test_the_snapshot_says_how_long_its_window_is():
+    assert make_core().snapshot(0).window == 60.0
+    assert make_core(metrics_window=30.0).snapshot(0).window == 30.0

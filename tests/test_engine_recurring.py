@@ -500,3 +500,25 @@ def test_after_a_gap_in_driver_calls_at_most_one_late_occurrence_then_it_resumes
     out = run_to(core, utc("2026-01-01T00:11:00Z"))
     assert [(t, a.key) for t, a in out if type(a).__name__ == "Dispatch"] == [
         (utc("2026-01-01T00:11:00Z"), "m@2026-01-01T00:11:00Z")]
+
+
+def test_an_occurrence_says_how_many_attempts_it_has_like_a_submitted_task():
+    from cronoq.core import RetryPolicy
+
+    core = new_core("2026-01-01T00:00:30Z", emit_transitions=True)
+    core.add_recurring(core.now, "hourly", "@hourly", TaskSpec("tick", key="hourly"))
+    core.add_recurring(core.now, "twice", "@hourly", TaskSpec("tock", key="twice",
+                                                                retry=RetryPolicy(max_attempts=2)))
+    out = run_to(core, utc("2026-01-01T01:00:00Z"))
+    # The pool's policy (3 attempts) or the template's own: in the task's record and in its events.
+    assert core.info("hourly@2026-01-01T01:00:00Z").max_attempts == 3
+    assert core.info("twice@2026-01-01T01:00:00Z").max_attempts == 2
+    events = [a for _, a in out if type(a).__name__ == "StatusEvent"]
+    assert events and {(e.key, e.max_attempts) for e in events} == {
+        ("hourly@2026-01-01T01:00:00Z", 3), ("twice@2026-01-01T01:00:00Z", 2)}
+    # And once it ended, in the record the engine retains.
+    for d in [a for _, a in out if type(a).__name__ == "Dispatch"]:
+        assert core.complete(core.now, d.lease)
+    core.check_invariants()
+    ended = core.info("twice@2026-01-01T01:00:00Z")
+    assert ended.status == "succeeded" and ended.max_attempts == 2

@@ -103,9 +103,10 @@ async def test_the_stream_says_hello_then_pushes_every_transition_and_snapshots(
         while "succeeded" not in seen:
             batch = await events.until("status")
             for event in batch:
-                assert set(event) <= {"id", "pool", "key", "status", "attempt", "at_unix_ns", "message"}
+                assert set(event) <= {"id", "pool", "key", "status", "attempt", "max_attempts", "at_unix_ns",
+                                      "message"}
                 if event["id"] == sub["id"]:
-                    assert event["key"] == "pushed" and event["pool"] == "default"
+                    assert event["key"] == "pushed" and event["pool"] == "default" and event["max_attempts"] == 3
                     seen.append(event["status"])
         assert seen == ["ready", "running", "succeeded"]
         snap = await events.until("snapshot", lambda s: s["totals"]["succeeded"] >= 1)

@@ -430,15 +430,17 @@ class ListTasksResponse(_message.Message):
     def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., next_after: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("pools", "terminal_only")
+    __slots__ = ("pools", "terminal_only", "recent")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_ONLY_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedScalarFieldContainer[str]
     terminal_only: bool
-    def __init__(self, pools: _Optional[_Iterable[str]] = ..., terminal_only: _Optional[bool] = ...) -> None: ...
+    recent: int
+    def __init__(self, pools: _Optional[_Iterable[str]] = ..., terminal_only: _Optional[bool] = ..., recent: _Optional[int] = ...) -> None: ...
 
 class StatusEvent(_message.Message):
-    __slots__ = ("id", "pool", "key", "status", "attempt", "at_unix_ns", "message", "stage")
+    __slots__ = ("id", "pool", "key", "status", "attempt", "at_unix_ns", "message", "stage", "max_attempts")
     ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -447,6 +449,7 @@ class StatusEvent(_message.Message):
     AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     id: int
     pool: str
     key: str
@@ -455,7 +458,8 @@ class StatusEvent(_message.Message):
     at_unix_ns: int
     message: str
     stage: str
-    def __init__(self, id: _Optional[int] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., at_unix_ns: _Optional[int] = ..., message: _Optional[str] = ..., stage: _Optional[str] = ...) -> None: ...
+    max_attempts: int
+    def __init__(self, id: _Optional[int] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., at_unix_ns: _Optional[int] = ..., message: _Optional[str] = ..., stage: _Optional[str] = ..., max_attempts: _Optional[int] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("pool", "slots", "worker_name", "protocol_version", "labels", "accept_batches", "accept_checkpoints")
@@ -873,7 +877,7 @@ class PoolSnapshot(_message.Message):
     def __init__(self, name: _Optional[str] = ..., capacity: _Optional[int] = ..., busy: _Optional[int] = ..., held: _Optional[int] = ..., desired: _Optional[int] = ..., pending: _Optional[int] = ..., pending_by_class: _Optional[_Iterable[int]] = ..., reservations: _Optional[int] = ..., dispatched: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., priority_adherence: _Optional[float] = ..., fixed_start_hit_rate: _Optional[float] = ..., utilization: _Optional[float] = ..., schedule_efficiency: _Optional[float] = ..., wait_p50_s: _Optional[float] = ..., wait_p90_s: _Optional[float] = ..., wait_p99_s: _Optional[float] = ..., cost: _Optional[float] = ..., workers_connected: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[WorkerGroup, _Mapping]]] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
-    __slots__ = ("pools", "live_tasks", "running", "pending", "workers_connected", "unavailable_shards", "totals", "at_unix_ns")
+    __slots__ = ("pools", "live_tasks", "running", "pending", "workers_connected", "unavailable_shards", "totals", "at_unix_ns", "metrics_window_s")
     class TotalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -889,6 +893,7 @@ class SnapshotResponse(_message.Message):
     UNAVAILABLE_SHARDS_FIELD_NUMBER: _ClassVar[int]
     TOTALS_FIELD_NUMBER: _ClassVar[int]
     AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolSnapshot]
     live_tasks: int
     running: int
@@ -897,4 +902,5 @@ class SnapshotResponse(_message.Message):
     unavailable_shards: _containers.RepeatedScalarFieldContainer[str]
     totals: _containers.ScalarMap[str, int]
     at_unix_ns: int
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSnapshot, _Mapping]]] = ..., live_tasks: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., workers_connected: _Optional[int] = ..., unavailable_shards: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, int]] = ..., at_unix_ns: _Optional[int] = ...) -> None: ...
+    metrics_window_s: float
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSnapshot, _Mapping]]] = ..., live_tasks: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., workers_connected: _Optional[int] = ..., unavailable_shards: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, int]] = ..., at_unix_ns: _Optional[int] = ..., metrics_window_s: _Optional[float] = ...) -> None: ...

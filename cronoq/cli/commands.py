@@ -13,14 +13,15 @@ import sys
 import time
 from typing import Any, cast
 
+from rich.cells import cell_len
+
 from .._proto import cronoq_pb2 as pb
 from ..client import wire
 from ..errors import SchedulerError, ServerError
 from .exits import CliError, ExitCode
-from .._proto.json_view import (explanation_json, info_json as task_json, ordered_totals, result_json,
-                                snapshot_json)
-from .output import (PRIORITY_NAMES, STATUS_NAMES, Output, age, event_json, iso_ns, schedule_json, worker_health,
-                     worker_json)
+from .._proto.json_view import explanation_json, info_json as task_json, result_json, snapshot_json
+from .output import (PRIORITY_NAMES, STATUS_NAMES, Output, age, attempt_text, event_json, iso_ns, schedule_json,
+                     totals_text, window_text, worker_health, worker_json)
 from .remote import Connection
 
 __all__ = ["submit", "get", "explain", "wait", "cancel", "tasks", "workers", "schedules", "schedule", "snapshot", "watch",
@@ -252,7 +253,7 @@ async def tasks(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     now = time.time()
     out.table(("ID", "STATUS", "POOL", "KEY", "KIND", "PRIORITY", "ATTEMPT", "AGE", "MESSAGE"),
               [(str(t.id), STATUS_NAMES.get(t.status, "?"), t.pool, t.key or "-", t.kind,
-                PRIORITY_NAMES.get(t.priority, "normal"), f"{t.attempt}/{t.max_attempts}" if t.max_attempts else str(t.attempt),
+                PRIORITY_NAMES.get(t.priority, "normal"), attempt_text(t.attempt, t.max_attempts),
                 age(now - t.created_unix_ns / 1e9) if t.HasField("created_unix_ns") else "-", t.message)
                for t in found])
     if after:
@@ -332,17 +333,43 @@ async def snapshot(conn: Connection, args: argparse.Namespace, out: Output) -> i
     out.line(f"live tasks {snap.live_tasks}   running {snap.running}   pending {snap.pending}   "
              f"workers {snap.workers_connected}   at {iso_ns(snap.at_unix_ns)}")
     out.line()
+    out.line(f"pools: capacity, busy, pending and workers now; waits, utilization and the SUCCEEDED and FAILED "
+             f"attempts over {window_text(snap.metrics_window_s)}")
     out.table(("POOL", "CAPACITY", "BUSY", "PENDING", "WAIT P50", "WAIT P90", "UTILIZATION", "SUCCEEDED",
                "FAILED", "WORKERS"),
               [(p.name, str(p.capacity), str(p.busy), str(p.pending), _duration(p.wait_p50_s),
                 _duration(p.wait_p90_s), _percent(p.utilization), str(p.succeeded), str(p.failed),
                 str(p.workers_connected)) for p in snap.pools])
     out.line()
-    out.line("totals: " + ", ".join(f"{name} {value}" for name, value in ordered_totals(snap.totals).items()))
+    out.line("totals " + totals_text(dict(snap.totals)))
     return ExitCode.OK
 
 
 # ---------------------------------------------------------------- watch
+
+
+class EventLine:
+    """``watch``'s lines, in columns: time, id, pool, status, attempt, key and
+    message. A stream has no end to measure, so each column is as wide as the
+    widest value seen so far (from widths that fit the usual values), and
+    keys no wider than ``KEY_WIDTH``: a longer one moves only its own message."""
+
+    KEY_WIDTH = 32
+
+    def __init__(self, pools: list[str]) -> None:
+        self.widths = [24, 4, max([7, *(cell_len(p) for p in pools)]), max(map(len, STATUS_NAMES.values())),
+                       len("attempt 10/10"), 1]
+
+    def text(self, event: pb.StatusEvent, out: Output) -> str:
+        cells = [iso_ns(event.at_unix_ns), str(event.id), out.field(event.pool),
+                 STATUS_NAMES.get(event.status, "?"), f"attempt {attempt_text(event.attempt, event.max_attempts)}",
+                 out.field(event.key) if event.key else "-"]
+        for i, cell in enumerate(cells):
+            if i < len(cells) - 1 or cell_len(cell) <= self.KEY_WIDTH:
+                self.widths[i] = max(self.widths[i], cell_len(cell))
+        padded = [cell.rjust(self.widths[i]) if i == 1 else cell + " " * (self.widths[i] - cell_len(cell))
+                  for i, cell in enumerate(cells)]
+        return "  ".join([*padded, out.field(event.message)]).rstrip()
 
 
 async def watch(conn: Connection, args: argparse.Namespace, out: Output) -> int:
@@ -351,6 +378,7 @@ async def watch(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     # client role or an unknown pool ends the command with its exit code;
     # after that, the stream reconnects for as long as it runs.
     await conn.list_tasks(pools, [], 0, 1)
+    line = EventLine(pools)
     backoff = 0.2
     while True:
         try:
@@ -359,10 +387,7 @@ async def watch(conn: Connection, args: argparse.Namespace, out: Output) -> int:
                 if _json_wanted(args):
                     out.json(event_json(event))
                 else:
-                    out.line("  ".join((iso_ns(event.at_unix_ns), str(event.id), out.field(event.pool),
-                                        STATUS_NAMES.get(event.status, "?"), f"attempt {event.attempt}",
-                                        out.field(event.key) if event.key else "-",
-                                        out.field(event.message))).rstrip())
+                    out.line(line.text(event, out))
                 out.flush()
             reason = "the stream ended"
         except SchedulerError as exc:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["escape", "escape_bytes", "Output", "columns", "iso_ns", "age", "STATUS_NAMES", "PRIORITY_NAMES",
            "OVERLAP_NAMES", "CLASS_NAMES", "HEALTH_NAMES", "event_json", "worker_health", "worker_json",
-           "schedule_json"]
+           "schedule_json", "window_text", "totals_text", "attempt_text"]
 
 # Unicode's bidirectional embeddings, overrides and isolates: they reorder what follows on screen.
 _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
@@ -139,6 +139,40 @@ def age(seconds: float) -> str:
     return f"{int(seconds)}s"
 
 
+def window_text(seconds: float) -> str:
+    """The span a snapshot's pool counts cover, for a label: "the last 60 s"
+    (0 from a server that does not say: "the metrics window")."""
+    return f"the last {seconds:g} s" if seconds > 0 else "the metrics window"
+
+
+# What each of a snapshot's totals counts: a pool's window counts are attempts,
+# while most totals are tasks; shown side by side, the unit tells them apart.
+_TOTAL_UNITS = (("tasks", ("submitted", "succeeded", "failed", "dead_lettered", "cancelled", "skipped", "missed",
+                           "shed")),
+                ("attempts", ("dispatched", "retries", "timeouts", "lease_expiries", "stale_completions")),
+                ("schedule occurrences", ("recurring_conflicts", "recurring_invalid")))
+
+
+def totals_text(totals: dict[str, int]) -> str:
+    """A snapshot's totals on one line, grouped by what they count."""
+    groups = []
+    shown: set[str] = set()
+    for unit, names in _TOTAL_UNITS:
+        present = [name for name in names if name in totals]
+        shown.update(present)
+        if present:
+            groups.append(f"{unit}: " + ", ".join(f"{name} {totals[name]}" for name in present))
+    others = sorted(set(totals) - shown)   # a newer server's: named, without a unit we do not know
+    if others:
+        groups.append("other: " + ", ".join(f"{name} {totals[name]}" for name in others))
+    return "since start, " + "; ".join(groups)
+
+
+def attempt_text(attempt: int, max_attempts: int) -> str:
+    """"2/3": the attempt of those allowed ("2" when the allowance is unknown)."""
+    return f"{attempt}/{max_attempts}" if max_attempts else str(attempt)
+
+
 # ---------------------------------------------------------------- enum names (proto values, stable)
 
 # Literal tables (checked against the proto by tests/test_cli_units.py): parsing
@@ -170,6 +204,8 @@ def event_json(m: pb.StatusEvent) -> dict[str, Any]:
         out["message"] = m.message
     if m.stage:   # a stage completed
         out["stage"] = m.stage
+    if m.max_attempts:
+        out["max_attempts"] = m.max_attempts
     return out
 
 

@@ -38,9 +38,11 @@ class Connection:
         """Run a unary call; raise the cronoq exception it stands for."""
         return await wire.call(make, self.settings.retry_for if retry_for is None else retry_for, ref)
 
-    async def watch(self, pools: list[str], terminal_only: bool) -> AsyncIterator[pb.StatusEvent]:
-        """The Watch stream, as raw events; its errors as cronoq exceptions."""
-        call = self.tasks.Watch(pb.WatchRequest(pools=pools, terminal_only=terminal_only), metadata=self.metadata)
+    async def watch(self, pools: list[str], terminal_only: bool, recent: int = 0) -> AsyncIterator[pb.StatusEvent]:
+        """The Watch stream, as raw events (first up to ``recent`` of those the
+        leader kept); its errors as cronoq exceptions."""
+        request = pb.WatchRequest(pools=pools, terminal_only=terminal_only, recent=recent)
+        call = self.tasks.Watch(request, metadata=self.metadata)
         try:
             async for event in call:
                 yield event

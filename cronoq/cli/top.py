@@ -23,10 +23,10 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, NamedTuple, Sequence, TypeVar
 
-from rich import box
-from rich.console import Console, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, Group, RenderableType
 from rich.layout import Layout
 from rich.live import Live
 from rich.measure import Measurement
@@ -34,10 +34,10 @@ from rich.table import Table
 from rich.text import Text
 
 from .._proto import cronoq_pb2 as pb
-from ..errors import AccessDenied, SchedulerError
+from ..errors import AccessDenied, SchedulerError, UnknownPool
 from .commands import split_list
 from .exits import CliError, ExitCode
-from .output import Output, STATUS_NAMES, age, escape
+from .output import Output, STATUS_NAMES, age, attempt_text, escape, window_text
 from .remote import Connection
 
 __all__ = ["run_top", "TopView", "EVENTS_KEPT", "pause_after_frame"]
@@ -113,6 +113,7 @@ class TopView:
         self._dirty = asyncio.Event()
         self._refresh_now = asyncio.Event()
         self._quit = asyncio.Event()
+        self.ended_by: BaseException | None = None   # an error that ends top, raised once the screen is restored
 
     # -- the loops
 
@@ -142,7 +143,16 @@ class TopView:
             except (NotImplementedError, RuntimeError, AttributeError):
                 pass
             restore()
+        if self.ended_by is not None:
+            raise self.ended_by
         return ExitCode.OK
+
+    def _end(self, exc: BaseException) -> None:
+        """End top with ``exc``: an unknown pool (--pool) never becomes known by
+        retrying, and ends top as it ends ``cronoq watch`` (exit 3, the same message)."""
+        if self.ended_by is None:
+            self.ended_by = exc
+        self._quit.set()
 
     def _read_keys(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
         """cbreak mode on a terminal's stdin: keys arrive one by one, Ctrl-C still interrupts."""
@@ -207,6 +217,8 @@ class TopView:
         async def load(pane: Pane, role: str, call: Callable[[], Awaitable[Any]]) -> None:
             try:
                 pane.set(await _within(call(), limit))
+            except UnknownPool as exc:
+                self._end(exc)
             except Exception as exc:   # whatever a call raises (a channel torn down mid-restart too) is the pane's
                 pane.fail(exc, role)   # to show: it must not end the refresher, which retries next round
 
@@ -241,11 +253,19 @@ class TopView:
                 await _within(self.conn.list_tasks(self.pools, [], 0, 1, retry_for=0), max(5.0, self.interval))
                 self.events.state, self.events.error = "live", None
                 self._dirty.set()
-                async for event in self.conn.watch(self.pools, terminal_only=False):
+                # The stream starts with the latest events the leader kept, so the pane
+                # does not start empty; after a reconnection, those it shows already are skipped.
+                shown = {_event_key(e) for e in self.events.events}
+                async for event in self.conn.watch(self.pools, terminal_only=False, recent=EVENTS_KEPT):
                     backoff = 0.2
+                    if shown and _event_key(event) in shown:
+                        continue
                     self.events.events.appendleft(event)
                     self._dirty.set()
                 reason = "the stream ended"
+            except UnknownPool as exc:
+                self._end(exc)
+                return
             except AccessDenied as exc:
                 self.events.state, self.events.error = "denied", _explain(exc, "client")
                 self._dirty.set()
@@ -272,53 +292,67 @@ class TopView:
         middle_height = min(2 + max(1, len(workers), len(schedules)), max(3, height // 4))
         rest = max(4, height - 1 - (pools_height + 1) - (middle_height + 1))
         middle = Layout(name="middle", size=middle_height)
-        workers_pane = self._workers(workers, middle_height - 2, now)
-        schedules_pane = self._schedules(schedules, middle_height - 2, now)
-        # Each side gets room in proportion to what it would fill, not half each:
-        # a schedule's cron expression and time zone need more than a worker's row.
-        middle.split_row(Layout(workers_pane, name="workers", ratio=self._natural_width(workers_pane)),
-                         Layout(Text(" "), name="gutter", size=2),
-                         Layout(schedules_pane, name="schedules", ratio=self._natural_width(schedules_pane)))
+        workers_width, schedules_width = self._split_middle(workers, schedules, now, width - _GUTTER)
+        middle.split_row(
+            Layout(self._workers(workers, middle_height - 2, now, workers_width), name="workers", size=workers_width),
+            Layout(Text(" "), name="gutter", size=_GUTTER),
+            Layout(self._schedules(schedules, middle_height - 2, now, schedules_width), name="schedules"))
         bottom = Layout(name="bottom")
         if width >= 160:
-            bottom.split_row(Layout(self._tasks(rest - 2, now), name="tasks"),
-                             Layout(self._events(rest - 2), name="events"))
+            left = (width - _GUTTER) // 2
+            bottom.split_row(Layout(self._tasks(rest - 2, now, left), name="tasks", size=left),
+                             Layout(Text(" "), name="gutter", size=_GUTTER),
+                             Layout(self._events(rest - 2, width - _GUTTER - left), name="events"))
         else:
             tasks_height = rest // 2
-            bottom.split_column(Layout(self._tasks(tasks_height - 3, now), name="tasks", size=tasks_height),
-                                Layout(self._events(rest - tasks_height - 2), name="events"))
-        layout.split_column(Layout(self._header(now), name="header", size=1),
-                            Layout(self._pools(pools, pools_height - 2), name="pools", size=pools_height + 1),
+            bottom.split_column(Layout(self._tasks(tasks_height - 3, now, width), name="tasks", size=tasks_height),
+                                Layout(self._events(rest - tasks_height - 2, width), name="events"))
+        layout.split_column(Layout(self._header(now, width), name="header", size=1),
+                            Layout(self._pools(pools, pools_height - 2, width), name="pools", size=pools_height + 1),
                             Layout(middle, size=middle_height + 1),
                             bottom)
         return layout
 
-    def _natural_width(self, renderable: RenderableType) -> int:
-        return max(10, Measurement.get(self.console, self.console.options, renderable).maximum)
+    def _split_middle(self, workers: Sequence[pb.WorkerInfo], schedules: Sequence[pb.RecurringInfo], now: float,
+                      room: int) -> tuple[int, int]:
+        """The widths of the workers and the schedules panes. Each side gets
+        room in proportion to what it would fill, not half each (a schedule's
+        cron expression and time zone need more than a worker's row); when
+        both do not fit, a side that needs less than half keeps all it needs."""
+        wanted = [max(10, self._natural(self._workers(workers, len(workers) + 1, now, None))),
+                  max(10, self._natural(self._schedules(schedules, len(schedules) + 1, now, None)))]
+        if sum(wanted) > room and min(wanted) <= room // 2:
+            small = wanted.index(min(wanted))
+            sizes = [0, 0]
+            sizes[small] = wanted[small]
+            sizes[1 - small] = room - wanted[small]
+            return sizes[0], sizes[1]
+        left = max(1, min(room - 1, round(room * wanted[0] / sum(wanted))))
+        return left, room - left
 
-    def _header(self, now: float) -> Text:
-        text = Text()
-        text.append("cronoq top", style="bold")
-        # The keys come first, so that a narrow terminal, which cuts the line, still shows them.
-        text.append("  q quit  r refresh" if self.keys else "  Ctrl-C quits", style="dim")
-        text.append(f"  {escape(self.conn.settings.url)}  {time.strftime('%H:%M:%S', time.gmtime(now))} UTC")
+    def _natural(self, renderable: RenderableType) -> int:
+        return Measurement.get(self.console, self.console.options, renderable).maximum
+
+    def _header(self, now: float, width: int) -> Text:
+        """One line; what does not fit is left out, least needed first: the
+        address, then the clock (the keys and the counts stay)."""
         snap = self.snapshot.data
+        parts: list[tuple[int, str, str]] = [   # (rank: the highest goes first, text, style)
+            (0, "cronoq top", "bold"),
+            (0, "  q quit  r refresh" if self.keys else "  Ctrl-C quits", "dim"),
+            (3, f"  {escape(self.conn.settings.url)}", ""),
+            (2, f"  {time.strftime('%H:%M:%S', time.gmtime(now))} UTC", "")]
         if snap is not None:
-            text.append(f"  live {snap.live_tasks}  running {snap.running}  pending {snap.pending}  "
-                        f"workers {snap.workers_connected}")
+            parts.append((1, f"  live {snap.live_tasks}  running {snap.running}  pending {snap.pending}  "
+                             f"workers {snap.workers_connected}", ""))
         if self.refreshed_at is None:
-            text.append("  loading…", style="dim")
+            parts.append((1, "  loading…", "dim"))
+        while len(parts) > 2 and sum(cell_len(text) for _, text, _ in parts) > width:
+            parts.remove(max(reversed(parts), key=lambda part: part[0]))
+        text = Text(no_wrap=True, overflow="crop")
+        for _, part, style in parts:
+            text.append(part, style=style)
         return text
-
-    @staticmethod
-    def _table(title: str, columns: Sequence[tuple[str, str]], *, stretch_last: bool = False) -> Table:
-        """A pane's table; with ``stretch_last`` the last column takes the width left over."""
-        table = Table(title=_title(title), title_justify="left", box=None, pad_edge=False, show_edge=False,
-                      expand=stretch_last, header_style="bold", padding=(0, 2, 0, 0))
-        for i, (name, justify) in enumerate(columns):
-            table.add_column(name, justify="right" if justify == "r" else "left", no_wrap=True,
-                             overflow="ellipsis", ratio=1 if stretch_last and i == len(columns) - 1 else None)
-        return table
 
     @staticmethod
     def _problem(title: str, pane: Pane | EventsPane) -> RenderableType | None:
@@ -331,89 +365,162 @@ class TopView:
         return table
 
     @staticmethod
-    def _fit(table: Table, rows: Sequence[Sequence[Text | str]], room: int) -> Table:
-        """Add as many rows as fit in ``room`` lines; the last says how many did not."""
+    def _pane(title: Sequence[str], columns: Sequence[Column], rows: Sequence[Sequence[Text | str]], room: int,
+              width: int | None, *, stretch: bool = False) -> RenderableType:
+        """A pane: its title, then the columns that fit in ``width`` (None:
+        all of them), and as many rows as fit in ``room`` lines; the last line
+        says how many did not. ``title``: its first part, then notes that are
+        left out when the width is short."""
         room = max(1, room)
         shown = rows if len(rows) <= room else rows[:room - 1]
+        chosen = choose_columns(columns, shown, width, stretch=stretch)
+        table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold", padding=(0, _GAP, 0, 0))
+        for index, column_width in chosen:
+            column = columns[index]
+            table.add_column(column.header, justify="right" if column.justify == "r" else "left", no_wrap=True,
+                             overflow="ellipsis", width=column_width)
         for row in shown:
-            table.add_row(*row)
+            table.add_row(*(row[index] for index, _ in chosen))
+        heading = _title(title[0])
+        for note in title[1:]:
+            if width is None or heading.cell_len + cell_len(note) <= width:
+                heading.append(note, style="dim")
+        parts: list[RenderableType] = [heading, table]
         if len(shown) < len(rows):
-            table.add_row(Text(f"… {len(rows) - len(shown)} more", style="dim"))
-        return table
+            parts.append(Text(f"… {len(rows) - len(shown)} more", style="dim"))
+        return Group(*parts)
 
-    def _pools(self, pools: Iterable[pb.PoolSnapshot], room: int) -> RenderableType:
+    def _pools(self, pools: Iterable[pb.PoolSnapshot], room: int, width: int) -> RenderableType:
         problem = self._problem("Pools", self.snapshot)
         if problem is not None:
             return problem
-        table = self._table("Pools", [("POOL", "l"), ("CAPACITY", "r"), ("BUSY", "r"), ("PENDING", "r"),
-                                      ("WAIT P50", "r"), ("WAIT P90", "r"), ("UTIL", "r"), ("SUCCEEDED", "r"),
-                                      ("FAILED", "r"), ("WORKERS", "r")])
+        window = window_text(self.snapshot.data.metrics_window_s)
         rows = [(_cell(p.name), str(p.capacity), str(p.busy), str(p.pending), _seconds(p.wait_p50_s),
                  _seconds(p.wait_p90_s), f"{p.utilization * 100:.0f}%", str(p.succeeded),
                  Text(str(p.failed), style="red" if p.failed else ""), str(p.workers_connected)) for p in pools]
-        return self._fit(table, rows, room)
+        # The window's counts are attempts (a retried task counts once per attempt), unlike the totals.
+        return self._pane(("Pools", f"  SUCCEEDED, FAILED: attempts in {window}", "; waits, UTIL: the same"),
+                          _POOL_COLUMNS, rows, room, width)
 
-    def _workers(self, workers: Sequence[pb.WorkerInfo], room: int, now: float) -> RenderableType:
+    def _workers(self, workers: Sequence[pb.WorkerInfo], room: int, now: float, width: int | None
+                 ) -> RenderableType:
         problem = self._problem("Workers", self.workers)
         if problem is not None:
             return problem
-        table = self._table(f"Workers ({len(workers)})", [("NAME", "l"), ("POOL", "l"), ("BUSY", "r"),
-                                                           ("LABELS", "l"), ("CONNECTED", "r")])
         rows = [(_worker_name(w), _cell(w.pool), f"{w.busy}/{w.slots}",
                  _cell(",".join(f"{k}={v}" for k, v in sorted(w.labels.items())) or "-"),
                  age(now - w.connected_unix_ns / 1e9) + " ago") for w in workers]
-        return self._fit(table, rows, room)
+        return self._pane((f"Workers ({len(workers)})",), _WORKER_COLUMNS, rows, room, width)
 
-    def _schedules(self, schedules: Sequence[pb.RecurringInfo], room: int, now: float) -> RenderableType:
+    def _schedules(self, schedules: Sequence[pb.RecurringInfo], room: int, now: float, width: int | None
+                   ) -> RenderableType:
         problem = self._problem("Schedules", self.schedules)
         if problem is not None:
             return problem
-        table = self._table(f"Schedules ({len(schedules)})", [("NAME", "l"), ("CRON", "l"), ("POOL", "l"),
-                                                               ("NEXT", "r")])
         rows = [(_cell(s.name), _cell(s.cron + (f" {s.tz}" if s.tz else "")), _cell(s.pool),
                  "in " + age(s.next_unix_ns / 1e9 - now) if s.HasField("next_unix_ns") else "-")
                 for s in schedules]
-        return self._fit(table, rows, room)
+        return self._pane((f"Schedules ({len(schedules)})",), _SCHEDULE_COLUMNS, rows, room, width)
 
-    def _tasks(self, room: int, now: float) -> RenderableType:
+    def _tasks(self, room: int, now: float, width: int) -> RenderableType:
         pools = f" in {', '.join(self.pools)}" if self.pools else ""
         problem = self._problem(f"Live tasks{pools}", self.tasks)
         if problem is not None:
             return problem
         tasks: list[pb.TaskInfo] = self.tasks.data
         more = "+" if len(tasks) >= self.task_limit > 0 else ""
-        table = self._table(f"Live tasks{pools} ({len(tasks)}{more}, running first)",
-                            [("ID", "r"), ("STATUS", "l"), ("POOL", "l"), ("KEY", "l"), ("ATTEMPT", "r"),
-                             ("FOR", "r"), ("MESSAGE", "l")], stretch_last=True)
         rows: list[tuple[str | Text, ...]] = []
         for t in tasks:
             status = STATUS_NAMES.get(t.status, "?")
             since = t.started_unix_ns if t.status == pb.TASK_STATUS_RUNNING and t.HasField("started_unix_ns") \
                 else t.created_unix_ns if t.HasField("created_unix_ns") else None
             rows.append((str(t.id), Text(status, style=_STATUS_STYLE.get(status, "")), _cell(t.pool),
-                         _cell(t.key or "-"), str(t.attempt), age(now - since / 1e9) if since else "-",
-                         _cell(t.message)))
-        return self._fit(table, rows, room)
+                         _cell(t.key or "-"), attempt_text(t.attempt, t.max_attempts),
+                         age(now - since / 1e9) if since else "-", _cell(t.message)))
+        return self._pane((f"Live tasks{pools} ({len(tasks)}{more}, running first)",), _TASK_COLUMNS, rows, room,
+                          width, stretch=True)
 
-    def _events(self, room: int) -> RenderableType:
+    def _events(self, room: int, width: int) -> RenderableType:
         pools = f" in {', '.join(self.pools)}" if self.pools else ""
         title = f"Recent events{pools}"
         if self.events.error is not None and not self.events.events:
             return self._problem(title, self.events) or Text("")
-        if self.events.error is not None:
-            title += f"  [{self.events.error}]"
-        table = self._table(title, [("TIME", "l"), ("ID", "r"), ("POOL", "l"), ("STATUS", "l"), ("KEY", "l"),
-                                    ("MESSAGE", "l")], stretch_last=True)
+        notes = [f"  [{self.events.error}]"] if self.events.error is not None else []
         rows: list[tuple[str | Text, ...]] = []
         for e in list(self.events.events)[:max(1, room)]:
             status = STATUS_NAMES.get(e.status, "?")
             rows.append((time.strftime("%H:%M:%S", time.gmtime(e.at_unix_ns // 1_000_000_000)), str(e.id),
-                         _cell(e.pool), Text(status, style=_STATUS_STYLE.get(status, "")), _cell(e.key or "-"),
-                         _cell(e.message)))
+                         _cell(e.pool), Text(status, style=_STATUS_STYLE.get(status, "")),
+                         attempt_text(e.attempt, e.max_attempts), _cell(e.key or "-"), _cell(e.message)))
         if not rows:
-            rows.append(("", "", "", Text("waiting for events…" if self.events.state == "live" else
-                                          self.events.state + "…", style="dim"), "", ""))
-        return self._fit(table, rows, room)
+            waiting = "waiting for events…" if self.events.state == "live" else self.events.state + "…"
+            rows.append(("", "", "", Text(waiting, style="dim"), "", "", ""))
+        return self._pane((title, *notes), _EVENT_COLUMNS, rows, room, width, stretch=True)
+
+
+class Column(NamedTuple):
+    """A column of a pane. When the width is short, the columns of the highest
+    ``rank`` go first; a column with ``shrink_to`` may be cut (with an
+    ellipsis) down to that width, any other is shown whole or not at all."""
+
+    header: str
+    justify: str = "l"
+    rank: int = 0
+    shrink_to: int = 0
+
+
+_GAP = 2      # cells between two columns
+_GUTTER = 2   # cells between two panes side by side
+_POOL_COLUMNS = (Column("POOL"), Column("CAPACITY", "r", 3), Column("BUSY", "r", 2), Column("PENDING", "r", 1),
+                 Column("WAIT P50", "r", 6), Column("WAIT P90", "r", 8), Column("UTIL", "r", 7),
+                 Column("SUCCEEDED", "r", 5), Column("FAILED", "r", 4), Column("WORKERS", "r", 9))
+_WORKER_COLUMNS = (Column("NAME"), Column("POOL", rank=2), Column("BUSY", "r", 1),
+                   Column("LABELS", rank=3, shrink_to=8), Column("CONNECTED", "r", 4))
+_SCHEDULE_COLUMNS = (Column("NAME"), Column("CRON", rank=2), Column("POOL", rank=3), Column("NEXT", "r", 1))
+_TASK_COLUMNS = (Column("ID", "r"), Column("STATUS", rank=1), Column("POOL", rank=2),
+                 Column("KEY", rank=3, shrink_to=8), Column("ATTEMPT", "r", 4), Column("FOR", "r", 5),
+                 Column("MESSAGE", rank=6, shrink_to=10))
+_EVENT_COLUMNS = (Column("TIME", rank=2), Column("ID", "r"), Column("POOL", rank=3), Column("STATUS", rank=1),
+                  Column("ATTEMPT", "r", 5), Column("KEY", rank=4, shrink_to=8),
+                  Column("MESSAGE", rank=6, shrink_to=10))
+
+
+def choose_columns(columns: Sequence[Column], rows: Sequence[Sequence[Text | str]], width: int | None, *,
+                   stretch: bool = False) -> list[tuple[int, int]]:
+    """(index, width) of the columns shown in ``width`` cells (None: all, at
+    their natural width). A header is never cut; with ``stretch``, the last
+    column shown takes the cells left over."""
+    natural = [max([cell_len(column.header), *(_cells(row[i]) for row in rows)])
+               for i, column in enumerate(columns)]
+
+    def least(i: int) -> int:
+        column = columns[i]
+        return min(natural[i], max(column.shrink_to, cell_len(column.header))) if column.shrink_to else natural[i]
+
+    kept = list(range(len(columns)))
+    if width is None:
+        return [(i, natural[i]) for i in kept]
+
+    def needed(indexes: list[int]) -> int:
+        return sum(least(i) for i in indexes) + _GAP * (len(indexes) - 1)
+
+    while len(kept) > 1 and needed(kept) > width:
+        kept.remove(max(reversed(kept), key=lambda i: columns[i].rank))
+    widths = {i: least(i) for i in kept}
+    spare = width - needed(kept)
+    for i in sorted(kept, key=lambda i: columns[i].rank):   # cut columns get their cells back, most needed first
+        grow = max(0, min(spare, natural[i] - widths[i]))
+        widths[i] += grow
+        spare -= grow
+    if stretch and spare > 0:
+        widths[kept[-1]] += spare
+    if len(kept) == 1:
+        widths[kept[0]] = min(widths[kept[0]], width)
+    return [(i, widths[i]) for i in kept]
+
+
+def _cells(cell: Text | str) -> int:
+    return cell.cell_len if isinstance(cell, Text) else cell_len(cell)
 
 
 def pause_after_frame(drawing_seconds: float) -> float:
@@ -437,6 +544,10 @@ async def _within(awaitable: Awaitable[T], seconds: float) -> T:
         task.cancel()
         raise asyncio.TimeoutError
     return task.result()
+
+
+def _event_key(e: pb.StatusEvent) -> tuple[int, int, int, int, str]:
+    return (e.id, e.status, e.attempt, e.at_unix_ns, e.stage)
 
 
 def _title(title: str) -> Text:

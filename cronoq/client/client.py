@@ -371,7 +371,7 @@ class Client:
         try:
             async for m in call:
                 yield StatusEvent(m.id, m.pool, m.key or None, _status(m.status), m.attempt, m.at_unix_ns / NS,
-                                  m.message or None, m.stage or None)
+                                  m.message or None, m.stage or None, max_attempts=m.max_attempts or None)
         except grpc.aio.AioRpcError as exc:
             raise wire.error_from(exc) from None
         finally:
@@ -422,7 +422,8 @@ class Client:
         """The server's snapshot (metrics role) as a dict: ``pools`` (one dict
         per pool the token may see, with its ``groups``), ``totals``,
         ``live_tasks``, ``running``, ``pending``, ``workers_connected``, ``at``
-        (Unix seconds). Field meanings: docs/server.md."""
+        (Unix seconds), ``metrics_window`` (seconds: what the pools' attempt
+        counts and rates cover). Field meanings: docs/server.md."""
         _, admin = self._stubs()
         r = await self._call(lambda: admin.Snapshot(pb.SnapshotRequest(), metadata=self._metadata))
         pools = []
@@ -432,7 +433,8 @@ class Client:
             pool["groups"] = [{"labels": dict(g.labels), "capacity": g.capacity, "busy": g.busy} for g in p.groups]
             pools.append(pool)
         return {"pools": pools, "totals": dict(r.totals), "live_tasks": r.live_tasks, "running": r.running,
-                "pending": r.pending, "workers_connected": r.workers_connected, "at": r.at_unix_ns / NS}
+                "pending": r.pending, "workers_connected": r.workers_connected, "at": r.at_unix_ns / NS,
+                "metrics_window": r.metrics_window_s}
 
 
 _POOL_FIELDS = ("name", *(field.wire for field in POOL_FIELDS if field.kind != "classes"))

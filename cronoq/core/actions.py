@@ -8,7 +8,7 @@ Tuple layouts, by their first element:
 
 - ``(DISPATCH, entry, lease, attempt)``: run one attempt of the task
 - ``(ABORT, lease, task_id, reason)``: stop an attempt; its slot is already free
-- ``(EVENT, task_id, pool, key, status, attempt, at_ns, message, tenant)``
+- ``(EVENT, task_id, pool, key, status, attempt, at_ns, message, tenant, max_attempts)``
 - ``(PERSIST, mutation)``: a mutation for the store (see ``cronoq.core.mutations``)
 - ``(SCALE, pool, desired)``: the autoscaler's target for a pool
 """
@@ -72,12 +72,14 @@ class Abort:
 class StatusEvent:
     """A task changed status. ``at`` is Unix seconds. ``stage`` is set on
     the event of a stage completed (a checkpoint saved; the status stays
-    ``running``). ``tenant``: the task's tenant (None if none)."""
+    ``running``). ``tenant``: the task's tenant (None if none).
+    ``max_attempts``: the attempts its retry policy allows (None if not known)."""
 
-    __slots__ = ("id", "pool", "key", "status", "attempt", "at", "message", "stage", "tenant")
+    __slots__ = ("id", "pool", "key", "status", "attempt", "at", "message", "stage", "tenant", "max_attempts")
 
     def __init__(self, id: int, pool: str, key: str | None, status: str, attempt: int, at: float,
-                 message: str | None = None, stage: str | None = None, tenant: str | None = None) -> None:
+                 message: str | None = None, stage: str | None = None, tenant: str | None = None,
+                 max_attempts: int | None = None) -> None:
         self.id = id
         self.pool = pool
         self.key = key
@@ -87,12 +89,14 @@ class StatusEvent:
         self.message = message
         self.stage = stage
         self.tenant = tenant
+        self.max_attempts = max_attempts
 
     def __repr__(self) -> str:
         stage = "" if self.stage is None else f", stage={self.stage!r}"
         tenant = "" if self.tenant is None else f", tenant={self.tenant!r}"
+        limit = "" if self.max_attempts is None else f", max_attempts={self.max_attempts}"
         return (f"StatusEvent(id={self.id}, pool={self.pool!r}, key={self.key!r}, status={self.status!r}, "
-                f"attempt={self.attempt}, at={self.at}, message={self.message!r}{stage}{tenant})")
+                f"attempt={self.attempt}, at={self.at}, message={self.message!r}{stage}{tenant}{limit})")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, StatusEvent) and all(
@@ -128,7 +132,7 @@ class Scale:
 
 
 def event_from(raw: tuple[Any, ...]) -> StatusEvent:
-    return StatusEvent(raw[1], raw[2], raw[3], raw[4], raw[5], raw[6] / 1e9, raw[7], None, raw[8])
+    return StatusEvent(raw[1], raw[2], raw[3], raw[4], raw[5], raw[6] / 1e9, raw[7], None, raw[8], raw[9])
 
 
 def typed(raw: tuple[Any, ...]) -> Dispatch | Abort | StatusEvent | Persist | Scale:

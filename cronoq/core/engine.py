@@ -104,7 +104,7 @@ class Core:
         self.tasks: dict[int, Entry] = {}
         self.running: dict[int, Entry] = {}       # lease -> entry
         self.keys: dict[str, int] = {}            # key -> id, live or retained
-        self.retained: dict[int, Record] = {}     # id -> (status, pool, key, kind, attempt, message, tenant)
+        self.retained: dict[int, Record] = {}     # id -> (status, pool, key, kind, attempt, message, tenant, ...)
         self._retain_order: deque[tuple[int, int]] = deque()   # (expiry, id)
         self.awaiting: dict[str, list[Edge]] = {}  # key -> [(child entry, condition)]
         self.recurring: dict[str, Recurring] = {}
@@ -391,13 +391,14 @@ class Core:
             spec = e.spec
             stages = list(spec.stages) if spec is not None and spec.stages else None
             return TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None, stages,
-                            tenant=None if spec is None else spec.tenant)
+                            tenant=None if spec is None else spec.tenant, max_attempts=self._policy(e).max_attempts)
         record = self._retained_record(ref)
         if record is None:
             raise UnknownTask(ref)
         task_id = ref if isinstance(ref, int) else self.keys[ref]
-        status, pool, key, kind, attempt, message, tenant = record
-        return TaskInfo(task_id, Status(status), pool, key, kind, attempt, message, tenant=tenant)
+        status, pool, key, kind, attempt, message, tenant, max_attempts = record
+        return TaskInfo(task_id, Status(status), pool, key, kind, attempt, message, tenant=tenant,
+                        max_attempts=max_attempts)
 
     def explain(self, ref: int | str, now: int) -> Explanation:
         """Why task ``ref`` waits (read-only; see ``cronoq.core.explain``)."""
@@ -1212,6 +1213,10 @@ class Core:
         self._wait_retry(e, now, delay)
         self._announce(e, RETRYING, now, message)
 
+    def max_attempts(self, e: Entry) -> int:
+        """The attempts a live task's retry policy allows."""
+        return self._policy(e).max_attempts
+
     def _policy(self, e: Entry) -> RetryPolicy:
         spec = e.spec
         return spec.retry if spec is not None and spec.retry is not None else e.pool.retry
@@ -1377,7 +1382,8 @@ class Core:
         spec = e.spec
         tenant = None if spec is None else spec.tenant
         if self._retain_on:
-            self.retained[task_id] = (_PLAIN[status], e.pool.name, e.key, e.kind, e.attempt, message, tenant)
+            self.retained[task_id] = (_PLAIN[status], e.pool.name, e.key, e.kind, e.attempt, message, tenant,
+                                      self._policy(e).max_attempts)
             self._retain_order.append((now + self._retention, task_id))
             if len(self.retained) > self._retain_max:
                 self._expire_retained(now, True)
@@ -1387,7 +1393,8 @@ class Core:
             self._succeeded += 1
         else:
             self._counts[status] += 1
-        self.actions.append((act.EVENT, task_id, e.pool.name, e.key, status, e.attempt, now, message, tenant))
+        self.actions.append((act.EVENT, task_id, e.pool.name, e.key, status, e.attempt, now, message, tenant,
+                             self._policy(e).max_attempts))
         if self._persist:
             self.actions.append((act.PERSIST, (MUT_STATUS, task_id, status, e.attempt, now, message)))
 
@@ -1437,7 +1444,7 @@ class Core:
     def _event(self, e: Entry, status: Status, now: int, message: str | None) -> None:
         spec = e.spec
         self.actions.append((act.EVENT, e.id, e.pool.name, e.key, status, e.attempt, now, message,
-                             None if spec is None else spec.tenant))
+                             None if spec is None else spec.tenant, self._policy(e).max_attempts))
 
     # ================================================================ estimates
 
@@ -1822,7 +1829,7 @@ class Core:
                 ended.append(RestoredTask(task_id, t.pool, spec, t.submitted_ns, FAILED, t.attempt,
                                           message, now))
                 self.actions.append((act.EVENT, task_id, t.pool, None, FAILED, t.attempt, now, message,
-                                     None if spec is None else spec.tenant))
+                                     None if spec is None else spec.tenant, None))
                 if self._persist:
                     self.actions.append((act.PERSIST, (MUT_STATUS, task_id, FAILED, t.attempt, now, message)))
                 continue
@@ -1858,7 +1865,11 @@ class Core:
                 key = t.spec.key if t.spec is not None else None
                 kind = t.spec.kind if t.spec is not None else None
                 tenant = t.spec.tenant if t.spec is not None else None
-                self.retained[t.id] = (_PLAIN[t.status], t.pool, key, kind, t.attempt, t.message, tenant)
+                pool = self.pools.get(t.pool)
+                retry = t.spec.retry if t.spec is not None and t.spec.retry is not None else \
+                    pool.retry if pool is not None and t.spec is not None else None
+                self.retained[t.id] = (_PLAIN[t.status], t.pool, key, kind, t.attempt, t.message, tenant,
+                                       None if retry is None else retry.max_attempts)
                 self._retain_order.append((expires, t.id))
                 if key is not None and keys.get(key) not in live_tasks:   # a live task keeps its key
                     keys[key] = t.id
@@ -2082,7 +2093,7 @@ class Core:
         self._flush(now)
         pools = [self._pool_snapshot(p, now) for p in self.pools.values()]
         return Snapshot(pools, self.totals, len(self.tasks), len(self.running), self.pending,
-                        now / NS)
+                        now / NS, window=self.config.metrics_window_ns / NS)
 
     def _pool_snapshot(self, p: PoolState, now: int) -> PoolSnapshot:
         w = p.window

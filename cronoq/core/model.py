@@ -34,11 +34,12 @@ W_DUE = 4       # the pool's due queue (fixed starts and their retries)
 
 Labels = frozenset[tuple[str, str]]
 Edge = tuple["Entry", str]   # (child, condition) on a parent, (parent, condition) in a plan
-# A retained task: (status, pool, key, kind, attempt, message, tenant). The status is
+# A retained task: (status, pool, key, kind, attempt, message, tenant, max_attempts;
+# None when not known: a task restored without its options). The status is
 # kept as its plain string: a tuple of plain values is left alone by the
 # garbage collector, which matters for a million records (an enum member
 # would keep every record tracked).
-Record = tuple[str, str, str | None, str | None, int, str | None, str | None]
+Record = tuple[str, str, str | None, str | None, int, str | None, str | None, int | None]
 
 
 class Extra:

@@ -138,12 +138,15 @@ class PoolSnapshot(_View):
 
 
 class Snapshot(_View):
-    """The whole scheduler: its pools, totals since start, and task counts."""
+    """The whole scheduler: its pools, totals since start, and task counts.
+    ``window`` is the metrics window in seconds, which the pools' counts and
+    rates cover."""
 
-    __slots__ = ("pools", "totals", "live_tasks", "running", "pending", "at", "checkpoints")
+    __slots__ = ("pools", "totals", "live_tasks", "running", "pending", "at", "checkpoints", "window")
 
     def __init__(self, pools: list[PoolSnapshot], totals: dict[str, int], live_tasks: int,
-                 running: int, pending: int, at: float, checkpoints: dict[str, int] | None = None) -> None:
+                 running: int, pending: int, at: float, checkpoints: dict[str, int] | None = None,
+                 window: float = 60.0) -> None:
         self.pools = pools
         self.totals = totals
         self.live_tasks = live_tasks
@@ -154,6 +157,7 @@ class Snapshot(_View):
         # checkpoints, checkpoints held, saved and attempts resumed since start.
         self.checkpoints = checkpoints if checkpoints is not None else {
             "tasks": 0, "held": 0, "saved": 0, "resumed": 0}
+        self.window = window
 
     def pool(self, name: str) -> PoolSnapshot:
         for pool in self.pools:
@@ -180,13 +184,17 @@ class Checkpoint(_View):
 class TaskInfo(_View):
     """What the scheduler knows of one task (live, or retained after it
     ended): ``stages`` as declared (None if none), ``checkpoints`` in stage
-    order, ``tenant`` the one it was submitted for (None if none)."""
+    order, ``tenant`` the one it was submitted for (None if none),
+    ``max_attempts`` the attempts its retry policy allows (None when not
+    known: a finished task read from the store, or restored without its options)."""
 
-    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "message", "stages", "checkpoints", "tenant")
+    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "message", "stages", "checkpoints", "tenant",
+                 "max_attempts")
 
     def __init__(self, id: int, status: str, pool: str, key: str | None, kind: str | None,
                  attempt: int, message: str | None, stages: list[str] | None = None,
-                 checkpoints: list[Checkpoint] | None = None, tenant: str | None = None) -> None:
+                 checkpoints: list[Checkpoint] | None = None, tenant: str | None = None,
+                 max_attempts: int | None = None) -> None:
         self.id = id
         self.status = status
         self.pool = pool
@@ -197,3 +205,4 @@ class TaskInfo(_View):
         self.stages = stages
         self.checkpoints: list[Checkpoint] = checkpoints if checkpoints is not None else []
         self.tenant = tenant
+        self.max_attempts = max_attempts

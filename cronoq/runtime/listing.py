@@ -103,13 +103,15 @@ def engine_tasks(core: Core, pools: frozenset[str] | None, statuses: frozenset[s
         for e in heapq.nsmallest(limit, live, key=lambda e: e.id):
             spec = e.spec
             found.append(TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None,
-                                  tenant=None if spec is None else spec.tenant))
+                                  tenant=None if spec is None else spec.tenant,
+                                  max_attempts=core.max_attempts(e)))
     if statuses is None or statuses & TERMINAL:
         ended = ((task_id, record) for task_id, record in core.retained.items() if task_id > after
                  and (pools is None or record[1] in pools) and (statuses is None or record[0] in statuses))
         for task_id, record in heapq.nsmallest(limit, ended, key=lambda item: item[0]):
-            status, pool, key, kind, attempt, message, tenant = record
-            found.append(TaskInfo(task_id, status, pool, key, kind, attempt, message, tenant=tenant))
+            status, pool, key, kind, attempt, message, tenant, max_attempts = record
+            found.append(TaskInfo(task_id, status, pool, key, kind, attempt, message, tenant=tenant,
+                                  max_attempts=max_attempts))
     return found
 
 

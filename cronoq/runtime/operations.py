@@ -60,7 +60,7 @@ class Operation(Generic[_A, _R]):
 
 def info_from_dict(data: dict[str, Any]) -> TaskInfo:
     return TaskInfo(data["id"], data["status"], data["pool"], data["key"], data["kind"], data["attempt"],
-                    data["message"], tenant=data.get("tenant"))
+                    data["message"], tenant=data.get("tenant"), max_attempts=data.get("max_attempts"))
 
 
 def snapshot_from_dict(data: dict[str, Any]) -> Snapshot:
@@ -69,7 +69,9 @@ def snapshot_from_dict(data: dict[str, Any]) -> Snapshot:
         fields = dict(pool)
         fields["groups"] = [GroupSnapshot(g["labels"], g["capacity"], g["busy"]) for g in pool["groups"]]
         pools.append(PoolSnapshot(**fields))
-    return Snapshot(pools, dict(data["totals"]), data["live_tasks"], data["running"], data["pending"], data["at"])
+    # (.get: a leader of an older version sends no window; its default was 60 s)
+    return Snapshot(pools, dict(data["totals"]), data["live_tasks"], data["running"], data["pending"], data["at"],
+                    window=data.get("window", 60.0))
 
 
 def _same(value: Any) -> Any:

@@ -198,9 +198,10 @@ SNAPSHOT = Obj("Snapshot", {
                              "dead_lettered, cancelled, skipped, missed, shed, retries, timeouts, "
                              "lease_expiries, stale_completions, recurring_conflicts, recurring_invalid."),
     "at_unix_ns": UnixNs("When it was taken."),
+    "metrics_window_s": Seconds("The metrics window: the span the pools' attempt counts, waits and rates cover."),
     "unavailable_shards": Array(Text(), "Always empty (no shards in this version)."),
 }, "The scheduler's state.", required=("pools", "live_tasks", "running", "pending", "workers_connected", "totals",
-                                       "at_unix_ns", "unavailable_shards"))
+                                       "at_unix_ns", "metrics_window_s", "unavailable_shards"))
 
 ERROR = Obj("Error", {
     "error": Text("What went wrong, naming the field or the limit."),

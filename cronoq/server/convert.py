@@ -372,9 +372,13 @@ def info_message(info: Any, meta: TaskMeta | None) -> pb.TaskInfo:
         out.message = info.message
     record = info if hasattr(info, "has_output") else None
     out.output_available = info.status == "succeeded" and (record is None or record.has_output)
+    # The engine's policy while the task lives (it also knows the tasks this
+    # server did not submit: schedule occurrences, another process's); else the cache's.
+    max_attempts = getattr(info, "max_attempts", None) or (meta.max_attempts if meta is not None else 0)
+    if max_attempts:
+        out.max_attempts = max_attempts
     if meta is not None:
         out.priority = PRIORITY_OUT[meta.priority]
-        out.max_attempts = meta.max_attempts
         out.created_unix_ns = meta.created_ns
         if meta.started_ns is not None:
             out.started_unix_ns = meta.started_ns

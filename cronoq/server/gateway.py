@@ -608,6 +608,8 @@ def _event_json(event: Any) -> dict[str, Any]:
         out["message"] = event.message
     if event.stage is not None:
         out["stage"] = event.stage
+    if event.max_attempts is not None:
+        out["max_attempts"] = event.max_attempts
     return out
 
 

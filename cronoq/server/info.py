@@ -10,7 +10,8 @@ from typing import Any
 
 from ..core.types import TERMINAL, TaskSpec
 
-__all__ = ["InfoCache", "TaskMeta", "LiveFeed", "DEAD_LETTERS_KEPT", "ATTEMPTS_KEPT"]
+__all__ = ["InfoCache", "TaskMeta", "LiveFeed", "RecentEvents", "DEAD_LETTERS_KEPT", "ATTEMPTS_KEPT",
+           "RECENT_EVENTS_KEPT"]
 
 
 # ---------------------------------------------------------------- the info cache
@@ -127,6 +128,25 @@ class InfoCache:
 
 
 # ---------------------------------------------------------------- push streams
+
+
+# Status events the leader keeps for new Watch streams to start with (WatchRequest.recent).
+RECENT_EVENTS_KEPT = 200
+
+
+class RecentEvents:
+    """The leader's latest status events, oldest first: a sink of the
+    scheduler, so that a stream subscribed in the same step as it copies them
+    gets each event once, from the copy or live."""
+
+    def __init__(self, limit: int = RECENT_EVENTS_KEPT) -> None:
+        self.events: deque[Any] = deque(maxlen=limit)
+
+    def deliver(self, event: Any) -> None:
+        self.events.append(event)
+
+    def end(self) -> None:
+        pass
 
 
 class LiveFeed:

@@ -30,6 +30,7 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
 
 from .._proto import cronoq_pb2 as pb
+from ..core.actions import StatusEvent
 from ..core.errors import EventsLagged, TaskFailed, UnknownTask
 from ..core.snapshot import POOL_FIELDS
 from ..core.types import CLASSES, NS, TERMINAL, TaskSpec
@@ -41,7 +42,7 @@ from .convert import (
     recurring_options, result_message, status_enum, status_name, task_ref,
 )
 from .errors import Code, ServiceError, from_exception
-from .info import InfoCache, LiveFeed, TaskMeta
+from .info import InfoCache, LiveFeed, RecentEvents, TaskMeta
 
 if TYPE_CHECKING:
     from ..core.snapshot import Snapshot
@@ -64,6 +65,20 @@ def _now_ns() -> int:
 # ---------------------------------------------------------------- the service
 
 
+def _event_message(event: StatusEvent) -> pb.StatusEvent:
+    message = pb.StatusEvent(id=event.id, pool=event.pool, status=status_enum(event.status),
+                             attempt=event.attempt, at_unix_ns=int(round(event.at * NS)))
+    if event.key is not None:
+        message.key = event.key
+    if event.message:
+        message.message = event.message
+    if event.stage is not None:
+        message.stage = event.stage
+    if event.max_attempts is not None:
+        message.max_attempts = event.max_attempts
+    return message
+
+
 class Service:
     """The calls of the Tasks and Admin services (see the module docstring)."""
 
@@ -79,6 +94,7 @@ class Service:
         self.state = "standby"           # standby, leader, stopping
         self.info = InfoCache(config.outputs.info_entries)
         self.watchers = 0
+        self.recent = RecentEvents()
         self._events: asyncio.Task[None] | None = None
 
     # -- serving
@@ -96,13 +112,18 @@ class Service:
     def lead(self, sched: Scheduler) -> None:
         self.scheduler = sched
         self.state = "leader"
+        self.recent = RecentEvents()   # (a new leader's own: its engine's events)
+        sched.subscribe(self.recent)
         self._events = asyncio.get_running_loop().create_task(self._follow(sched))
 
     def step_down(self, state: str = "standby") -> None:
         self.state = state
         if state == "standby":
+            if self.scheduler is not None:
+                self.scheduler.unsubscribe(self.recent)
             self.scheduler = None
             self.info.clear()
+            self.recent = RecentEvents()
             if self._events is not None:
                 self._events.cancel()
                 self._events = None
@@ -127,7 +148,8 @@ class Service:
             return None if caller.pools is None else caller.visible(self.pools)
         for name in names:
             if name not in self.pool_sections:
-                raise ServiceError(Code.NOT_FOUND, f"no pool named {name!r}", "UnknownPool")
+                known = ", ".join(caller.visible(self.pools)) or "none the credential may use"
+                raise ServiceError(Code.NOT_FOUND, f"no pool named {name!r} (pools: {known})", "UnknownPool")
             if not caller.sees(name):
                 raise ServiceError(Code.PERMISSION_DENIED, f"the credential may not use pool {name!r}")
         return sorted(set(names))
@@ -478,9 +500,19 @@ class Service:
             raise ServiceError(Code.RESOURCE_EXHAUSTED,
                                f"the server serves at most {self.limits.max_watchers} Watch streams (limits)")
         terminal_only = request.terminal_only
+
+        def wanted_event(event: StatusEvent) -> bool:
+            return (wanted is None or event.pool in wanted) and caller.owns(event.tenant) and (
+                not terminal_only or event.status in TERMINAL)
+
         self.watchers += 1
+        # The copy and the subscription in one step: each event comes once, replayed or live.
+        replay = [event for event in self.recent.events if wanted_event(event)][-request.recent:] \
+            if request.recent else []
         stream = sched.events(on_lag="raise")
         try:
+            for event in replay:
+                yield _event_message(event)
             while True:
                 try:
                     event = await stream.__anext__()
@@ -489,21 +521,8 @@ class Service:
                 except EventsLagged as exc:
                     raise ServiceError(Code.DATA_LOSS, f"the stream fell behind and {exc.skipped} events were "
                                                        f"dropped; reconnect and reconcile with Get") from None
-                if wanted is not None and event.pool not in wanted:
-                    continue
-                if not caller.owns(event.tenant):
-                    continue
-                if terminal_only and event.status not in TERMINAL:
-                    continue
-                message = pb.StatusEvent(id=event.id, pool=event.pool, status=status_enum(event.status),
-                                         attempt=event.attempt, at_unix_ns=int(round(event.at * NS)))
-                if event.key is not None:
-                    message.key = event.key
-                if event.message:
-                    message.message = event.message
-                if event.stage is not None:
-                    message.stage = event.stage
-                yield message
+                if wanted_event(event):
+                    yield _event_message(event)
         finally:
             self.watchers -= 1
             stream.close()
@@ -633,7 +652,7 @@ class Service:
         for conn in self.hub.workers.values():
             workers[conn.pool] = workers.get(conn.pool, 0) + 1
         response = pb.SnapshotResponse(live_tasks=snap.live_tasks, running=snap.running, pending=snap.pending,
-                                       at_unix_ns=int(round(snap.at * NS)))
+                                       at_unix_ns=int(round(snap.at * NS)), metrics_window_s=snap.window)
         for view in snap.pools:
             pool = view.as_dict()
             name = pool["name"]

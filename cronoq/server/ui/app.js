@@ -280,19 +280,50 @@ function workersChanged(snap) {
   return changed;
 }
 
+// What each total counts: beside a pool's window counts (attempts), most totals are tasks.
+const TOTAL_UNITS = [
+  ["tasks", ["submitted", "succeeded", "failed", "dead_lettered", "cancelled", "skipped", "missed", "shed"]],
+  ["attempts", ["dispatched", "retries", "timeouts", "lease_expiries", "stale_completions"]],
+  ["schedule occurrences", ["recurring_conflicts", "recurring_invalid"]],
+];
+
+// "last 60 s": the span of a snapshot's window counts and rates (an older server does not say).
+function windowText(snap) {
+  return snap.metrics_window_s > 0 ? `last ${snap.metrics_window_s} s` : "the metrics window";
+}
+
+function attemptText(attempt, maxAttempts) {
+  return maxAttempts ? `${attempt}/${maxAttempts}` : String(attempt);
+}
+
 function renderOverview(snap) {
   const totals = $("#totals");
-  const items = [["live tasks", snap.live_tasks], ["running", snap.running], ["pending", snap.pending],
-                 ["workers", snap.workers_connected]];
-  for (const [name, value] of Object.entries(snap.totals)) items.push([name, value]);
-  totals.replaceChildren(...items.map(([name, value]) => {
-    const span = document.createElement("span");
-    span.dataset.total = name;
-    span.append(name + " ");
-    const b = document.createElement("b");
-    b.textContent = value;
-    span.append(b);
-    return span;
+  const groups = [["now", [["live tasks", snap.live_tasks], ["running", snap.running], ["pending", snap.pending],
+                           ["workers", snap.workers_connected]]]];
+  const listed = new Set();
+  for (const [unit, names] of TOTAL_UNITS) {
+    const present = names.filter((name) => name in snap.totals);
+    present.forEach((name) => listed.add(name));
+    if (present.length) groups.push([`since start, ${unit}`, present.map((name) => [name, snap.totals[name]])]);
+  }
+  const others = Object.keys(snap.totals).filter((name) => !listed.has(name)).sort();
+  if (others.length) groups.push(["since start, other", others.map((name) => [name, snap.totals[name]])]);
+  totals.replaceChildren(...groups.map(([label, items]) => {
+    const group = document.createElement("div");
+    group.className = "total-group";
+    const heading = document.createElement("span");
+    heading.className = "unit";
+    heading.textContent = label + ":";
+    group.append(heading, ...items.map(([name, value]) => {
+      const span = document.createElement("span");
+      span.dataset.total = name;
+      span.append(name + " ");
+      const b = document.createElement("b");
+      b.textContent = value;
+      span.append(b);
+      return span;
+    }));
+    return group;
   }));
   const holder = $("#pools");
   for (const pool of snap.pools) {
@@ -301,7 +332,7 @@ function renderOverview(snap) {
       card = poolCard(pool.name);
       holder.append(card);
     }
-    fillPoolCard(card, pool);
+    fillPoolCard(card, pool, windowText(snap));
   }
 }
 
@@ -311,6 +342,8 @@ function poolCard(name) {
   card.dataset.pool = name;
   const title = document.createElement("h2");
   title.textContent = name;
+  const span = document.createElement("p");
+  span.className = "window note";
   const fields = document.createElement("dl");
   const legend = document.createElement("div");
   legend.className = "legend";
@@ -321,7 +354,7 @@ function poolCard(name) {
     span.append(mark, label);
     legend.append(span);
   });
-  card.append(title, fields, chart(), legend);
+  card.append(title, span, fields, chart(), legend);
   return card;
 }
 
@@ -341,9 +374,12 @@ function chart() {
   return svg;
 }
 
-function fillPoolCard(card, pool) {
+function fillPoolCard(card, pool, span) {
   const pct = (x) => (100 * x).toFixed(1) + "%";
   const secs = (x) => x < 1 ? (1000 * x).toFixed(0) + " ms" : x.toFixed(2) + " s";
+  card.querySelector(".window").textContent =
+    `waits, rates and attempts: ${span}; cost: since start; the rest: now`;
+  const labels = {succeeded: "attempts succeeded", failed: "attempts failed"};   // (attempts, not tasks)
   const fields = [
     ["capacity", pool.capacity], ["desired", pool.desired], ["busy", pool.busy], ["pending", pool.pending],
     ...CLASSES.map((c) => ["pending " + c, pool.pending_by_class[c]]),
@@ -355,7 +391,7 @@ function fillPoolCard(card, pool) {
   const dl = card.querySelector("dl");
   dl.replaceChildren(...fields.flatMap(([name, value]) => {
     const dt = document.createElement("dt");
-    dt.textContent = name;
+    dt.textContent = labels[name] || name;
     const dd = document.createElement("dd");
     dd.dataset.field = name;
     dd.textContent = value;
@@ -467,7 +503,7 @@ function renderTasks(tasks, since) {
     const row = before.get(task.id);
     if (!row) return taskRow(task, since);
     if (row.dataset.status !== task.status && !(Number(row.dataset.push || 0) > since)) {
-      setStatus(row, task.status, task.attempt);
+      setStatus(row, task.status, task.attempt, task.max_attempts);
     }
     app.taskRows.set(task.id, row);
     return row;
@@ -483,24 +519,27 @@ function taskRow(task, since) {
   const row = document.createElement("tr");
   row.dataset.id = task.id;
   row.append(cell(task.id), cell(task.pool), cell(task.key), cell(task.kind),
-             cell(task.status, "status status-" + task.status), cell(task.attempt), cell(task.priority || "normal"),
+             cell(task.status, "status status-" + task.status), cell(attemptText(task.attempt, task.max_attempts)),
+             cell(task.priority || "normal"),
              cell(task.tenant), cell(dateTime(task.created_unix_ns)));
   row.dataset.status = task.status;
+  if (task.max_attempts) row.dataset.maxAttempts = task.max_attempts;
   const seen = app.seen.get(task.id);
   const last = seen && seen[seen.length - 1];
   if (since !== undefined && last && last.seq > since) {
-    setStatus(row, last.status, last.attempt);
+    setStatus(row, last.status, last.attempt, last.max_attempts);
     row.dataset.push = String(last.seq);
   }
   app.taskRows.set(task.id, row);
   return row;
 }
 
-function setStatus(row, status, attempt) {
+function setStatus(row, status, attempt, maxAttempts) {
   const cell = row.children[4];
   cell.textContent = status;
   cell.className = "status status-" + status;
-  row.children[5].textContent = attempt;
+  if (maxAttempts) row.dataset.maxAttempts = maxAttempts;
+  row.children[5].textContent = attemptText(attempt, Number(row.dataset.maxAttempts || 0));
   row.dataset.status = status;
 }
 
@@ -510,7 +549,7 @@ function onStatus(events) {
     remember(e);
     const row = app.taskRows.get(e.id);
     if (row) {
-      setStatus(row, e.status, e.attempt);
+      setStatus(row, e.status, e.attempt, e.max_attempts);
       row.dataset.push = String(e.seq);
     } else if ((!app.tasks.filters.pool || e.pool === app.tasks.filters.pool) &&
                (!app.tasks.filters.status || e.status === app.tasks.filters.status)) {
@@ -764,7 +803,8 @@ function renderEvents() {
     const row = document.createElement("tr");
     row.dataset.id = e.id;
     row.append(cell(time(e.at_unix_ns)), cell(e.id), cell(e.pool), cell(e.key),
-               cell(e.status, "status status-" + e.status), cell(e.attempt), cell(e.message, "message"));
+               cell(e.status, "status status-" + e.status), cell(attemptText(e.attempt, e.max_attempts)),
+               cell(e.message, "message"));
     fragment.append(row);
   }
   body.prepend(fragment);
@@ -853,7 +893,8 @@ async function loadDead(first) {
       const actions = cell("");
       if (app.dead.again.has(t.id)) actions.textContent = "submitted again as task " + app.dead.again.get(t.id);
       else actions.append(again);
-      row.append(cell(t.id), cell(t.pool), cell(t.key), cell(t.kind), cell(t.attempt), cell(t.message, "message"),
+      row.append(cell(t.id), cell(t.pool), cell(t.key), cell(t.kind), cell(attemptText(t.attempt, t.max_attempts)),
+                 cell(t.message, "message"),
                  cell(dateTime(t.finished_unix_ns)), actions);
       return row;
     }));

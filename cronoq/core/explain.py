@@ -113,7 +113,7 @@ def explain(core: Explained, ref: int | str, now: int) -> Explanation:
         record = core.retained.get(task_id) if task_id is not None else None
         if record is None or task_id is None:
             raise UnknownTask(ref)
-        status, pool, key, _kind, attempt, message, tenant = record
+        status, pool, key, _kind, attempt, message, tenant, _max_attempts = record
         summary = f"It is not waiting: it ended {status}" + (f" ({message})." if message else ".")
         # (a retained record keeps no class)
         return Explanation(task_id, status, pool, "", key, tenant, _at(now), summary)

@@ -327,6 +327,21 @@ def test_events_workers_and_recurring_pages(browser, servers, workers, shots):
         page.context.close()
 
 
+def test_the_events_page_starts_with_the_leaders_recent_events(browser, servers, workers):
+    server = servers(CONFIG, name="dash")
+    workers(server.target, "reports", slots=1)
+    with api(server, ADMIN) as http:
+        wait_until(lambda: capacity(http, "reports") == 1, what="the worker connecting")
+        sub = http.post("/v1/tasks", json={"pool": "reports", "key": "before-the-page"}).json()
+        assert http.get(f"/v1/tasks/{sub['id']}/result").json()["status"] == "succeeded"
+        page = open_page(browser, server, ADMIN, "overview")   # the events came before the page existed
+        page.click("#nav a[data-page=events]")
+        row = f'#event-table tr[data-id="{sub["id"]}"]'
+        page.wait_for_selector(f'{row}:has-text("succeeded")', timeout=WAIT_MS)
+        assert page.locator(row).count() == 3   # ready, running, succeeded: each once
+        page.context.close()
+
+
 def test_the_page_shows_standby_and_disconnected_and_follows_the_new_leader(browser, servers, tmp_path, shots):
     config = sqlite_config(tmp_path / "state.db")
     leader = servers(config, name="a")

@@ -157,6 +157,29 @@ async def test_the_stream_follows_pool_filters_and_credential_scope(server):
 
 
 @pytest.mark.asyncio
+async def test_with_recent_the_stream_starts_with_the_latest_events_it_may_see(server):
+    async with http(server, CLIENT) as client:
+        done = (await client.post("/v1/tasks", json={"payload": {}, "key": "before-the-stream"})).json()
+        assert (await client.get(f"/v1/tasks/{done['id']}/result")).json()["status"] == "succeeded"
+        await client.post("/v1/tasks", json={"pool": "idle", "key": "idle-before"})
+    async with http(server, ADMIN) as api, api.stream("GET", "/v1/events", params={
+            "recent": "2", "pool": "default", "snapshot_s": "0"}) as r:
+        events = Events(r)
+        assert (await events.next())[0] == "hello"
+        kind, first = await events.next()
+        assert kind == "status"   # the last two of the default pool's kept events, oldest first, before any new one
+        assert [(e["id"], e["status"]) for e in first] == [(done["id"], "running"), (done["id"], "succeeded")]
+    async with http(server, SCOPED) as scoped, scoped.stream("GET", "/v1/events", params={"recent": "50"}) as r:
+        events = Events(r)
+        await events.next()
+        kind, first = await events.next()
+        assert kind == "status" and first and {e["pool"] for e in first} == {"idle"}   # only what the token sees
+    async with http(server, CLIENT) as client:
+        r = await client.get("/v1/events", params={"recent": "-1"})
+        assert r.status_code == 400 and r.json()["error"].startswith("recent")
+
+
+@pytest.mark.asyncio
 async def test_streams_count_against_max_watchers_and_are_released_on_close():
     async with cronoq.server.serve(LISTEN + "[limits]\nmax_watchers = 1\n") as server:
         async with http(server) as api:

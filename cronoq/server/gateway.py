@@ -454,7 +454,8 @@ class Gateway:
                                                        f"{caller.role} role")
         every = call.query.get("snapshot_s", 1.0)
         snapshots = "metrics" in roles and every > 0
-        sched, feed = self.service.open_feed(caller, call.query.get("pool", ()), events="client" in roles)
+        sched, feed = self.service.open_feed(caller, call.query.get("pool", ()), events="client" in roles,
+                                             recent=int(call.query.get("recent", 0)))
         return Response(200, b"", "text/event-stream; charset=utf-8", headers=(("x-accel-buffering", "no"),),
                         stream=self._push(caller, sched, feed, max(every, _MIN_SNAPSHOT_S) if snapshots else 0.0))
 

@@ -113,13 +113,18 @@ ROUTES: tuple[Route, ...] = (
                       "An occurrence already created still runs."),
     Route("GET", "/v1/events", "events", "Live events (Server-Sent Events)", "events", role="client",
           media="text/event-stream", also=("metrics",), query=(("pool", _POOLS), ("snapshot_s", Seconds(
-              "How often a snapshot event comes (metrics role): default 1, at least 0.2; 0 for none."))),
+              "How often a snapshot event comes (metrics role): default 1, at least 0.2; 0 for none.")),
+              ("recent", IntegerField("First, up to this many of the latest status events the leader kept "
+                                      "(it keeps the last 200) for the pools asked for, oldest first: default 0.",
+                                      minimum=0, maximum=2 ** 32 - 1))),
           statuses=(400, 401, 403, 404, 429, 503),
           description="Needs the client role (status events) or the metrics role (snapshots); admin gets both. "
                       "A text/event-stream: hello (state, role, visible pools), status (a JSON array of status "
                       "events, every transition, batched), snapshot (as /v1/snapshot), "
                       "lagged (events were dropped: reconcile with the task routes), state (this server stopped "
-                      "serving; the stream ends). Live only: after a reconnection, re-read what you show."),
+                      "serving; the stream ends). With recent, the first status message holds up to that many of the "
+                      "latest events the leader kept; after that, live only: after a reconnection, re-read what "
+                      "you show."),
     Route("GET", "/v1/snapshot", "snapshot", "The scheduler's state", "snapshot", role="metrics",
           response=SNAPSHOT, statuses=(401, 403, 503)),
     Route("GET", "/metrics", "metrics", "Prometheus metrics", "metrics", role="metrics",

@@ -528,10 +528,11 @@ class Service:
             stream.close()
         raise ServiceError(Code.UNAVAILABLE, "the server stopped serving; reconnect (to the new leader)")
 
-    def open_feed(self, caller: Principal, pools: Iterable[str], *, events: bool = True
+    def open_feed(self, caller: Principal, pools: Iterable[str], *, events: bool = True, recent: int = 0
                   ) -> tuple[Scheduler, LiveFeed]:
         """A push stream's feed of status events (the limit of Watch, whose
-        streams it counts among; without ``events``, a feed that stays empty).
+        streams it counts among; without ``events``, a feed that stays empty),
+        starting with up to ``recent`` of the latest events the leader kept.
         ``close_feed`` releases it."""
         sched = self.serving()
         chosen = self._pool_filter(caller, pools)
@@ -540,6 +541,12 @@ class Service:
                                f"the server serves at most {self.limits.max_watchers} Watch streams (limits)")
         feed = LiveFeed(self.limits.watch_buffer, None if chosen is None else frozenset(chosen), caller.tenant)
         if events:
+            # The copy and the subscription in one step: each event comes once, replayed or live.
+            if recent:
+                wanted = [event for event in self.recent.events
+                          if (feed.pools is None or event.pool in feed.pools) and caller.owns(event.tenant)]
+                for event in wanted[-recent:]:
+                    feed.deliver(event)
             try:
                 sched.subscribe(feed)
             except Exception as exc:

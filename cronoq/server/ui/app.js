@@ -23,6 +23,8 @@ const app = {
   seen: new Map(),            // id -> [events], bounded (insertion order)
   tasks: {filters: {}, after: "0", cursors: [], next: null, refetch: null},
   events: {paused: false, pending: [], frame: 0, count: 0, since: performance.now()},
+  recentEvents: [],           // the latest EVENT_ROWS events, for an events page opened later
+  replayed: false,            // the first connection asks for the leader's recent events; later ones do not
   drawerId: null,
   pushes: 0,                  // status events applied to rows so far
 };
@@ -103,7 +105,10 @@ async function readStream(controller) {
   if (app.token) headers.authorization = "Bearer " + app.token;
   let response;
   try {
-    response = await fetch("/v1/events?snapshot_s=1", {headers, signal: controller.signal, cache: "no-store"});
+    // (a reconnection asks for no replay: what it showed is still there, re-read by refreshPage)
+    const replay = app.replayed ? "" : "&recent=" + EVENT_ROWS;
+    response = await fetch("/v1/events?snapshot_s=1" + replay, {headers, signal: controller.signal,
+                                                               cache: "no-store"});
   } catch (err) {
     if (!controller.signal.aborted) setState("disconnected", "the server cannot be reached");
     return;
@@ -150,6 +155,7 @@ async function errorText(response) {
 
 function dispatch(event, data) {
   if (event === "hello") {
+    app.replayed = true;
     app.retryDelay = 500;
     app.role = data.role;
     app.pools = data.pools;
@@ -222,6 +228,7 @@ function refreshPage() {
   else if (app.page === "recurring") loadRecurring();
   else if (app.page === "dead") loadDead(true);
   else if (app.page === "overview" && app.lastSnapshot) renderOverview(app.lastSnapshot);
+  else if (app.page === "events" && !$("#event-table tbody").children.length) queueEvents(app.recentEvents);
 }
 
 function fillPoolChoices() {
@@ -545,6 +552,8 @@ function setStatus(row, status, attempt, maxAttempts) {
 
 function onStatus(events) {
   let unknown = false;
+  app.recentEvents.push(...events);
+  if (app.recentEvents.length > EVENT_ROWS) app.recentEvents.splice(0, app.recentEvents.length - EVENT_ROWS);
   for (const e of events) {
     remember(e);
     const row = app.taskRows.get(e.id);

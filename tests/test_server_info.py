@@ -68,3 +68,27 @@ async def test_every_attempt_is_in_the_task_info_on_every_store(servers, tmp_pat
     finally:
         worker.stop()
         await asyncio.wait_for(running, 30)
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+async def test_a_finished_task_only_the_store_knows_still_says_how_many_attempts_it_had(
+        servers, tmp_path, request, store):
+    import cronoq
+
+    pg_server = request.getfixturevalue("pg_server") if store == "postgres" else None
+    text, env = config(store, tmp_path, pg_server)
+    # The engine keeps a finished task 0.1 s: a restart (seconds) leaves it to the store alone.
+    text = text.replace("[store]\n", "[store]\nretention_s = 0.1\n")
+    assert "retention_s = 0.1" in text
+    first = servers(text, env=env, name="first")
+    async with Client(first.target) as client:
+        own = (await client.submit("own policy", pool="default", retry=cronoq.RetryPolicy(max_attempts=5))).id
+        pooled = (await client.submit("the pool's policy", pool="default")).id
+        for task_id in (own, pooled):
+            assert await client.cancel(task_id)
+    assert first.stop() == 0
+    again = servers(text, env=env, name="again")   # a new engine and no memory: only the store knows them
+    async with Client(again.target) as client:
+        assert [(await client.get(t)).max_attempts for t in (own, pooled)] == [5, 3]
+        listed = {info.id: info.max_attempts for info in (await client.list(statuses=["cancelled"])).tasks}
+        assert (listed[own], listed[pooled]) == (5, 3)

@@ -20,6 +20,7 @@ from ..core.types import NS, STATUSES, TERMINAL
 
 if TYPE_CHECKING:
     from ..core.engine import Core
+    from ..store.base import TaskRecord
 
 __all__ = ["RecurringInfo", "list_tasks", "recurring"]
 
@@ -115,6 +116,15 @@ def engine_tasks(core: Core, pools: frozenset[str] | None, statuses: frozenset[s
     return found
 
 
+def stored_max_attempts(record: TaskRecord, pool: Any) -> int | None:
+    """The attempts a task known only to the store was allowed: its own
+    policy's, else its pool's (``pool``: anything with a ``retry`` policy, or
+    None for a pool no longer configured)."""
+    if record.max_attempts is not None:
+        return record.max_attempts
+    return None if pool is None else int(pool.retry.max_attempts)
+
+
 def merge(first: list[TaskInfo], more: Iterable[TaskInfo], limit: int) -> list[TaskInfo]:
     """Both lists in id order, without repeating an id (``first`` wins), at most ``limit``."""
     seen = {info.id for info in first}
@@ -134,7 +144,8 @@ async def list_tasks(core: Core, store: Any, pools: Iterable[str] | None, status
             statuses=sorted(TERMINAL if status_set is None else status_set & TERMINAL),
             after=after, limit=limit)
         # The engine's view is the newer one: it wins for ids both know.
-        found = merge(found, (TaskInfo(r.id, r.status, r.pool, r.key, r.kind, r.attempt, r.message, tenant=r.tenant)
+        found = merge(found, (TaskInfo(r.id, r.status, r.pool, r.key, r.kind, r.attempt, r.message, tenant=r.tenant,
+                                       max_attempts=stored_max_attempts(r, core.pools.get(r.pool)))
                               for r in records), limit)
     else:
         found = merge(found, (), limit)

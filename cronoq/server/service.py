@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -34,6 +35,7 @@ from ..core.actions import StatusEvent
 from ..core.errors import EventsLagged, TaskFailed, UnknownTask
 from ..core.snapshot import POOL_FIELDS
 from ..core.types import CLASSES, NS, TERMINAL, TaskSpec
+from ..runtime.listing import stored_max_attempts
 from .auth import Principal
 from .codec import OCTETS, Blob
 from .config import RecurringSection, ServerConfig
@@ -311,6 +313,9 @@ class Service:
                     info = await find(ref)
                 except Exception as exc:
                     raise from_exception(exc) from None
+                if info is not None and info.max_attempts is None:   # its pool's policy applied
+                    config = next((p.config for p in sched.pools if p.name == info.pool), None)
+                    info = dataclasses.replace(info, max_attempts=stored_max_attempts(info, config))
         if info is None or not caller.sees(info.pool) or not caller.owns(info.tenant):
             raise self._not_found(ref)
         return info

@@ -148,6 +148,7 @@ class TaskRecord:
     finished_ns: int | None
     has_output: bool
     tenant: str | None = None
+    max_attempts: int | None = None   # its own retry policy's; None: its pool's policy applies
 
 
 @dataclass(slots=True)

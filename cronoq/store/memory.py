@@ -169,9 +169,13 @@ class InMemoryStore:
     # -- task records (as SqlStore.list_finished and find_task)
 
     def _record(self, row: dict[str, Any]) -> TaskRecord:
+        record = row["record"] or {}
+        retry = record.get("retry")
+        tenant = record.get("tenant")
         return TaskRecord(row["id"], row["pool"], row["kind"], row["key"], row["priority"], row["status"],
                           row["attempt"], row["message"], row["submitted_ns"], row["finished_ns"],
-                          row["id"] in self.database.outputs)
+                          row["id"] in self.database.outputs, tenant=tenant if isinstance(tenant, str) else None,
+                          max_attempts=retry[0] if isinstance(retry, list) and retry else None)
 
     async def list_finished(self, *, pools: list[str] | None = None, statuses: list[str] | None = None,
                             after: int = 0, limit: int = 100) -> list[TaskRecord]:

@@ -89,6 +89,15 @@ def _tenant_of(text: str | None) -> str | None:
     return tenant if isinstance(tenant, str) else None
 
 
+def _max_attempts_of(text: str | None) -> int | None:
+    """The attempts a stored task's own retry policy allows (None if it has none)."""
+    if text is None or '"retry"' not in text:
+        return None
+    record = _parse_record(text)
+    retry = None if record is None else record.get("retry")
+    return retry[0] if isinstance(retry, list) and retry and isinstance(retry[0], int) else None
+
+
 def _record_parser() -> Callable[[str | None], dict[str, Any] | None]:
     """``_parse_record`` sharing one dict among equal records: a backlog of
     plain tasks repeats a handful of records. Records with a key are unique
@@ -799,7 +808,8 @@ class SqlStore:
     def _task_record(row: Any) -> TaskRecord:
         return TaskRecord(id=row[0], pool=row[1], kind=row[2], key=row[3], priority=row[4], status=row[5],
                           attempt=row[6], message=row[7], submitted_ns=row[8], finished_ns=row[9],
-                          has_output=bool(row[10]), tenant=_tenant_of(row[11]))
+                          has_output=bool(row[10]), tenant=_tenant_of(row[11]),
+                          max_attempts=_max_attempts_of(row[11]))
 
     # ----------------------------------------------------------- closing
 

@@ -7,12 +7,12 @@ part, imported when a command needs the server)."""
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from ..loopback import is_loopback
 from .exits import CliError, ExitCode
 
 __all__ = ["Settings", "add_connection_arguments", "settings_from", "SERVER_ENV", "TOKEN_ENV", "CA_ENV",
@@ -66,14 +66,6 @@ class Settings:
         return []
 
 
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _read(path: str, what: str) -> bytes:

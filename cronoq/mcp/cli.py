@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import logging.config
 import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from ..loopback import is_loopback
 
 __all__ = ["add_parser", "run", "main", "SERVER_ENV", "TOKEN_ENV", "ACCESS_TOKEN_ENV", "DEFAULT_SERVER"]
 
@@ -88,15 +89,6 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _credentials(args: argparse.Namespace) -> Any:
     if args.ca_file is None and args.cert_file is None and args.key_file is None:
         return None
@@ -156,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
                                  "(or --no-access-token on a loopback address)")
             if access_token is not None and args.no_access_token:
                 raise UsageError(f"--no-access-token given, but ${ACCESS_TOKEN_ENV} is set: choose one")
-            if args.no_access_token and not _loopback(http[0]):
+            if args.no_access_token and not is_loopback(http[0]):
                 raise UsageError(f"--no-access-token is only allowed on a loopback address, not {http[0]}")
             if access_token is not None and len(access_token) < MIN_TOKEN_LENGTH:
                 raise UsageError(f"${ACCESS_TOKEN_ENV} must have at least {MIN_TOKEN_LENGTH} characters")

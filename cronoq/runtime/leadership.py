@@ -30,7 +30,7 @@ from .cluster import Cluster, ClusterRunner
 from .durability import DurableLog, EncodedPayloads
 from .engine_backend import EngineBackend
 from .following import FollowerBackend
-from .lifecycle import RUNNING, SERVING, STOPPING
+from .lifecycle import RUNNING, SERVING, STOPPING, cancel_and_wait
 from .pool import Pool
 from .recovery import recover
 from .runner import ABORT_SHUTDOWN, Attempt, Runner
@@ -357,12 +357,7 @@ class Leadership:
         with driver.lock:
             self.life.state = STOPPING
         task, self._lead_task = self._lead_task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(task)
         if driver.leading:   # it took the lead just before the cancel: shut down as the leader
             with driver.lock:
                 self.life.state = RUNNING

@@ -21,7 +21,7 @@ from ..core.engine import Core
 from ..core.errors import SchedulerError
 from . import process as _process
 
-__all__ = ["State", "Lifecycle", "TaskGroup", "Guarded"]
+__all__ = ["State", "Lifecycle", "TaskGroup", "Guarded", "cancel_and_wait"]
 
 _T = TypeVar("_T")
 
@@ -88,6 +88,16 @@ class TaskGroup:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (if any) and wait until it is gone, whatever it raised."""
+    if task is not None:
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, Exception):
+            pass
 
 
 def _current_task() -> asyncio.Task[Any] | None:

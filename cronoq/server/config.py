@@ -31,6 +31,7 @@ from ..core.options import (
     UNKNOWN_DEPENDENCY_POLICIES, VALUE_LIMIT, WIRE_ORDER,
 )
 from ..core.recurring import CronSchedule
+from ..loopback import is_loopback
 from .tomlkeys import YEAR, Rule, Table, describe_value, key, rules
 
 __all__ = ["ConfigError", "ServerConfig", "ServerSection", "TlsConfig", "Credential", "StoreConfig",
@@ -283,12 +284,6 @@ def split_addr(text: str) -> tuple[str, int]:
         except ValueError:
             raise ValueError(f"host must be an IP address or localhost, got {host!r}") from None
     return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    return ipaddress.ip_address(host).is_loopback
 
 
 # ---------------------------------------------------------------- sections

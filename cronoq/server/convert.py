@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from .._proto import cronoq_pb2 as pb
+from ..core.actions import StatusEvent
 from ..core.errors import TaskFailed
 from ..core.explain import Explanation
 from ..core.options import CLASSES, DEFAULT_CLASS, OPTIONS, RETRY_FIELDS, TASK_OPTIONS, WIRE_ORDER, TaskOption
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from .info import TaskMeta
 
 __all__ = ["TaskReader", "status_enum", "status_name", "checkpoint_message", "info_message", "result_message",
-           "recurring_options", "task_ref", "explanation_message", "PRIORITY_IN", "OVERLAP_IN", "OVERLAP_OUT"]
+           "recurring_options", "task_ref", "explanation_message", "event_message", "PRIORITY_IN", "OVERLAP_IN", "OVERLAP_OUT"]
 
 PRIORITY_IN: dict[int, int] = {pb.PRIORITY_UNSPECIFIED: DEFAULT_CLASS, pb.PRIORITY_CRITICAL: 0, pb.PRIORITY_HIGH: 1,
                                pb.PRIORITY_NORMAL: 2, pb.PRIORITY_LOW: 3}
@@ -412,3 +413,18 @@ def info_message(info: Any, meta: TaskMeta | None) -> pb.TaskInfo:
     for checkpoint in getattr(info, "checkpoints", ()):
         out.checkpoints.append(checkpoint_message(checkpoint))
     return out
+
+
+def event_message(event: StatusEvent) -> pb.StatusEvent:
+    """The StatusEvent message of one of the scheduler's status events."""
+    message = pb.StatusEvent(id=event.id, pool=event.pool, status=status_enum(event.status),
+                             attempt=event.attempt, at_unix_ns=int(round(event.at * NS)))
+    if event.key is not None:
+        message.key = event.key
+    if event.message:
+        message.message = event.message
+    if event.stage is not None:
+        message.stage = event.stage
+    if event.max_attempts is not None:
+        message.max_attempts = event.max_attempts
+    return message

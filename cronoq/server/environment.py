@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from typing import Callable, Mapping
 
-from .config import GOOD_TOKEN, MIN_TOKEN, ConfigError, ServerConfig, TlsConfig, is_loopback
+from ..loopback import is_loopback
+from .config import GOOD_TOKEN, MIN_TOKEN, ConfigError, ServerConfig, TlsConfig
 
 __all__ = ["check_environment"]
 

@@ -4,9 +4,10 @@ reason phrases of the statuses they use (``http.py`` is the listener)."""
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Protocol
+
+from ..loopback import is_loopback
 
 __all__ = ["HttpLimits", "Request", "Response", "App", "loopback_host", "REASONS", "reason_code"]
 
@@ -28,17 +29,12 @@ def reason_code(status: int) -> str:
 def loopback_host(host_header: str) -> bool:
     """Whether a Host header names this machine's loopback: localhost,
     *.localhost, 127.x.x.x or [::1] (a port may follow)."""
-    host = host_header.strip().lower()
+    host = host_header.strip()
     if host.startswith("["):
         host = host[1:].partition("]")[0]
     elif host.count(":") == 1:
         host = host.partition(":")[0]
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(host)
 
 
 @dataclass(frozen=True)

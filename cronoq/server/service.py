@@ -40,7 +40,7 @@ from .auth import Principal
 from .codec import OCTETS, Blob
 from .config import RecurringSection, ServerConfig
 from .convert import (
-    OVERLAP_IN, OVERLAP_OUT, PRIORITY_IN, TaskReader, check_text, explanation_message, info_message,
+    OVERLAP_IN, OVERLAP_OUT, PRIORITY_IN, TaskReader, check_text, event_message, explanation_message, info_message,
     recurring_options, result_message, status_enum, status_name, task_ref,
 )
 from .errors import Code, ServiceError, from_exception
@@ -65,20 +65,6 @@ def _now_ns() -> int:
 
 
 # ---------------------------------------------------------------- the service
-
-
-def _event_message(event: StatusEvent) -> pb.StatusEvent:
-    message = pb.StatusEvent(id=event.id, pool=event.pool, status=status_enum(event.status),
-                             attempt=event.attempt, at_unix_ns=int(round(event.at * NS)))
-    if event.key is not None:
-        message.key = event.key
-    if event.message:
-        message.message = event.message
-    if event.stage is not None:
-        message.stage = event.stage
-    if event.max_attempts is not None:
-        message.max_attempts = event.max_attempts
-    return message
 
 
 class Service:
@@ -517,7 +503,7 @@ class Service:
         stream = sched.events(on_lag="raise")
         try:
             for event in replay:
-                yield _event_message(event)
+                yield event_message(event)
             while True:
                 try:
                     event = await stream.__anext__()
@@ -527,7 +513,7 @@ class Service:
                     raise ServiceError(Code.DATA_LOSS, f"the stream fell behind and {exc.skipped} events were "
                                                        f"dropped; reconnect and reconcile with Get") from None
                 if wanted_event(event):
-                    yield _event_message(event)
+                    yield event_message(event)
         finally:
             self.watchers -= 1
             stream.close()

@@ -17,7 +17,7 @@ from ...store.codec import Codec
 from ...store.worker import Worker
 from ..durability import EncodedPayloads
 from ..handle import TaskHandle
-from ..lifecycle import TaskGroup
+from ..lifecycle import TaskGroup, cancel_and_wait
 from ..runner import Checkpoints, Runner, RunnerLink
 from .follower import FollowerSide
 from .leader import LeaderSide, Serve
@@ -101,12 +101,7 @@ class Cluster:
         member.fail_running()
         self.follower.stop()
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                pass
+        await cancel_and_wait(task)
         out = Outgoing()
         self.follower.collect_writes(out)
         member.collect_writes(out, self.leader.epoch is not None)

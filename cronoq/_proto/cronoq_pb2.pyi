@@ -422,12 +422,14 @@ class ListTasksRequest(_message.Message):
     def __init__(self, pools: _Optional[_Iterable[str]] = ..., statuses: _Optional[_Iterable[_Union[TaskStatus, str]]] = ..., after: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class ListTasksResponse(_message.Message):
-    __slots__ = ("tasks", "next_after")
+    __slots__ = ("tasks", "next_after", "unavailable_shards")
     TASKS_FIELD_NUMBER: _ClassVar[int]
     NEXT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_SHARDS_FIELD_NUMBER: _ClassVar[int]
     tasks: _containers.RepeatedCompositeFieldContainer[TaskInfo]
     next_after: int
-    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., next_after: _Optional[int] = ...) -> None: ...
+    unavailable_shards: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[TaskInfo, _Mapping]]] = ..., next_after: _Optional[int] = ..., unavailable_shards: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("pools", "terminal_only", "recent")
@@ -742,10 +744,12 @@ class WorkerInfo(_message.Message):
     def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., pool: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., slots: _Optional[int] = ..., busy: _Optional[int] = ..., connected_unix_ns: _Optional[int] = ..., health: _Optional[_Union[WorkerHealth, str]] = ..., lease_expiries: _Optional[int] = ..., last_seen_unix_ns: _Optional[int] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
-    __slots__ = ("workers",)
+    __slots__ = ("workers", "unavailable_shards")
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_SHARDS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerInfo]
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
+    unavailable_shards: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ..., unavailable_shards: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListRecurringRequest(_message.Message):
     __slots__ = ()
@@ -772,10 +776,12 @@ class RecurringInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cron: _Optional[str] = ..., tz: _Optional[str] = ..., pool: _Optional[str] = ..., kind: _Optional[str] = ..., overlap: _Optional[_Union[Overlap, str]] = ..., next_unix_ns: _Optional[int] = ..., last_task_id: _Optional[int] = ...) -> None: ...
 
 class ListRecurringResponse(_message.Message):
-    __slots__ = ("schedules",)
+    __slots__ = ("schedules", "unavailable_shards")
     SCHEDULES_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_SHARDS_FIELD_NUMBER: _ClassVar[int]
     schedules: _containers.RepeatedCompositeFieldContainer[RecurringInfo]
-    def __init__(self, schedules: _Optional[_Iterable[_Union[RecurringInfo, _Mapping]]] = ...) -> None: ...
+    unavailable_shards: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, schedules: _Optional[_Iterable[_Union[RecurringInfo, _Mapping]]] = ..., unavailable_shards: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AddRecurringRequest(_message.Message):
     __slots__ = ("name", "cron", "tz", "template", "overlap")

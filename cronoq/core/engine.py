@@ -40,10 +40,10 @@ from .snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo, TOTAL_FIE
 from .timers import TimerHeap
 from .options import MISS_POLICIES
 from .types import (
-    BLOCKED, CANCELLED, CANCELLED_OUTCOME, CLASSES, DEAD_LETTERED, FAILED, ID_EPOCH_BITS, KEY_LIMIT,
+    BLOCKED, CANCELLED, CANCELLED_OUTCOME, CLASSES, DEAD_LETTERED, FAILED, KEY_LIMIT,
     MISSED, NS, PERMANENT, READY, RECURRING_KEY_LIMIT, RETRYABLE, RETRYING, RUNNING, SCHEDULED, SHED,
     SKIPPED, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, PoolConfig, ResourceConfig, RetryPolicy, Status,
-    TaskSpec, check_length, check_name, to_ns,
+    TaskSpec, check_length, check_name, first_id, to_ns,
 )
 
 __all__ = ["Core", "Entry", "MUT_SUBMIT", "MUT_STATUS", "MUT_OUTPUT", "MUT_RECURRING",
@@ -135,7 +135,7 @@ class Core:
 
     def _first_id(self) -> int:
         """Ids and leases carry the store's epoch, so that a new leader never reuses one."""
-        return (self.config.epoch << ID_EPOCH_BITS) + 1
+        return first_id(self.config.shard, self.config.epoch)
 
     # ================================================================ public API
 

@@ -25,7 +25,7 @@ __all__ = [
     "Priority",
     "Status",
     "Outcome",
-    "ID_EPOCH_BITS",
+    "ID_EPOCH_BITS", "ID_SHARD_BITS", "shard_of", "first_id",
     "CLASSES",
     "BLOCKED",
     "SCHEDULED",
@@ -141,6 +141,22 @@ PERMANENT = Outcome.PERMANENT
 CANCELLED_OUTCOME = Outcome.CANCELLED
 
 ID_EPOCH_BITS = 44   # task ids and leases carry the store's epoch above these bits
+ID_SHARD_BITS = 56   # and, with shards, the shard's number (1-255) in the top 8 bits
+_SHARD_EPOCHS = (1 << (ID_SHARD_BITS - ID_EPOCH_BITS)) - 1
+
+
+def shard_of(task_id: int) -> int:
+    """The shard number a task id carries (0: an unsharded scheduler's id)."""
+    return task_id >> ID_SHARD_BITS
+
+
+def first_id(shard: int, epoch: int) -> int:
+    """The first id (and lease) of a leader of ``shard`` in ``epoch``. With a
+    shard, the epoch keeps 12 bits; ids stay increasing across a wrap because
+    a recovered leader starts above the highest id its store has seen."""
+    if shard:
+        return (shard << ID_SHARD_BITS) | ((epoch & _SHARD_EPOCHS) << ID_EPOCH_BITS) | 1
+    return (epoch << ID_EPOCH_BITS) + 1
 
 _EDGE_CONDITIONS = CONDITIONS
 _MISS_POLICIES = MISS_POLICIES
@@ -795,7 +811,7 @@ class CoreConfig:
                  retention: float = 3600.0, retention_max: int = 1_000_000,
                  metrics_window: float = 60.0, metrics_buckets: int = 12, max_hold: float = 300.0,
                  max_pending_total: int | None = None, emit_transitions: bool = False,
-                 persist: bool = False, seed: int = 0, epoch: int = 0) -> None:
+                 persist: bool = False, seed: int = 0, epoch: int = 0, shard: int = 0) -> None:
         self.priority = priority or PriorityConfig()
         self.urgency = urgency or UrgencyConfig()
         self.retention_ns = to_ns(retention, "retention", error=ValueError)
@@ -811,3 +827,6 @@ class CoreConfig:
         self.persist = bool(persist)
         self.seed = seed
         self.epoch = _int_at_least(epoch, "epoch", 0)
+        self.shard = _int_at_least(shard, "shard", 0)   # its number goes in the top bits of every id
+        if self.shard > 255:
+            raise ValueError(f"shard must be a number from 0 to 255, got {shard}")

@@ -14,12 +14,13 @@ from typing import Any, Iterable, Iterator, Sequence, TypeVar
 
 from ..core.engine import Core
 from ..core.persist import RestoredSchedule, RestoredTask, spec_from_record
-from ..core.types import READY, STATUSES, CoreConfig, ResourceConfig, Status, TaskSpec
+from ..core.errors import SchedulerError
+from ..core.types import READY, STATUSES, CoreConfig, ResourceConfig, Status, TaskSpec, shard_of
 from ..store.base import Store, StoredSchedule, StoredTask
 from ..store.codec import Codec
 from .checkpoints import CheckpointBook
 
-__all__ = ["recover", "decode_tasks", "decode_schedule"]
+__all__ = ["recover", "decode_tasks", "decode_schedule", "ForeignShard"]
 
 log = logging.getLogger("cronoq.scheduler")
 
@@ -39,12 +40,16 @@ async def recover(store: Store, codec: Codec, config: CoreConfig, epoch: int, po
     config.retention_ns = max(config.retention_ns, int(store.retention_ns))
     core = Core(config, [p.config for p in pools], resources, now=now_ns)
     recovered = await store.recover(now_ns, config.retention_ns)
+    if config.shard:
+        _check_shard(config.shard, recovered.high_water)
     # Millions of objects are made here and all of them live on: the cyclic
     # collector would scan the growing heap again and again for nothing.
     collecting = gc.isenabled()
     gc.disable()
     try:
         tasks = decode_tasks(codec, recovered.tasks)
+        if config.shard:
+            tasks = _of_shard(config.shard, tasks)
         recovered.tasks = []   # the rows go as they are decoded
         schedules = [decode_schedule(codec, row) for row in recovered.schedules]
         quarantined = core.restore(now_ns, tasks, schedules, recovered.high_water)
@@ -61,6 +66,24 @@ async def recover(store: Store, codec: Codec, config: CoreConfig, epoch: int, po
     log.info("recovered %d live tasks and %d schedules", len(core.tasks), len(core.recurring),
              extra={"action": "recovered", "epoch": epoch})
     return core
+
+
+class ForeignShard(SchedulerError):
+    """The store holds tasks of another shard: this server must not lead it."""
+
+
+def _check_shard(shard: int, task_id: int) -> None:
+    # Unsharded ids (top bits 0) are let through: the book warns they are not always recognised.
+    other = shard_of(task_id)
+    if other not in (0, shard):
+        raise ForeignShard(f"the store holds tasks of shard number {other}, not of this server's shard "
+                           f"(number {shard}): check store.path / store.schema")
+
+
+def _of_shard(shard: int, tasks: Iterable[RestoredTask]) -> Iterator[RestoredTask]:
+    for task in tasks:
+        _check_shard(shard, task.id)
+        yield task
 
 
 def _consume(rows: Iterable[_T]) -> Iterator[_T]:

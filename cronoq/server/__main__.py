@@ -27,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="run every check that startup runs before it listens (the file, tokens and "
                              "their variables, TLS files, loopback rules) and exit: 0 and 'configuration is "
                              "valid', or the errors and 2")
+    parser.add_argument("--shard", metavar="NAME", default=os.environ.get("CRONOQ_SHARD"),
+                        help="with [[shards]] in the configuration: the shard this server runs (stands for "
+                             "server.shard; default: $CRONOQ_SHARD)")
     parser.add_argument("--print-proto", action="store_true", help="print the gRPC API definition (cronoq.proto)")
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="allow listening on non-loopback addresses without credentials (trusted networks only)")
@@ -35,8 +38,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(path: str | None) -> ServerConfig:
-    return default_config() if not path else load(path)
+def _config(path: str | None, shard: str | None) -> ServerConfig:
+    if not path:
+        if shard is not None:
+            raise ConfigError([f"--shard {shard}: shards are defined in a configuration file ([[shards]]); "
+                               f"pass --config"])
+        return default_config()
+    return load(path, shard=shard)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(proto_text())
         return 0
     try:
-        config = _config(args.config)
+        config = _config(args.config, args.shard)
     except ConfigError as exc:
         print(f"cronoq-server: {exc}", file=sys.stderr)
         return EXIT_CONFIG

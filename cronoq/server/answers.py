@@ -25,6 +25,7 @@ OVERLAPS = OVERLAP_POLICIES
 
 RESULT = Obj("TaskResult", {
     "id": Id("The task."),
+    "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (looked up by key, present only when one was missing)."),
     "status": Choice(TERMINAL_STATUSES, "How it ended."),
     "output_available": Flag("Whether the output is still kept (succeeded tasks only)."),
     "content_type": Text("The output's content type (with the output)."),
@@ -76,6 +77,7 @@ STAGE_CHECKPOINT = Obj("StageCheckpoint", {
 
 INFO = Obj("TaskInfo", {
     "id": Id("The task."),
+    "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (looked up by key, present only when one was missing)."),
     "status": Choice(STATUSES, "Its status now (authoritative)."),
     "pool": Text("Its pool."),
     "key": Text("Its key, if any."),
@@ -128,7 +130,8 @@ EXPLANATION = Obj("Explanation", {
 TASKS_OUT = Obj("TaskList", {
     "tasks": Array(INFO, "In id order."),
     "next_after": Id("Present when more tasks follow: pass it as after for the next page."),
-}, "A page of tasks.", required=("tasks",))
+    "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (present only when one was missing)."),
+}, "A page of tasks (with shards: of every shard, in id order).", required=("tasks",))
 
 CANCEL_OUT = Obj("CancelResponse", {
     "cancelled": Flag("False when the task had already finished."),
@@ -153,7 +156,8 @@ WORKER = Obj("Worker", {
 }, "A connected remote worker.", required=("id", "name", "pool", "labels", "slots", "busy", "connected_unix_ns",
                                            "health", "lease_expiries", "last_seen_unix_ns"))
 
-WORKERS_OUT = Obj("WorkerList", {"workers": Array(WORKER, "In connection order.")},
+WORKERS_OUT = Obj("WorkerList", {"workers": Array(WORKER, "In connection order (shard by shard)."),
+                                  "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (present only when one was missing).")},
                   "Connected workers of the pools the caller may use.", required=("workers",))
 
 SCHEDULE = Obj("Schedule", {
@@ -167,7 +171,8 @@ SCHEDULE = Obj("Schedule", {
     "last_task_id": Id("The task of the latest occurrence; absent before the first."),
 }, "A recurring schedule.", required=("name", "cron", "pool", "kind", "overlap"))
 
-SCHEDULES_OUT = Obj("ScheduleList", {"schedules": Array(SCHEDULE, "By name.")},
+SCHEDULES_OUT = Obj("ScheduleList", {"schedules": Array(SCHEDULE, "By name (shard by shard)."),
+                                      "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (present only when one was missing).")},
                     "Recurring schedules of the pools the caller may use.", required=("schedules",))
 
 GROUP = Obj("WorkerGroup", {
@@ -199,7 +204,8 @@ SNAPSHOT = Obj("Snapshot", {
                              "lease_expiries, stale_completions, recurring_conflicts, recurring_invalid."),
     "at_unix_ns": UnixNs("When it was taken."),
     "metrics_window_s": Seconds("The metrics window: the span the pools' attempt counts, waits and rates cover."),
-    "unavailable_shards": Array(Text(), "Always empty (no shards in this version)."),
+    "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (empty when all "
+                                        "answered, and without shards)."),
 }, "The scheduler's state.", required=("pools", "live_tasks", "running", "pending", "workers_connected", "totals",
                                        "at_unix_ns", "metrics_window_s", "unavailable_shards"))
 

@@ -35,6 +35,7 @@ from .counters import ServerCounters
 from .http import HttpLimits, HttpListener
 from .remote import WorkerHub
 from .service import Service
+from .shards import ShardedService
 
 __all__ = ["Server", "BindError"]
 
@@ -94,7 +95,9 @@ def _pool(section: PoolSection, hub: WorkerHub) -> Pool:
 
 class Server:
     def __init__(self, config: ServerConfig, *, insecure_no_auth: bool = False, handle_signals: bool = True) -> None:
-        self.config = config
+        # With [[shards]]: this shard's pools, resources, schedules and store; the others' for routing.
+        self.resource_shards = {r.name: r.shard for r in config.resources}
+        self.config = config = config.for_shard()
         self.handle_signals = handle_signals
         self.serving = asyncio.Event()     # set while this process leads
         self.insecure_no_auth = insecure_no_auth or config.server.insecure_no_auth
@@ -141,7 +144,7 @@ class Server:
         resources = [ResourceConfig(r.name, r.kind, permits=r.permits, rate=r.rate, burst=r.burst)
                      for r in config.resources]
         core = CoreConfig(emit_transitions=True, max_pending_total=config.limits.max_pending_total,
-                          retention=config.store.retention_s)
+                          retention=config.store.retention_s, shard=config.shard.number if config.shard else 0)
         return Scheduler([_pool(p, hub) for p in config.pools], resources, shutdown_grace=config.server.shutdown_grace_s,
                          event_capacity=config.limits.watch_buffer, store=store,
                          codec=BlobCodec(),   # payloads, outputs and checkpoints are Blobs, store or not
@@ -277,7 +280,7 @@ class Server:
         limits = http_limits(config.limits)
         lease_ttls = {p.name: p.lease_ttl_s for p in config.pools}
         hub = WorkerHub(config.limits, lease_ttls, config.server.standby_close_s)
-        service = Service(config, hub)
+        service = Service(config, hub) if config.shard is None else ShardedService(config, hub, self.resource_shards)
         check_host = not config.auth_enabled and not self.insecure_no_auth
         section = config.server
         http = HttpListener(section.http_host, section.http_port,
@@ -316,6 +319,8 @@ class Server:
         finally:
             await self._stop_grpc(None)
             await http.stop()
+            if isinstance(service, ShardedService):
+                await service.peers.close()
             if metrics is not None:
                 await metrics.stop()
 

@@ -23,6 +23,7 @@ the same proxy.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -52,6 +53,10 @@ class Principal:
     tenant: str | None = None
     labels: frozenset[tuple[str, str]] | None = None
     name: str = "anonymous"
+    # Kept only by sharded servers, to forward a call as its caller (cronoq.server.shards).
+    token: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    by_cert: bool = False        # authenticated by a client certificate: nothing to forward
+    forwarded: bool = False      # another shard's server forwarded this call
 
     def require(self, role: str) -> None:
         """PERMISSION_DENIED unless this caller has ``role`` (or is an admin)."""
@@ -130,6 +135,7 @@ class Authenticator:
         """``tokens``: the token of each [[auth.tokens]] entry, by its ``where``
         (as ``check_environment`` returns them); only their digests are kept."""
         self.enabled = config.auth_enabled
+        self.keep_tokens = bool(config.shards)   # a sharded server forwards calls with them
         self.limiter = limiter if limiter is not None else FailureLimiter(counters)
         self._tokens: list[tuple[bytes, Principal]] = []
         for credential in config.tokens:
@@ -164,12 +170,12 @@ class Authenticator:
                     found = principal
             if found is None:
                 raise self.limiter.failed(peer, transport, "invalid_token", "the token is not valid")
-            return found
+            return dataclasses.replace(found, token=token) if self.keep_tokens else found
         names = list(dns_names)
         for name in names:
             mapped = self._certs.get(name)
             if mapped is not None:
-                return mapped
+                return dataclasses.replace(mapped, by_cert=True) if self.keep_tokens else mapped
         if self._certs:
             raise self.limiter.failed(
                 peer, transport, "unmapped_certificate" if names else "no_credentials",

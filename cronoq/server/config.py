@@ -23,7 +23,7 @@ import ipaddress
 import json
 import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.options import (
@@ -34,7 +34,7 @@ from ..core.recurring import CronSchedule
 from ..loopback import is_loopback
 from .tomlkeys import YEAR, Rule, Table, describe_value, key, rules
 
-__all__ = ["ConfigError", "ServerConfig", "ServerSection", "TlsConfig", "Credential", "StoreConfig",
+__all__ = ["ConfigError", "ServerConfig", "ServerSection", "ShardSection", "PeerTlsConfig", "TlsConfig", "Credential", "StoreConfig",
            "LimitsConfig", "PoolSection", "ResourceSection", "OutputsConfig", "RecurringSection", "TraceSection",
            "RetrySection", "load", "parse", "default_config", "ROLES", "YEAR", "MIN_TOKEN", "GOOD_TOKEN",
            "Rule", "key", "rules", "split_addr", "is_loopback"]
@@ -63,6 +63,34 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class PeerTlsConfig:
+    """[server.peer_tls]: how this server checks other shards' https:// endpoints."""
+
+    ca: str | None = None            # None: the system's roots
+    cert: str | None = None          # for shards that ask for a client certificate
+    key: str | None = None
+
+
+@dataclass(frozen=True)
+class ShardSection:
+    """One [[shards]] entry."""
+
+    name: str
+    number: int
+    pools: tuple[str, ...]
+    endpoint: str                    # http(s)://host:port of its gRPC listener
+
+    @property
+    def secure(self) -> bool:
+        return self.endpoint.startswith("https://")
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the endpoint."""
+        return self.endpoint.partition("://")[2]
+
+
+@dataclass(frozen=True)
 class ServerSection:
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 7070
@@ -75,6 +103,9 @@ class ServerSection:
     insecure_no_auth: bool = key(False, "flag")
     ui: bool = key(True, "flag")        # the web dashboard at /ui on the HTTP listener
     tls: TlsConfig | None = None
+    shard: str | None = None            # with [[shards]]: the one this server runs
+    insecure_peer_http: bool = key(False, "flag")   # forward tokens over http:// to other hosts
+    peer_tls: PeerTlsConfig | None = None
 
     @property
     def grpc_addr(self) -> str:
@@ -125,6 +156,7 @@ class StoreConfig:
     full_sync: bool = key(True, "flag")
     keepalive_s: float = key(1.0, "seconds", high=3600.0, above=True)
     session_timeout_s: float = key(10.0, "seconds", high=3600.0, above=True)
+    schema_given: bool = False       # (sharded stores default to cronoq_{shard})
 
     def __repr__(self) -> str:       # a URL may hold a password
         return f"StoreConfig(kind={self.kind!r})"
@@ -206,6 +238,7 @@ class ResourceSection:
     permits: int | None = key(None, "integer", 1, 1_000_000_000)
     rate: float | None = key(None, "number", 1.0 / (100 * YEAR), 1e9, what="a number of tokens per second")
     burst: int | None = key(None, "integer", 1, 1_000_000_000)
+    shard: str | None = None         # with [[shards]]: the one shard that counts it
 
 
 @dataclass(frozen=True)
@@ -251,10 +284,41 @@ class ServerConfig:
     recurring: tuple[RecurringSection, ...] = ()
     source: str | None = None        # the file read, if any
     trace: TraceSection | None = None
+    shards: tuple[ShardSection, ...] = ()
+    all_pools: tuple[PoolSection, ...] = ()   # with shards: every shard's pools (``pools``: this shard's)
 
     @property
     def auth_enabled(self) -> bool:
         return bool(self.tokens or self.certs)
+
+    @property
+    def shard(self) -> ShardSection | None:
+        """This server's shard, if the pools are sharded."""
+        return next((s for s in self.shards if s.name == self.server.shard), None)
+
+    def for_shard(self) -> ServerConfig:
+        """What this server runs: its shard's pools, resources, schedules
+        and store (the namespace filled in). Unsharded: itself."""
+        mine = self.shard
+        if mine is None or self.all_pools:
+            return self
+        pools = tuple(p for p in self.pools if p.name in mine.pools)
+        resources = tuple(r for r in self.resources if r.shard == mine.name)
+        recurring = tuple(r for r in self.recurring if r.task.get("pool", self.default_pool) in mine.pools)
+        store = self.store
+        if store.kind == "sqlite" and store.path:
+            store = replace(store, path=store.path.replace("{shard}", mine.name))
+        elif store.kind == "postgres":
+            schema = store.schema if store.schema_given else "cronoq_{shard}"
+            store = replace(store, schema=schema.replace("{shard}", mine.name))
+        return replace(self, pools=pools, resources=resources, recurring=recurring, store=store,
+                       all_pools=self.pools)
+
+    @property
+    def default_pool(self) -> str:
+        """Where a task without a pool goes: ``default`` if there is one, else the first pool."""
+        pools = self.all_pools or self.pools
+        return "default" if any(p.name == "default" for p in pools) else pools[0].name
 
 
 def default_config() -> ServerConfig:
@@ -289,14 +353,8 @@ def split_addr(text: str) -> tuple[str, int]:
 # ---------------------------------------------------------------- sections
 
 
-_NOT_HERE = {
-    "shards": "sharding is not supported by this version of cronoq-server (see docs/server.md)",
-}
 _NOT_HERE_SERVER = {
     "grpc_web": "gRPC-Web is not supported by this version of cronoq-server (see docs/server.md)",
-    "peer_tls": "sharding is not supported by this version of cronoq-server (see docs/server.md)",
-    "shard": "sharding is not supported by this version of cronoq-server (see docs/server.md)",
-    "insecure_peer_http": "sharding is not supported by this version of cronoq-server (see docs/server.md)",
 }
 
 
@@ -334,6 +392,14 @@ def _server(t: Table | None) -> ServerSection:
         tls.done()
         if cert_path and key_path:
             values["tls"] = TlsConfig(cert_path, key_path, ca_path)
+    values["shard"] = t.string("shard")
+    peer = t.table("peer_tls")
+    if peer is not None:
+        ca, cert, key_path = (peer.string(name, limit=4096) for name in ("ca", "cert", "key"))
+        if (cert is None) != (key_path is None):
+            peer.errors.append(f"{peer.where}: give both cert and key (a client certificate), or neither")
+        peer.done()
+        values["peer_tls"] = PeerTlsConfig(ca, cert, key_path)
     if values.get("grpc_port") and values["grpc_port"] == values.get("http_port") \
             and values["grpc_host"] == values["http_host"]:
         t.error("http_addr", "must differ from grpc_addr")
@@ -414,6 +480,7 @@ def _store(t: Table | None) -> StoreConfig:
         v["url"] = url
         v["url_env"] = url_env if url_env is not None or url is not None else "DATABASE_URL"
         v.update(t.section(StoreConfig, only=_POSTGRES[2:]))
+        v["schema_given"] = t.has("schema")
     t.done({**{key: "applies to kind = \"sqlite\" only" for key in _SQLITE},
             **{key: "applies to kind = \"postgres\" only" for key in _POSTGRES}})
     return StoreConfig(**v)
@@ -489,6 +556,7 @@ def _pool(t: Table) -> PoolSection | None:
 
 def _resource(t: Table) -> ResourceSection | None:
     name = _name(t, "name", "the resource's name")
+    shard = t.string("shard")
     kind = t.string("kind", choices=("semaphore", "token_bucket"))
     if kind is None and not t.has("kind"):
         t.error("kind", "is required (semaphore or token_bucket)")
@@ -500,11 +568,10 @@ def _resource(t: Table) -> ResourceSection | None:
             if v[key] is None and not t.has(key):
                 t.error(key, f"is required for a {kind.replace('_', ' ')}")   # type: ignore[union-attr]
     t.done({"permits": "applies to kind = \"semaphore\" only", "rate": "applies to kind = \"token_bucket\" only",
-            "burst": "applies to kind = \"token_bucket\" only",
-            "shard": "sharding is not supported by this version of cronoq-server (see docs/server.md)"})
+            "burst": "applies to kind = \"token_bucket\" only"})
     if name is None or kind is None:
         return None
-    return ResourceSection(name, kind, **v)
+    return ResourceSection(name, kind, **v, shard=shard)
 
 
 def _outputs(t: Table | None) -> OutputsConfig:
@@ -621,8 +688,99 @@ def _recurring(t: Table, pool_names: set[str], resource_names: set[str]) -> Recu
     return RecurringSection(name, cron, v["tz"], v["overlap"], payload, content_type, task)
 
 
-def parse(text: str, *, source: str | None = None) -> ServerConfig:
-    """The configuration in ``text`` (TOML); ``ConfigError`` lists every problem."""
+def _endpoint(t: Table) -> str | None:
+    text = t.string("endpoint", limit=1024)
+    if text is None:
+        if not t.has("endpoint"):
+            t.error("endpoint", "is required: the shard's gRPC address, http(s)://host:port")
+        return None
+    scheme, sep, rest = text.partition("://")
+    host, colon, port = rest.rpartition(":")
+    if not sep or scheme not in ("http", "https"):
+        t.error("endpoint", f"must start with http:// or https://, got {text!r}")
+    elif not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535 or "/" in rest:
+        t.error("endpoint", f"must be {scheme}://host:port with a port from 1 to 65535, got {text!r}")
+    else:
+        return text
+    return None
+
+
+def _shards(root: Table, pools: list[PoolSection], resources: list[ResourceSection],
+            recurring: list[RecurringSection], server: ServerSection, store: StoreConfig) -> list[ShardSection]:
+    """The [[shards]] and every rule tying them to the rest of the file."""
+    tables = root.tables("shards")
+    pool_names = {p.name for p in pools}
+    shards: list[ShardSection] = []
+    owner: dict[str, str] = {}
+    seen: dict[str, set[Any]] = {"name": set(), "number": set(), "endpoint": set()}
+    for t in tables:
+        name = _name(t, "name", "the shard's name")
+        number = t.read("number", Rule("integer", 1, 255))
+        if number is None and not t.has("number"):
+            t.error("number", "is required: a number from 1 to 255, unique per shard (it goes in task ids)")
+        members = t.strings("pools") or []
+        if not members:
+            t.error("pools", "must name at least one pool")
+        endpoint = _endpoint(t)
+        t.done()
+        for key_name, value in (("name", name), ("number", number), ("endpoint", endpoint)):
+            if value is not None and value in seen[key_name]:
+                t.error(key_name, f"duplicate shard {key_name} {value!r}")
+                name = None
+            elif value is not None:
+                seen[key_name].add(value)
+        for pool in members:
+            if pool not in pool_names:
+                t.error("pools", f"names unknown pool {pool!r}")
+            elif pool in owner:
+                t.error("pools", f"pool {pool!r} is already in shard {owner[pool]!r}: a pool is in one shard")
+            elif name is not None:
+                owner[pool] = name
+        if name is not None and number is not None and endpoint is not None:
+            shards.append(ShardSection(name, number, tuple(members), endpoint))
+    if not tables:
+        if server.shard is not None:
+            root.errors.append(f"server.shard: names shard {server.shard!r}, but there are no [[shards]]")
+        for r in resources:
+            if r.shard is not None:
+                root.errors.append(f"resources: {r.name!r} names shard {r.shard!r}, but there are no [[shards]]")
+        return []
+    if len(shards) < len(tables):
+        return shards
+    homeless = [p.name for p in pools if p.name not in owner]
+    if homeless:
+        root.errors.append(f"shards: pools {', '.join(map(repr, homeless))} are in no shard")
+    names = [s.name for s in shards]
+    if server.shard is None:
+        root.errors.append(f"server.shard: is required with [[shards]] (or --shard): one of {', '.join(names)}")
+    elif server.shard not in names:
+        root.errors.append(f"server.shard: unknown shard {server.shard!r} (the shards: {', '.join(names)})")
+    for r in resources:
+        if r.shard is None:
+            root.errors.append(f"resources: {r.name!r} needs shard = one of {', '.join(names)} (shards do not "
+                               f"share counts)")
+        elif r.shard not in names:
+            root.errors.append(f"resources: {r.name!r} names unknown shard {r.shard!r}")
+    home = {r.name: r.shard for r in resources}
+    default = "default" if "default" in pool_names else pools[0].name
+    for schedule in recurring:
+        where = owner.get(schedule.task.get("pool", default))
+        for resource in schedule.task.get("resources", ()):
+            name = resource if isinstance(resource, str) else resource.get("name") if isinstance(resource, dict) \
+                else None
+            if name in home and home[name] != where:
+                root.errors.append(f"recurring: {schedule.name!r} uses resource {name!r} of shard "
+                                   f"{home[name]!r}, but its pool is in shard {where!r}")
+    if store.kind == "sqlite" and store.path and "{shard}" not in store.path:
+        root.errors.append("store.path: must contain {shard} with [[shards]] (each shard keeps its own file)")
+    if store.kind == "postgres" and store.schema_given and "{shard}" not in store.schema:
+        root.errors.append("store.schema: must contain {shard} with [[shards]] (default cronoq_{shard})")
+    return shards
+
+
+def parse(text: str, *, source: str | None = None, shard: str | None = None) -> ServerConfig:
+    """The configuration in ``text`` (TOML); ``ConfigError`` lists every problem.
+    ``shard`` (``--shard``) stands for ``server.shard``."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -630,6 +788,8 @@ def parse(text: str, *, source: str | None = None) -> ServerConfig:
     errors: list[str] = []
     root = Table(data, "", errors)
     server = _server(root.table("server"))
+    if shard is not None:
+        server = replace(server, shard=shard)
     pools: list[PoolSection] = []
     seen: set[str] = set()
     pool_tables = root.tables("pools")
@@ -695,14 +855,15 @@ def parse(text: str, *, source: str | None = None) -> ServerConfig:
             continue
         seen.add(schedule.name)
         recurring.append(schedule)
-    root.done(_NOT_HERE)
+    shards = _shards(root, pools, resources, recurring, server, store)
+    root.done()
     if errors:
         raise ConfigError(errors)
     return ServerConfig(server, tuple(tokens), tuple(certs), store, limits, tuple(pools), tuple(resources),
-                        outputs, tuple(recurring), source, trace)
+                        outputs, tuple(recurring), source, trace, tuple(shards))
 
 
-def load(path: str | os.PathLike[str]) -> ServerConfig:
+def load(path: str | os.PathLike[str], *, shard: str | None = None) -> ServerConfig:
     """Read and check the file at ``path``."""
     try:
         with open(path, "rb") as f:
@@ -713,4 +874,4 @@ def load(path: str | os.PathLike[str]) -> ServerConfig:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError([f"{os.fspath(path)} is not UTF-8 text"]) from None
-    return parse(text, source=os.fspath(path))
+    return parse(text, source=os.fspath(path), shard=shard)

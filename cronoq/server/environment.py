@@ -51,6 +51,7 @@ def check_environment(config: ServerConfig, *, insecure_no_auth: bool = False,
     tokens that others may read). Returns the tokens read, by credential
     (``where``); raises ``ConfigError`` listing every problem."""
     env = os.environ if environ is None else environ
+    config = config.for_shard()   # (a shard's own store path)
     errors: list[str] = []
     tokens: dict[str, str] = {}
     owners: dict[str, str] = {}
@@ -93,6 +94,11 @@ def check_environment(config: ServerConfig, *, insecure_no_auth: bool = False,
             errors.append(f"store.url_env: the environment variable {config.store.url_env} is not set")
     if config.server.tls is not None:
         errors += _tls_errors(config.server.tls)
+    peer = config.server.peer_tls
+    if peer is not None:
+        for key, path in (("ca", peer.ca), ("cert", peer.cert), ("key", peer.key)):
+            if path is not None and not os.path.isfile(path):
+                errors.append(f"server.peer_tls.{key}: no such file: {path}")
     if config.store.kind == "sqlite" and config.store.path is not None:
         directory = os.path.dirname(os.path.abspath(config.store.path))
         if not os.path.isdir(directory):

@@ -47,15 +47,17 @@ class Code(enum.Enum):
 
 class ServiceError(Exception):
     """A call failed with ``code``; ``kind`` names the cronoq exception type;
-    ``retry_after_s``: when to try again (HTTP ``retry-after``), if known."""
+    ``retry_after_s``: when to try again (HTTP ``retry-after``), if known;
+    ``metadata``: where to go instead (``cronoq-shard``...), if anywhere."""
 
     def __init__(self, code: Code, message: str, kind: str | None = None, *,
-                 retry_after_s: float | None = None) -> None:
+                 retry_after_s: float | None = None, metadata: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.kind = kind
         self.retry_after_s = retry_after_s
+        self.metadata = metadata   # more to tell the caller (gRPC trailing metadata, HTTP headers)
 
     def __repr__(self) -> str:
         return f"ServiceError({self.code.grpc_name}, {self.message!r})"

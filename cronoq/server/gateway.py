@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from .._proto import cronoq_pb2 as pb
@@ -35,6 +35,7 @@ from .routes import PATH_PARAMS, ROUTES, Route
 from .schema import Id, Text, invalid
 from .convert import status_enum
 from .service import Service
+from .shards import UNAVAILABLE_METADATA, reply_notes
 
 __all__ = ["Gateway", "Route", "ROUTES", "PATH_PARAMS"]
 
@@ -189,7 +190,7 @@ class Gateway:
         return known
 
     def _service_error(self, exc: ServiceError) -> Response:
-        headers: tuple[tuple[str, str], ...] = (("cronoq-error", exc.kind),) if exc.kind else ()
+        headers: tuple[tuple[str, str], ...] = ((("cronoq-error", exc.kind),) if exc.kind else ()) + exc.metadata
         if exc.retry_after_s is not None:
             headers += (("retry-after", str(max(1, math.ceil(exc.retry_after_s)))),)
         return self.error(exc.code.http_status, exc.message, headers=headers)
@@ -338,6 +339,14 @@ class Gateway:
 
     # -- the routes' handlers
 
+    def _notes(self) -> list[tuple[str, str]] | None:
+        """Where a sharded service notes the shards a lookup by key could not ask."""
+        if not self.service.sharded:
+            return None
+        notes: list[tuple[str, str]] = []
+        reply_notes.set(notes)
+        return notes
+
     @staticmethod
     def _task_ref(params: dict[str, Any]) -> pb.TaskRef:
         return pb.TaskRef(id=params["id"]) if "id" in params else pb.TaskRef(key=params["key"])
@@ -367,8 +376,9 @@ class Gateway:
 
     async def get(self, call: Call) -> Response:
         assert call.caller is not None
+        notes = self._notes()
         info = await self.service.get(call.caller, pb.GetRequest(task=self._task_ref(call.params)))
-        return self.json(info_json(info))
+        return self.json(_missing(info_json(info), _noted(notes)))
 
     async def explain(self, call: Call) -> Response:
         assert call.caller is not None
@@ -380,7 +390,8 @@ class Gateway:
         request = pb.WaitRequest(task=self._task_ref(call.params))
         if "timeout_s" in call.query:
             request.timeout_s = call.query["timeout_s"]
-        return self.json(result_json(await self.service.wait(call.caller, request)))
+        notes = self._notes()
+        return self.json(_missing(result_json(await self.service.wait(call.caller, request)), _noted(notes)))
 
     async def cancel(self, call: Call) -> Response:
         assert call.caller is not None
@@ -398,17 +409,17 @@ class Gateway:
         out: dict[str, Any] = {"tasks": [info_json(info) for info in response.tasks]}
         if response.next_after:
             out["next_after"] = str(response.next_after)
-        return self.json(out)
+        return self.json(_missing(out, response.unavailable_shards))
 
     async def workers(self, call: Call) -> Response:
         assert call.caller is not None
         response = await self.service.list_workers(call.caller, pb.ListWorkersRequest(pools=call.query.get("pool", ())))
-        return self.json({"workers": [
+        return self.json(_missing({"workers": [
             {"id": str(w.id), "name": w.name, "pool": w.pool, "labels": dict(w.labels), "slots": w.slots,
              "busy": w.busy, "connected_unix_ns": str(w.connected_unix_ns),
              "health": "suspect" if w.health == pb.WORKER_HEALTH_SUSPECT else "healthy",
              "lease_expiries": w.lease_expiries, "last_seen_unix_ns": str(w.last_seen_unix_ns)}
-            for w in response.workers]})
+            for w in response.workers]}, response.unavailable_shards))
 
     async def recurring(self, call: Call) -> Response:
         assert call.caller is not None
@@ -424,7 +435,7 @@ class Gateway:
             if s.HasField("last_task_id"):
                 item["last_task_id"] = str(s.last_task_id)
             schedules.append(item)
-        return self.json({"schedules": schedules})
+        return self.json(_missing({"schedules": schedules}, response.unavailable_shards))
 
     async def snapshot(self, call: Call) -> Response:
         assert call.caller is not None
@@ -593,6 +604,18 @@ _PING_S = 15.0           # a comment line this often keeps proxies from closing 
 _STATE_CHECK_S = 0.25    # how soon a stream notices that its server stopped serving
 _COALESCE_S = 0.02       # status events arriving this close together go out as one message
 _MIN_SNAPSHOT_S = 0.2
+
+
+def _missing(out: dict[str, Any], shards: Iterable[str]) -> dict[str, Any]:
+    """``out`` naming the shards that could not be asked, if any (sharding)."""
+    missing = list(shards)
+    if missing:
+        out["unavailable_shards"] = missing
+    return out
+
+
+def _noted(notes: list[tuple[str, str]] | None) -> list[str]:
+    return [name for key, value in notes or () if key == UNAVAILABLE_METADATA for name in value.split(",")]
 
 
 def _sse(event: str, data: Any) -> bytes:

@@ -10,6 +10,7 @@ Unary calls are bounded by limits.max_wait_s + limits.request_timeout_s.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import AsyncIterator, Awaitable, Callable, NoReturn, TypeVar
 
@@ -22,6 +23,7 @@ from .auth import Authenticator, Principal
 from .errors import Code, ServiceError
 from .remote import WorkerHub, WorkerSession
 from .service import Service
+from .shards import FORWARDED, reply_notes
 
 __all__ = ["add_services", "ERROR_METADATA"]
 
@@ -39,7 +41,7 @@ Answer = TypeVar("Answer")
 
 
 async def _abort(context: aio.ServicerContext, error: ServiceError) -> NoReturn:
-    trailing = ((ERROR_METADATA, error.kind),) if error.kind else ()
+    trailing = (((ERROR_METADATA, error.kind),) if error.kind else ()) + error.metadata
     await context.abort(_status(error.code), error.message, trailing_metadata=trailing)
     raise RuntimeError("grpc's ServicerContext.abort returned")   # (it raises, always)
 
@@ -76,13 +78,23 @@ class _Base:
             auth_context = context.auth_context() or {}
             for raw in auth_context.get("x509_subject_alternative_name", ()):
                 names.append(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
-        return self.auth.authenticate(authorization, names, peer=peer_address(context), transport="grpc")
+        caller = self.auth.authenticate(authorization, names, peer=peer_address(context), transport="grpc")
+        if self.service.sharded and any(key == FORWARDED for key, _ in context.invocation_metadata() or ()):
+            caller = dataclasses.replace(caller, forwarded=True)
+        return caller
 
     async def unary(self, context: aio.ServicerContext,
                     call: Callable[[Principal, Request], Awaitable[Answer]], request: Request) -> Answer:
         try:
             caller = self.caller(context)
-            return await asyncio.wait_for(call(caller, request), self.deadline)
+            if not self.service.sharded:
+                return await asyncio.wait_for(call(caller, request), self.deadline)
+            notes: list[tuple[str, str]] = []
+            reply_notes.set(notes)
+            answer = await asyncio.wait_for(call(caller, request), self.deadline)
+            if notes:
+                context.set_trailing_metadata(tuple(notes))
+            return answer
         except ServiceError as exc:
             await _abort(context, exc)
         except asyncio.TimeoutError:
@@ -178,7 +190,8 @@ class WorkersServicer(_Base, pb_grpc.WorkersServicer):
                 except Exception:   # timed out, too many waiting, or the stream broke: the refusal says why
                     pass
                 raise refusal
-            session = WorkerSession(self.hub, caller, self.service.check_serving, self.service.pools)
+            session = WorkerSession(self.hub, caller, self.service.check_serving, self.service.pools,
+                                    self.service.worker_elsewhere)
             await session.run(read, write)
         except ServiceError as exc:
             await _abort(context, exc)

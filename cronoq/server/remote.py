@@ -479,8 +479,10 @@ class WorkerSession:
     """One Workers.Work stream (see the module docstring and docs/server.md)."""
 
     def __init__(self, hub: WorkerHub, caller: Principal, serving: Callable[[], None],
-                 pool_names: list[str]) -> None:
+                 pool_names: list[str],
+                 elsewhere: Callable[[Principal, str], ServiceError | None] | None = None) -> None:
         self.hub = hub
+        self.elsewhere = elsewhere      # a sharded server's redirect to the pool's shard
         self.caller = caller
         self.serving = serving          # raises UNAVAILABLE unless this server leads
         self.pool_names = pool_names
@@ -548,6 +550,9 @@ class WorkerSession:
         pool = self.hub.pools.get(reg.pool or "default") if (reg.pool or "default") in self.pool_names else None
         name = reg.pool or "default"
         if pool is None:
+            redirect = self.elsewhere(self.caller, name) if self.elsewhere is not None else None
+            if redirect is not None:
+                raise redirect
             raise ServiceError(Code.NOT_FOUND, f"no pool named {name!r}", "UnknownPool")
         if not self.caller.sees(name):
             raise ServiceError(Code.PERMISSION_DENIED, f"the credential may not serve pool {name!r}")

@@ -70,6 +70,8 @@ def _now_ns() -> int:
 class Service:
     """The calls of the Tasks and Admin services (see the module docstring)."""
 
+    sharded = False   # (cronoq.server.shards.ShardedService answers for every shard)
+
     def __init__(self, config: ServerConfig, hub: WorkerHub) -> None:
         self.config = config
         self.limits = config.limits
@@ -548,6 +550,10 @@ class Service:
     def close_feed(self, sched: Scheduler, feed: LiveFeed) -> None:
         self.watchers -= 1
         sched.unsubscribe(feed)   # (nothing happens if it was never subscribed)
+
+    def worker_elsewhere(self, caller: Principal, pool: str) -> ServiceError | None:
+        """Where a worker of ``pool`` should register instead, if another shard serves it."""
+        return None
 
     def serves(self, sched: Scheduler) -> bool:
         """Whether ``sched`` is still the scheduler this server serves with."""

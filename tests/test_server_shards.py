@@ -1,0 +1,315 @@
+"""Shards with real server processes on loopback (docs/server.md, "Sharding").
+
+Two shards run, each its own server and SQLite file: ``a`` (number 1, pool
+``default``) and ``b`` (number 2, pools ``gpu`` and ``gpu2``); a third, ``far``,
+is configured with a plain-http endpoint on another host (TEST-NET, never
+contacted), so calls for its pool are refused rather than forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import shutil
+import socket
+
+import grpc
+import pytest
+
+from cronoq._proto import cronoq_pb2 as pb
+from serverkit import AUTH, CLIENT, METRICS, WORKER, RawWorker, bearer, stubs
+
+pytestmark = pytest.mark.asyncio
+
+SCOPED = "scoped-token-0123456789abcdef0123"     # pool default only
+ONLY_A = "only-a-token-0123456789abcdef0123"     # known to shard a's server alone
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(directory, ports: dict[str, int], shard: str, *, extra_tokens: str = "") -> str:
+    return f"""
+[server]
+grpc_addr = "127.0.0.1:{ports[shard]}"
+http_addr = "127.0.0.1:0"
+shutdown_grace_s = 2
+standby_close_s = 0.5
+{AUTH}
+[[auth.tokens]]
+token = "{SCOPED}"
+role = "client"
+pools = ["default"]
+{extra_tokens}
+[store]
+kind = "sqlite"
+path = "{directory}/shard-{{shard}}.db"
+full_sync = false
+
+[[pools]]
+name = "default"
+[[pools]]
+name = "gpu"
+[[pools]]
+name = "gpu2"
+[[pools]]
+name = "far"
+
+[[resources]]
+name = "api_a"
+kind = "semaphore"
+permits = 2
+shard = "a"
+
+[[shards]]
+name = "a"
+number = 1
+pools = ["default"]
+endpoint = "http://127.0.0.1:{ports['a']}"
+[[shards]]
+name = "b"
+number = 2
+pools = ["gpu", "gpu2"]
+endpoint = "http://127.0.0.1:{ports['b']}"
+[[shards]]
+name = "far"
+number = 3
+pools = ["far"]
+endpoint = "http://192.0.2.1:7070"
+"""
+
+
+ONLY_A_TOKEN = f"""
+[[auth.tokens]]
+token = "{ONLY_A}"
+role = "client"
+"""
+
+
+@pytest.fixture(scope="module")
+def shards(module_servers, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("shards")
+    ports = {"a": free_port(), "b": free_port()}
+    a = module_servers(config(directory, ports, "a", extra_tokens=ONLY_A_TOKEN), args=("--shard", "a"), name="a")
+    b = module_servers(config(directory, ports, "b"), args=("--shard", "b"), name="b")
+    return a, b
+
+
+def shard_number(task_id: int) -> int:
+    return task_id >> 56
+
+
+async def call(target: str, method: str, request, token: str = CLIENT, *, admin: bool = False):
+    channel, tasks, admin_stub = stubs(target)
+    try:
+        stub = admin_stub if admin else tasks
+        return await getattr(stub, method)(request, metadata=bearer(token), timeout=30)
+    finally:
+        await channel.close()
+
+
+async def refused(target: str, method: str, request, token: str = CLIENT, *, admin: bool = False):
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call(target, method, request, token, admin=admin)
+    return caught.value
+
+
+def spec(pool: str = "", key: str = "", **fields) -> pb.TaskSpec:
+    return pb.TaskSpec(pool=pool, key=key, payload=b"{}", content_type="application/json", **fields)
+
+
+def http_call(server, method: str, path: str, body=None, token: str = CLIENT):
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    try:
+        headers = {"authorization": f"Bearer {token}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["content-type"] = "application/json"
+        connection.request(method, path, body=data, headers=headers)
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), json.loads(response.read() or b"null")
+    finally:
+        connection.close()
+
+
+async def test_ids_carry_the_shard_number_and_any_server_answers_for_every_shard(shards):
+    a, b = shards
+    here = await call(a.target, "Submit", pb.SubmitRequest(task=spec("default")))
+    there = await call(a.target, "Submit", pb.SubmitRequest(task=spec("gpu")))   # forwarded to b
+    assert (shard_number(here.id), shard_number(there.id)) == (1, 2)
+    for server in (a, b):
+        assert (await call(server.target, "Get", pb.GetRequest(task=pb.TaskRef(id=there.id)))).pool == "gpu"
+        assert (await call(server.target, "Get", pb.GetRequest(task=pb.TaskRef(id=here.id)))).pool == "default"
+    # b's log shows the submission arrived there, from a.
+    listing = await call(b.target, "ListTasks", pb.ListTasksRequest(limit=1000))
+    ids = [t.id for t in listing.tasks]
+    assert here.id in ids and there.id in ids and ids == sorted(ids)
+    # far is refused for listings (plain http to another host), so it is named missing.
+    assert list(listing.unavailable_shards) == ["far"]
+    cancelled = await call(a.target, "Cancel", pb.CancelRequest(task=pb.TaskRef(id=there.id)))
+    assert cancelled.cancelled
+    result = await call(a.target, "Wait", pb.WaitRequest(task=pb.TaskRef(id=there.id), timeout_s=10))
+    assert result.status == pb.TASK_STATUS_CANCELLED
+
+
+async def test_listings_page_across_shards_in_id_order(shards):
+    a, _ = shards
+    for pool in ("default", "gpu", "default", "gpu2", "gpu"):
+        await call(a.target, "Submit", pb.SubmitRequest(task=spec(pool)))
+    seen: list[int] = []
+    after = 0
+    while True:
+        page = await call(a.target, "ListTasks", pb.ListTasksRequest(after=after, limit=2))
+        seen += [t.id for t in page.tasks]
+        if not page.next_after:
+            break
+        after = page.next_after
+    whole = await call(a.target, "ListTasks", pb.ListTasksRequest(limit=1000))
+    assert seen == [t.id for t in whole.tasks] == sorted(seen)
+    assert {shard_number(i) for i in seen} == {1, 2}
+    only_gpu = await call(a.target, "ListTasks", pb.ListTasksRequest(pools=["gpu"], limit=1000))
+    assert only_gpu.tasks and {t.pool for t in only_gpu.tasks} == {"gpu"}
+
+
+async def test_keys_are_per_shard_and_a_key_in_two_shards_is_refused(shards):
+    a, b = shards
+    one = await call(a.target, "Submit", pb.SubmitRequest(task=spec("gpu", key="only-in-b")))
+    for server in (a, b):
+        found = await call(server.target, "Get", pb.GetRequest(task=pb.TaskRef(key="only-in-b")))
+        assert found.id == one.id
+    await call(a.target, "Submit", pb.SubmitRequest(task=spec("default", key="twice")))
+    await call(b.target, "Submit", pb.SubmitRequest(task=spec("gpu", key="twice")))   # no duplicate: other shard
+    error = await refused(b.target, "Get", pb.GetRequest(task=pb.TaskRef(key="twice")))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION and "use the task id" in error.details()
+    error = await refused(a.target, "Cancel", pb.CancelRequest(task=pb.TaskRef(key="twice")))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_what_cannot_span_shards_is_refused_naming_the_rule(shards):
+    a, _ = shards
+    mine = await call(a.target, "Submit", pb.SubmitRequest(task=spec("default")))
+    error = await refused(a.target, "SubmitBatch", pb.SubmitBatchRequest(tasks=[spec("default"), spec("gpu")]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "one shard" in error.details()
+    error = await refused(a.target, "Submit", pb.SubmitRequest(task=spec("gpu", resources={"api_a": 1})))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "api_a" in error.details()
+    error = await refused(a.target, "Submit", pb.SubmitRequest(task=spec("gpu", after=[pb.TaskRef(id=mine.id)])))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "own shard" in error.details()
+    batch = await call(a.target, "SubmitBatch", pb.SubmitBatchRequest(tasks=[spec("gpu"), spec("gpu2")]))
+    assert [shard_number(t.id) for t in batch.tasks] == [2, 2]
+
+
+async def test_tokens_are_checked_again_on_the_receiving_shard(shards):
+    a, b = shards
+    # A token scoped to pool default cannot reach gpu through shard a...
+    error = await refused(a.target, "Submit", pb.SubmitRequest(task=spec("gpu")), SCOPED)
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    # ...and a token only shard a knows is refused by b when a forwards it.
+    assert shard_number((await call(a.target, "Submit", pb.SubmitRequest(task=spec("default")), ONLY_A)).id) == 1
+    error = await refused(a.target, "Submit", pb.SubmitRequest(task=spec("gpu")), ONLY_A)
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    # A call already forwarded is not forwarded again.
+    channel, tasks, _ = stubs(b.target)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await tasks.Submit(pb.SubmitRequest(task=spec("default")),
+                               metadata=bearer(CLIENT) + (("cronoq-forwarded", "a"),), timeout=30)
+    finally:
+        await channel.close()
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert dict(caught.value.trailing_metadata())["cronoq-shard"] == "a"
+
+
+async def test_plain_http_to_another_host_is_refused_with_the_endpoint(shards):
+    a, _ = shards
+    error = await refused(a.target, "Submit", pb.SubmitRequest(task=spec("far")))
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    trailing = dict(error.trailing_metadata())
+    assert (trailing["cronoq-shard"], trailing["cronoq-shard-endpoint"]) == ("far", "http://192.0.2.1:7070")
+    assert "insecure_peer_http" in error.details()
+    status, headers, body = http_call(a, "POST", "/v1/tasks", {"pool": "far", "payload": {}})
+    assert status == 409 and headers["cronoq-shard-endpoint"] == "http://192.0.2.1:7070", body
+
+
+async def test_http_calls_are_forwarded_too(shards):
+    a, b = shards
+    status, _, body = http_call(a, "POST", "/v1/tasks", {"pool": "gpu", "payload": {"x": 1}})
+    assert status == 200, body
+    task_id = int(body["id"])
+    assert shard_number(task_id) == 2
+    status, _, info = http_call(b, "GET", f"/v1/tasks/{task_id}")
+    assert status == 200 and info["pool"] == "gpu"
+    status, _, listing = http_call(b, "GET", "/v1/tasks?limit=1000")
+    assert status == 200 and str(task_id) in [t["id"] for t in listing["tasks"]]
+    status, _, snap = http_call(a, "GET", "/v1/snapshot", token=METRICS)
+    assert status == 200 and {p["name"] for p in snap["pools"]} == {"default", "gpu", "gpu2"}
+    assert snap["unavailable_shards"] == ["far"]
+
+
+async def test_a_worker_of_another_shards_pool_is_redirected(shards):
+    a, b = shards
+    worker = RawWorker(a.target, WORKER)
+    try:
+        await worker.send(register=pb.Register(pool="gpu", slots=1, worker_name="w", protocol_version=3))
+        _, code, details = await worker.finish()
+        trailing = dict(await worker.call.trailing_metadata())
+    finally:
+        await worker.close()
+    assert code == grpc.StatusCode.FAILED_PRECONDITION, details
+    assert trailing["cronoq-shard-endpoint"] == f"http://127.0.0.1:{b.grpc_port}"
+    assert trailing["cronoq-shard"] == "b"
+
+
+async def test_workers_and_snapshots_cover_every_shard(shards):
+    a, b = shards
+    worker = RawWorker(b.target, WORKER)
+    try:
+        await worker.register("gpu")
+        listed = await call(a.target, "ListWorkers", pb.ListWorkersRequest(), METRICS, admin=True)
+        assert [w.pool for w in listed.workers] == ["gpu"]
+        snap = await call(a.target, "Snapshot", pb.SnapshotRequest(), METRICS, admin=True)
+        assert [p.name for p in snap.pools] == ["default", "gpu", "gpu2"]
+        assert snap.workers_connected == 1 and list(snap.unavailable_shards) == ["far"]
+    finally:
+        await worker.close()
+
+
+async def test_a_store_of_another_shard_is_refused(servers, tmp_path):
+    ports = {"a": free_port(), "b": free_port()}
+    a = servers(config(tmp_path, ports, "a"), args=("--shard", "a"), name="a")
+    await call(a.target, "Submit", pb.SubmitRequest(task=spec("default")))
+    assert a.stop() == 0
+    shutil.copy(tmp_path / "shard-a.db", tmp_path / "shard-b.db")
+    with pytest.raises(AssertionError, match=r"holds tasks of shard number 1, not of this server's shard"):
+        servers(config(tmp_path, ports, "b"), args=("--shard", "b"), name="b", timeout=10)   # it never leads
+
+
+async def test_a_killed_shard_is_named_while_the_others_keep_serving(shards):
+    a, b = shards
+    kept = await call(a.target, "Submit", pb.SubmitRequest(task=spec("default", key="kept-in-a")))
+    b.kill()
+    listing = await call(a.target, "ListTasks", pb.ListTasksRequest(limit=1000))
+    assert sorted(listing.unavailable_shards) == ["b", "far"]
+    assert {shard_number(t.id) for t in listing.tasks} == {1}
+    channel, tasks, _ = stubs(a.target)
+    try:
+        call_ = tasks.Get(pb.GetRequest(task=pb.TaskRef(key="kept-in-a")), metadata=bearer(CLIENT), timeout=30)
+        info = await call_
+        trailing = dict(await call_.trailing_metadata())
+    finally:
+        await channel.close()
+    assert info.id == kept.id and set(trailing["cronoq-unavailable-shards"].split(",")) == {"b", "far"}
+    status, _, body = http_call(a, "GET", "/v1/tasks/by-key/kept-in-a")
+    assert status == 200 and body["id"] == str(kept.id) and sorted(body["unavailable_shards"]) == ["b", "far"]
+    status, _, body = http_call(a, "GET", "/v1/tasks?limit=1000")
+    assert status == 200 and sorted(body["unavailable_shards"]) == ["b", "far"]
+    error = await refused(a.target, "Cancel", pb.CancelRequest(task=pb.TaskRef(key="kept-in-a")))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    error = await refused(a.target, "Submit", pb.SubmitRequest(task=spec("gpu")))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "'b'" in error.details()
+    snap = await call(a.target, "Snapshot", pb.SnapshotRequest(), METRICS, admin=True)
+    assert [p.name for p in snap.pools] == ["default"] and sorted(snap.unavailable_shards) == ["b", "far"]

@@ -313,3 +313,195 @@ async def test_a_killed_shard_is_named_while_the_others_keep_serving(shards):
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "'b'" in error.details()
     snap = await call(a.target, "Snapshot", pb.SnapshotRequest(), METRICS, admin=True)
     assert [p.name for p in snap.pools] == ["default"] and sorted(snap.unavailable_shards) == ["b", "far"]
+
+
+# ---------------------------------------------------------------- three shards on PostgreSQL, with a standby
+
+
+def ready(server) -> bool:
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=1)
+        try:
+            connection.request("GET", "/readyz")
+            return connection.getresponse().status == 200
+        finally:
+            connection.close()
+    except OSError:
+        return False
+
+
+class LeaderProxy:
+    """A shard's endpoint in front of its servers, as a load balancer routing
+    to the ready one (the leader): each new connection goes to whichever
+    server answers /readyz with 200; with none, the connection is closed."""
+
+    def __init__(self) -> None:
+        self.backends: list = []
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        backend = None
+        for server in self.backends:
+            if server.process.poll() is None and await asyncio.to_thread(ready, server):
+                backend = server
+                break
+        if backend is None:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", backend.grpc_port)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except OSError:
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+
+
+def pg_config(schema: str, ports: dict[str, int], grpc_port: int) -> str:
+    return f"""
+[server]
+grpc_addr = "127.0.0.1:{grpc_port}"
+http_addr = "127.0.0.1:0"
+shutdown_grace_s = 2
+standby_close_s = 0.5
+{AUTH}
+[store]
+kind = "postgres"
+url_env = "CRONOQ_TEST_DATABASE_URL"
+schema = "{schema}_{{shard}}"
+lock_poll_s = 0.1
+
+[[pools]]
+name = "default"
+[[pools]]
+name = "gpu"
+[[pools]]
+name = "batch"
+
+[[shards]]
+name = "a"
+number = 1
+pools = ["default"]
+endpoint = "http://127.0.0.1:{ports['a']}"
+[[shards]]
+name = "b"
+number = 2
+pools = ["gpu"]
+endpoint = "http://127.0.0.1:{ports['b']}"
+[[shards]]
+name = "c"
+number = 3
+pools = ["batch"]
+endpoint = "http://127.0.0.1:{ports['c']}"
+"""
+
+
+async def test_three_postgres_shards_survive_a_shard_outage_and_its_standby_takes_over(servers, pg_server):
+    import signal
+    import uuid
+
+    schema = f"sh{uuid.uuid4().hex[:8]}"
+    env = {"CRONOQ_TEST_DATABASE_URL": pg_server.url}
+    proxy = LeaderProxy()
+    await proxy.start()
+    ports = {"a": free_port(), "b": proxy.port, "c": free_port()}
+    try:
+        a = servers(pg_config(schema, ports, ports["a"]), args=("--shard", "a"), name="a", env=env)
+        c = servers(pg_config(schema, ports, ports["c"]), args=("--shard", "c"), name="c", env=env)
+        b1 = servers(pg_config(schema, ports, 0), args=("--shard", "b"), name="b1", env=env)
+        b2 = servers(pg_config(schema, ports, 0), args=("--shard", "b"), name="b2", env=env,
+                     wait_for="standing by")
+        proxy.backends = [b1, b2]
+        ids = {}
+        for pool in ("default", "gpu", "batch"):
+            ids[pool] = (await call(c.target, "Submit", pb.SubmitRequest(task=spec(pool, key=f"k-{pool}")))).id
+        assert {pool: shard_number(i) for pool, i in ids.items()} == {"default": 1, "gpu": 2, "batch": 3}
+        listing = await call(a.target, "ListTasks", pb.ListTasksRequest(limit=1000))
+        assert [t.id for t in listing.tasks] == sorted(ids.values()) and not listing.unavailable_shards
+
+        # Shard b goes down (its leader killed, its standby paused): a and c keep serving and name it.
+        b2.signal(signal.SIGSTOP)
+        b1.kill()
+        listing = await call(a.target, "ListTasks", pb.ListTasksRequest(limit=1000))
+        assert list(listing.unavailable_shards) == ["b"]
+        assert [t.id for t in listing.tasks] == sorted([ids["default"], ids["batch"]])
+        found = await call(c.target, "Get", pb.GetRequest(task=pb.TaskRef(key="k-default")))
+        assert found.id == ids["default"]
+        error = await refused(a.target, "Get", pb.GetRequest(task=pb.TaskRef(id=ids["gpu"])))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        snap = await call(c.target, "Snapshot", pb.SnapshotRequest(), METRICS, admin=True)
+        assert [p.name for p in snap.pools] == ["default", "batch"] and list(snap.unavailable_shards) == ["b"]
+
+        # Its standby takes over, and every shard's tasks are there again, from any server.
+        b2.signal(signal.SIGCONT)
+        b2.wait_for("serving as the leader", timeout=60)
+        for _ in range(50):   # (until a's channel to b reconnects through the endpoint)
+            try:
+                info = await call(a.target, "Get", pb.GetRequest(task=pb.TaskRef(id=ids["gpu"])))
+                break
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("shard b did not answer again through its endpoint")
+        assert info.pool == "gpu"
+        listing = await call(a.target, "ListTasks", pb.ListTasksRequest(limit=1000))
+        assert [t.id for t in listing.tasks] == sorted(ids.values()) and not listing.unavailable_shards
+        # Keys are per shard: the same key in shard c is refused when looked up.
+        await call(a.target, "Submit", pb.SubmitRequest(task=spec("batch", key="k-gpu")))
+        error = await refused(a.target, "Wait", pb.WaitRequest(task=pb.TaskRef(key="k-gpu"), timeout_s=1))
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await proxy.stop()
+
+
+async def test_the_python_worker_follows_its_pool_to_its_shard(shards):
+    from cronoq.client import Worker
+
+    a, b = shards
+    ran = asyncio.Event()
+
+    async def handle(lease):
+        ran.set()
+        return {"ok": True}
+
+    worker = Worker(a.target, "gpu2", handle, token=WORKER, initial_backoff=0.05, max_backoff=0.2)
+    running = asyncio.ensure_future(worker.run(handle_signals=False))
+    try:
+        submitted = await call(a.target, "Submit", pb.SubmitRequest(task=spec("gpu2")))
+        result = await call(a.target, "Wait", pb.WaitRequest(task=pb.TaskRef(id=submitted.id), timeout_s=30))
+        assert result.status == pb.TASK_STATUS_SUCCEEDED and ran.is_set()
+        listed = await call(b.target, "ListWorkers", pb.ListWorkersRequest(pools=["gpu2"]), METRICS, admin=True)
+        assert [w.pool for w in listed.workers] == ["gpu2"]   # registered with shard b
+    finally:
+        worker.stop()
+        await asyncio.wait_for(running, 30)
+
+
+async def test_the_worker_refuses_a_redirect_sending_its_token_over_http_to_another_host(shards):
+    from cronoq import CronoqError
+    from cronoq.client import Worker
+
+    a, _ = shards
+
+    async def handle(lease):
+        return None
+
+    worker = Worker(a.target, "far", handle, token=WORKER)
+    with pytest.raises(CronoqError, match="insecure_redirect_http=True allows it"):
+        await asyncio.wait_for(worker.run(handle_signals=False), 30)

@@ -27,6 +27,7 @@ import random
 import signal
 import threading
 import time
+import urllib.parse
 from typing import Any, Callable, Iterable, Mapping
 
 import grpc
@@ -37,6 +38,7 @@ from .._proto import cronoq_pb2_grpc as pb_grpc
 from ..core.errors import CheckpointError, CronoqError, SchedulerError
 from ..core.snapshot import Checkpoint
 from ..errors import CancelTask, Reject
+from ..loopback import is_loopback
 from ..core.types import NS
 from ..runtime.runner import clean_message, outcome_of
 from . import wire
@@ -51,6 +53,7 @@ _PRIORITIES = {pb.PRIORITY_CRITICAL: "critical", pb.PRIORITY_HIGH: "high", pb.PR
 # Lease.abort_reason for each Abort.code (a code this worker does not know: "unknown").
 _ABORT_REASONS = {pb.ABORT_REASON_CANCELLED: "cancelled", pb.ABORT_REASON_TIMEOUT: "timeout",
                   pb.ABORT_REASON_LEASE_EXPIRED: "lease expired", pb.ABORT_REASON_SHUTDOWN: "shutdown"}
+_MAX_REDIRECTS = 3   # shard redirects followed in a row
 # Status codes that retrying cannot fix: run() raises them.
 _FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND,
           grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
@@ -269,7 +272,7 @@ class Worker:
                  tls: bool = False, credentials: grpc.ChannelCredentials | None = None,
                  labels: Mapping[str, str] | None = None, name: str | None = None, grace: float = 30.0,
                  options: Iterable[tuple[str, Any]] | None = None, initial_backoff: float = 0.2,
-                 max_backoff: float = 10.0) -> None:
+                 max_backoff: float = 10.0, insecure_redirect_http: bool = False) -> None:
         if not callable(handler):
             raise ValueError(f"handler must be callable, got {type(handler).__name__}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
@@ -293,6 +296,7 @@ class Worker:
         self._tls = tls
         self._credentials = credentials
         self._options = list(options or ())
+        self.insecure_redirect_http = insecure_redirect_http   # follow shards to plain http:// off loopback
         self._metadata = wire.metadata(token)
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
             getattr(handler, "__call__", None))
@@ -342,21 +346,50 @@ class Worker:
             if caught:
                 _forget_on_signals(self._loop, self)
 
+    def _redirect(self, exc: grpc.aio.AioRpcError, chain: list[str]) -> str | None:
+        """The endpoint a sharded server sent this worker to (its pool's shard),
+        checked: at most three redirects in a row, never from TLS to plain
+        http://, the token over plain http:// only to loopback unless allowed."""
+        if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+            return None
+        trailing: dict[str, str] = {k: v for k, v in (exc.trailing_metadata() or ()) if isinstance(v, str)}
+        endpoint = trailing.get("cronoq-shard-endpoint")
+        if not endpoint:
+            return None
+        if len(chain) > _MAX_REDIRECTS:
+            raise CronoqError(f"pool {self.pool!r}: more than {_MAX_REDIRECTS} shard redirects in a row "
+                              f"({' -> '.join(chain + [endpoint])})")
+        secure = self._tls or self._credentials is not None or chain[-1].startswith("https://")
+        if endpoint.startswith("http://"):
+            if secure:
+                raise CronoqError(f"pool {self.pool!r} is served at {endpoint}: refusing to follow a redirect "
+                                  f"from TLS to plain http://")
+            host = urllib.parse.urlsplit(endpoint).hostname or ""
+            if self._token is not None and not is_loopback(host) and not self.insecure_redirect_http:
+                raise CronoqError(f"pool {self.pool!r} is served at {endpoint}: refusing to send the token over "
+                                  f"plain http:// to another host (insecure_redirect_http=True allows it)")
+        return endpoint
+
     async def _run(self) -> None:
         assert self._stop is not None
         backoff = self.initial_backoff
+        chain = [self.target]    # the configured target, then the shards it sent this worker to
         channel = wire.channel(self.target, tls=self._tls, credentials=self._credentials, options=self._options)
         try:
             stub = pb_grpc.WorkersStub(channel)
             while not self._stop.is_set():
                 session = _Session()
                 self._session = session
+                moved: str | None = None
                 try:
                     await self._serve(stub, session)
                 except grpc.aio.AioRpcError as exc:
-                    if exc.code() in _FATAL:
+                    moved = self._redirect(exc, chain)
+                    if moved is None and exc.code() in _FATAL:
                         raise wire.error_from(exc) from None
-                    log.warning("worker stream for pool %s ended: %s %s", self.pool, exc.code().name, exc.details())
+                    if moved is None:
+                        log.warning("worker stream for pool %s ended: %s %s", self.pool, exc.code().name,
+                                    exc.details())
                 finally:
                     self.connected = False
                     self.granted_slots = 0
@@ -365,6 +398,22 @@ class Worker:
                     break
                 if session.registered:
                     backoff = self.initial_backoff
+                    del chain[1:]
+                if moved is not None or (len(chain) > 1 and not session.registered):
+                    # Follow the redirect; or, that shard out of reach, ask the configured target again.
+                    if moved is not None:
+                        log.info("pool %s is served at %s: connecting there", self.pool, moved)
+                        chain.append(moved)
+                        target = moved
+                    else:
+                        del chain[1:]
+                        target = self.target
+                    await channel.close()
+                    channel = wire.channel(target, tls=self._tls and not target.startswith("http://"),
+                                           credentials=self._credentials, options=self._options)
+                    stub = pb_grpc.WorkersStub(channel)
+                    if moved is not None:
+                        continue
                 delay = 0.0 if session.not_leader else backoff * (0.5 + random.random() / 2)
                 if not session.not_leader:
                     backoff = min(max(backoff * 2, self.initial_backoff), self.max_backoff)

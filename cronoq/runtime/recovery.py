@@ -20,7 +20,7 @@ from ..store.base import Store, StoredSchedule, StoredTask
 from ..store.codec import Codec
 from .checkpoints import CheckpointBook
 
-__all__ = ["recover", "decode_tasks", "decode_schedule", "ForeignShard"]
+__all__ = ["recover", "decode_tasks", "decode_schedule"]
 
 log = logging.getLogger("cronoq.scheduler")
 
@@ -68,15 +68,11 @@ async def recover(store: Store, codec: Codec, config: CoreConfig, epoch: int, po
     return core
 
 
-class ForeignShard(SchedulerError):
-    """The store holds tasks of another shard: this server must not lead it."""
-
-
 def _check_shard(shard: int, task_id: int) -> None:
     # Unsharded ids (top bits 0) are let through: the book warns they are not always recognised.
     other = shard_of(task_id)
     if other not in (0, shard):
-        raise ForeignShard(f"the store holds tasks of shard number {other}, not of this server's shard "
+        raise SchedulerError(f"the store holds tasks of shard number {other}, not of this server's shard "
                            f"(number {shard}): check store.path / store.schema")
 
 

@@ -38,6 +38,17 @@ HTTP (``POST /v1/tasks`` with ``wait: true``) and gRPC (``Submit`` with
 ``wait``), ``--http-probes`` of each, p50 and p99. Targets (HTTP): >= 3,000
 single submits/s and >= 30,000 tasks/s in batches of 1,000.
 
+With ``--shards`` (alone), in ``--shard-rounds`` rounds (3; a fresh set of
+servers each): an unsharded server and two shards (a: pool default; b: pools
+gpu and idle) side by side; the server CPU per task of admitting ``--tasks``
+tasks in batches into pool idle, sent to the unsharded server and to shard
+b's own server (calls landing on the right shard: the target is within 1.1x),
+and ``--probes`` single submits into pool idle sent to b and sent to a, which
+forwards them (the added p50 is the forwarding cost: the target is < 2 ms).
+The throughput of N shards projects from the CPU per task: each shard's
+server does its own pools' work alone.
+
+    python bench/server.py --shards [--tasks 20000] [--probes 200] [--shard-rounds 3]
     python bench/server.py [--tasks 20000] [--batch 500] [--probes 200] [--workers 1,4] [--backlog 5000]
                            [--http-single 20000] [--http-batches 200] [--http-probes 500] [--http-rounds 3]
                            [--no-grpc] [--no-http]
@@ -292,11 +303,12 @@ def submit_client_main(transport: str, port: int, mode: str, count: int, batch: 
         print(time.monotonic(), flush=True)
 
 
-def _start_server(config_text: str, directory: str) -> tuple[subprocess.Popen[str], int, int]:
+def _start_server(config_text: str, directory: str, args: tuple[str, ...] = ()
+                  ) -> tuple[subprocess.Popen[str], int, int]:
     config = Path(directory) / "bench.toml"
     config.write_text(config_text)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    server = subprocess.Popen([sys.executable, "-m", "cronoq.server", "--config", str(config)],
+    server = subprocess.Popen([sys.executable, "-m", "cronoq.server", "--config", str(config), *args],
                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     assert server.stderr is not None
     while True:
@@ -436,6 +448,164 @@ def through_http(clients: int, single: int, batches: int, batch: int, probes: in
     return out
 
 
+# ---------------------------------------------------------------- shards
+
+
+def _shard_config(ports: dict[str, int], shard: str | None) -> str:
+    """Two shards (a: pool default, b: pools gpu and idle) or, without ``shard``, one server with every pool."""
+    head = (f'[server]\ngrpc_addr = "127.0.0.1:{ports[shard] if shard else 0}"\nhttp_addr = "127.0.0.1:0"\n'
+            f'shutdown_grace_s = 1\n[limits]\nmax_tasks_per_batch = 10000\n'
+            '[[pools]]\nname = "default"\n[[pools]]\nname = "gpu"\n[[pools]]\nname = "idle"\n')
+    if shard is None:
+        return head
+    return head + "".join(f'[[shards]]\nname = "{name}"\nnumber = {number}\npools = {pools}\n'
+                          f'endpoint = "http://127.0.0.1:{ports[name]}"\n'
+                          for name, number, pools in (("a", 1, '["default"]'), ("b", 2, '["gpu", "idle"]')))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _admission_cpu(target: str, pid: int, tasks: int, batch: int) -> float:
+    """Server CPU microseconds per task admitted into pool idle (no worker: the admission path alone)."""
+    from cronoq.client import Client
+
+    async with Client(target) as client:
+        await client.submit_batch([{"payload": b"", "pool": "idle"} for _ in range(batch)])   # warm up
+        before = _cpu_seconds(pid)
+        for start in range(0, tasks, batch):
+            await client.submit_batch([{"payload": b"", "pool": "idle"} for _ in range(min(batch, tasks - start))])
+        return (_cpu_seconds(pid) - before) / tasks * 1e6
+
+
+async def _submit_latencies(target: str, probes: int) -> list[float]:
+    from cronoq.client import Client
+
+    async with Client(target) as client:
+        await client.submit(b"", pool="idle")
+        out = []
+        for _ in range(probes):
+            t0 = time.perf_counter()
+            await client.submit(b"", pool="idle")
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+
+def through_shards(tasks: int, batch: int, probes: int, rounds: int) -> dict[str, Any]:
+    """Rounds of: an unsharded server's admission CPU per task beside shard b's for its own pool (calls
+    landing on the right shard), and single submits into shard b's pool sent to b and sent to a (forwarded)."""
+    figures: dict[str, list[float]] = {k: [] for k in ("plain_cpu", "shard_cpu", "direct_p50", "direct_p99",
+                                                       "forwarded_p50", "forwarded_p99")}
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as directory:
+            ports = {"a": _free_port(), "b": _free_port()}
+            plain, plain_grpc, _ = _start_server(_shard_config(ports, None), _dir(directory, "plain"))
+            a, _, _ = _start_server(_shard_config(ports, "a"), _dir(directory, "a"), ("--shard", "a"))
+            b, _, _ = _start_server(_shard_config(ports, "b"), _dir(directory, "b"), ("--shard", "b"))
+            try:
+                figures["plain_cpu"].append(asyncio.run(_admission_cpu(f"127.0.0.1:{plain_grpc}", plain.pid,
+                                                                       tasks, batch)))
+                figures["shard_cpu"].append(asyncio.run(_admission_cpu(f"127.0.0.1:{ports['b']}", b.pid, tasks,
+                                                                       batch)))
+                direct = asyncio.run(_submit_latencies(f"127.0.0.1:{ports['b']}", probes))
+                forwarded = asyncio.run(_submit_latencies(f"127.0.0.1:{ports['a']}", probes))
+                for name, values in (("direct", direct), ("forwarded", forwarded)):
+                    q = statistics.quantiles(values, n=100)
+                    figures[f"{name}_p50"].append(statistics.median(values))
+                    figures[f"{name}_p99"].append(q[98])
+            finally:
+                _stop([plain, a, b])
+    return {k: statistics.median(v) for k, v in figures.items()} | {"rounds": figures}
+
+
+def _dir(directory: str, name: str) -> str:
+    path = os.path.join(directory, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+# ---------------------------------------------------------------- shards
+
+
+def _shard_config(ports: dict[str, int], shard: str | None) -> str:
+    """Two shards (a: pool default, b: pools gpu and idle) or, without ``shard``, one server with every pool."""
+    head = (f'[server]\ngrpc_addr = "127.0.0.1:{ports[shard] if shard else 0}"\nhttp_addr = "127.0.0.1:0"\n'
+            f'shutdown_grace_s = 1\n[limits]\nmax_tasks_per_batch = 10000\n'
+            '[[pools]]\nname = "default"\n[[pools]]\nname = "gpu"\n[[pools]]\nname = "idle"\n')
+    if shard is None:
+        return head
+    return head + "".join(f'[[shards]]\nname = "{name}"\nnumber = {number}\npools = {pools}\n'
+                          f'endpoint = "http://127.0.0.1:{ports[name]}"\n'
+                          for name, number, pools in (("a", 1, '["default"]'), ("b", 2, '["gpu", "idle"]')))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _admission_cpu(target: str, pid: int, tasks: int, batch: int) -> float:
+    """Server CPU microseconds per task admitted into pool idle (no worker: the admission path alone)."""
+    from cronoq.client import Client
+
+    async with Client(target) as client:
+        await client.submit_batch([{"payload": b"", "pool": "idle"} for _ in range(batch)])   # warm up
+        before = _cpu_seconds(pid)
+        for start in range(0, tasks, batch):
+            await client.submit_batch([{"payload": b"", "pool": "idle"} for _ in range(min(batch, tasks - start))])
+        return (_cpu_seconds(pid) - before) / tasks * 1e6
+
+
+async def _submit_latencies(target: str, probes: int) -> list[float]:
+    from cronoq.client import Client
+
+    async with Client(target) as client:
+        await client.submit(b"", pool="idle")
+        out = []
+        for _ in range(probes):
+            t0 = time.perf_counter()
+            await client.submit(b"", pool="idle")
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+
+def through_shards(tasks: int, batch: int, probes: int, rounds: int) -> dict[str, Any]:
+    """Rounds of: an unsharded server's admission CPU per task beside shard b's for its own pool (calls
+    landing on the right shard), and single submits into shard b's pool sent to b and sent to a (forwarded)."""
+    figures: dict[str, list[float]] = {k: [] for k in ("plain_cpu", "shard_cpu", "direct_p50", "direct_p99",
+                                                       "forwarded_p50", "forwarded_p99")}
+    for _ in range(rounds):
+        with tempfile.TemporaryDirectory() as directory:
+            ports = {"a": _free_port(), "b": _free_port()}
+            plain, plain_grpc, _ = _start_server(_shard_config(ports, None), _dir(directory, "plain"))
+            a, _, _ = _start_server(_shard_config(ports, "a"), _dir(directory, "a"), ("--shard", "a"))
+            b, _, _ = _start_server(_shard_config(ports, "b"), _dir(directory, "b"), ("--shard", "b"))
+            try:
+                figures["plain_cpu"].append(asyncio.run(_admission_cpu(f"127.0.0.1:{plain_grpc}", plain.pid,
+                                                                       tasks, batch)))
+                figures["shard_cpu"].append(asyncio.run(_admission_cpu(f"127.0.0.1:{ports['b']}", b.pid, tasks,
+                                                                       batch)))
+                direct = asyncio.run(_submit_latencies(f"127.0.0.1:{ports['b']}", probes))
+                forwarded = asyncio.run(_submit_latencies(f"127.0.0.1:{ports['a']}", probes))
+                for name, values in (("direct", direct), ("forwarded", forwarded)):
+                    q = statistics.quantiles(values, n=100)
+                    figures[f"{name}_p50"].append(statistics.median(values))
+                    figures[f"{name}_p99"].append(q[98])
+            finally:
+                _stop([plain, a, b])
+    return {k: statistics.median(v) for k, v in figures.items()} | {"rounds": figures}
+
+
+def _dir(directory: str, name: str) -> str:
+    path = os.path.join(directory, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
@@ -461,6 +631,10 @@ def main() -> None:
     parser.add_argument("--submit-client", nargs=5, metavar=("TRANSPORT", "PORT", "MODE", "COUNT", "BATCH"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--shards", action="store_true",
+                        help="only the sharded part: admission CPU per task of a shard's server for its own pool "
+                             "beside an unsharded server's, and the latency a forwarded submit adds")
+    parser.add_argument("--shard-rounds", type=int, default=3)
     args = parser.parse_args()
     if args.worker:
         worker_main(args.worker, args.slots)
@@ -470,6 +644,23 @@ def main() -> None:
         submit_client_main(transport, int(port), mode, int(count), int(batch))
         return
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
+    if args.shards:
+        f = through_shards(args.tasks, args.batch, args.probes, args.shard_rounds)
+        print(f"load average before: {load}; median of {args.shard_rounds} rounds (min-max)")
+        r = f["rounds"]
+
+        def spread(key: str, unit: str) -> str:
+            return f"{f[key]:.2f} {unit} ({min(r[key]):.2f}-{max(r[key]):.2f})"
+
+        print(f"admission CPU per task, unsharded server: {spread('plain_cpu', 'us')}")
+        print(f"admission CPU per task, shard b, own pool: {spread('shard_cpu', 'us')}   "
+              f"ratio {f['shard_cpu'] / f['plain_cpu']:.3f} (target <= 1.1)")
+        print(f"single submit to shard b directly: p50 {spread('direct_p50', 'ms')}, p99 {spread('direct_p99', 'ms')}")
+        print(f"single submit via shard a (forwarded): p50 {spread('forwarded_p50', 'ms')}, "
+              f"p99 {spread('forwarded_p99', 'ms')}")
+        print(f"added by forwarding: p50 {f['forwarded_p50'] - f['direct_p50']:.2f} ms (target < 2), "
+              f"p99 {f['forwarded_p99'] - f['direct_p99']:.2f} ms")
+        return
     slow = max(args.batch, args.backlog // 3)
     rows = []
     if args.grpc:

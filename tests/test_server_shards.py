@@ -288,33 +288,6 @@ async def test_a_store_of_another_shard_is_refused(servers, tmp_path):
         servers(config(tmp_path, ports, "b"), args=("--shard", "b"), name="b", timeout=10)   # it never leads
 
 
-async def test_a_killed_shard_is_named_while_the_others_keep_serving(shards):
-    a, b = shards
-    kept = await call(a.target, "Submit", pb.SubmitRequest(task=spec("default", key="kept-in-a")))
-    b.kill()
-    listing = await call(a.target, "ListTasks", pb.ListTasksRequest(limit=1000))
-    assert sorted(listing.unavailable_shards) == ["b", "far"]
-    assert {shard_number(t.id) for t in listing.tasks} == {1}
-    channel, tasks, _ = stubs(a.target)
-    try:
-        call_ = tasks.Get(pb.GetRequest(task=pb.TaskRef(key="kept-in-a")), metadata=bearer(CLIENT), timeout=30)
-        info = await call_
-        trailing = dict(await call_.trailing_metadata())
-    finally:
-        await channel.close()
-    assert info.id == kept.id and set(trailing["cronoq-unavailable-shards"].split(",")) == {"b", "far"}
-    status, _, body = http_call(a, "GET", "/v1/tasks/by-key/kept-in-a")
-    assert status == 200 and body["id"] == str(kept.id) and sorted(body["unavailable_shards"]) == ["b", "far"]
-    status, _, body = http_call(a, "GET", "/v1/tasks?limit=1000")
-    assert status == 200 and sorted(body["unavailable_shards"]) == ["b", "far"]
-    error = await refused(a.target, "Cancel", pb.CancelRequest(task=pb.TaskRef(key="kept-in-a")))
-    assert error.code() == grpc.StatusCode.UNAVAILABLE
-    error = await refused(a.target, "Submit", pb.SubmitRequest(task=spec("gpu")))
-    assert error.code() == grpc.StatusCode.UNAVAILABLE and "'b'" in error.details()
-    snap = await call(a.target, "Snapshot", pb.SnapshotRequest(), METRICS, admin=True)
-    assert [p.name for p in snap.pools] == ["default"] and sorted(snap.unavailable_shards) == ["b", "far"]
-
-
 # ---------------------------------------------------------------- three shards on PostgreSQL, with a standby
 
 
@@ -505,3 +478,31 @@ async def test_the_worker_refuses_a_redirect_sending_its_token_over_http_to_anot
     worker = Worker(a.target, "far", handle, token=WORKER)
     with pytest.raises(CronoqError, match="insecure_redirect_http=True allows it"):
         await asyncio.wait_for(worker.run(handle_signals=False), 30)
+
+
+# Last in the file: it kills shard b of the module's servers.
+async def test_a_killed_shard_is_named_while_the_others_keep_serving(shards):
+    a, b = shards
+    kept = await call(a.target, "Submit", pb.SubmitRequest(task=spec("default", key="kept-in-a")))
+    b.kill()
+    listing = await call(a.target, "ListTasks", pb.ListTasksRequest(limit=1000))
+    assert sorted(listing.unavailable_shards) == ["b", "far"]
+    assert {shard_number(t.id) for t in listing.tasks} == {1}
+    channel, tasks, _ = stubs(a.target)
+    try:
+        call_ = tasks.Get(pb.GetRequest(task=pb.TaskRef(key="kept-in-a")), metadata=bearer(CLIENT), timeout=30)
+        info = await call_
+        trailing = dict(await call_.trailing_metadata())
+    finally:
+        await channel.close()
+    assert info.id == kept.id and set(trailing["cronoq-unavailable-shards"].split(",")) == {"b", "far"}
+    status, _, body = http_call(a, "GET", "/v1/tasks/by-key/kept-in-a")
+    assert status == 200 and body["id"] == str(kept.id) and sorted(body["unavailable_shards"]) == ["b", "far"]
+    status, _, body = http_call(a, "GET", "/v1/tasks?limit=1000")
+    assert status == 200 and sorted(body["unavailable_shards"]) == ["b", "far"]
+    error = await refused(a.target, "Cancel", pb.CancelRequest(task=pb.TaskRef(key="kept-in-a")))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    error = await refused(a.target, "Submit", pb.SubmitRequest(task=spec("gpu")))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "'b'" in error.details()
+    snap = await call(a.target, "Snapshot", pb.SnapshotRequest(), METRICS, admin=True)
+    assert [p.name for p in snap.pools] == ["default"] and sorted(snap.unavailable_shards) == ["b", "far"]

@@ -506,10 +506,13 @@ def through_shards(tasks: int, batch: int, probes: int, rounds: int) -> dict[str
             a, _, _ = _start_server(_shard_config(ports, "a"), _dir(directory, "a"), ("--shard", "a"))
             b, _, _ = _start_server(_shard_config(ports, "b"), _dir(directory, "b"), ("--shard", "b"))
             try:
-                figures["plain_cpu"].append(asyncio.run(_admission_cpu(f"127.0.0.1:{plain_grpc}", plain.pid,
-                                                                       tasks, batch)))
-                figures["shard_cpu"].append(asyncio.run(_admission_cpu(f"127.0.0.1:{ports['b']}", b.pid, tasks,
-                                                                       batch)))
+                # Both servers warmed first, then measured in turn, alternating which goes first by round.
+                pair = [("plain_cpu", f"127.0.0.1:{plain_grpc}", plain.pid), ("shard_cpu", f"127.0.0.1:{ports['b']}",
+                                                                            b.pid)]
+                for _, target, pid in pair:
+                    asyncio.run(_admission_cpu(target, pid, tasks // 4, batch))
+                for key, target, pid in (pair if len(figures["plain_cpu"]) % 2 == 0 else pair[::-1]):
+                    figures[key].append(asyncio.run(_admission_cpu(target, pid, tasks, batch)))
                 direct = asyncio.run(_submit_latencies(f"127.0.0.1:{ports['b']}", probes))
                 forwarded = asyncio.run(_submit_latencies(f"127.0.0.1:{ports['a']}", probes))
                 for name, values in (("direct", direct), ("forwarded", forwarded)):
@@ -585,10 +588,13 @@ def through_shards(tasks: int, batch: int, probes: int, rounds: int) -> dict[str
             a, _, _ = _start_server(_shard_config(ports, "a"), _dir(directory, "a"), ("--shard", "a"))
             b, _, _ = _start_server(_shard_config(ports, "b"), _dir(directory, "b"), ("--shard", "b"))
             try:
-                figures["plain_cpu"].append(asyncio.run(_admission_cpu(f"127.0.0.1:{plain_grpc}", plain.pid,
-                                                                       tasks, batch)))
-                figures["shard_cpu"].append(asyncio.run(_admission_cpu(f"127.0.0.1:{ports['b']}", b.pid, tasks,
-                                                                       batch)))
+                # Both servers warmed first, then measured in turn, alternating which goes first by round.
+                pair = [("plain_cpu", f"127.0.0.1:{plain_grpc}", plain.pid), ("shard_cpu", f"127.0.0.1:{ports['b']}",
+                                                                            b.pid)]
+                for _, target, pid in pair:
+                    asyncio.run(_admission_cpu(target, pid, tasks // 4, batch))
+                for key, target, pid in (pair if len(figures["plain_cpu"]) % 2 == 0 else pair[::-1]):
+                    figures[key].append(asyncio.run(_admission_cpu(target, pid, tasks, batch)))
                 direct = asyncio.run(_submit_latencies(f"127.0.0.1:{ports['b']}", probes))
                 forwarded = asyncio.run(_submit_latencies(f"127.0.0.1:{ports['a']}", probes))
                 for name, values in (("direct", direct), ("forwarded", forwarded)):

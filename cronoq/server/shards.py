@@ -248,9 +248,16 @@ class ShardedService(Service):
     # -- submissions
 
     def _shard_of_spec(self, spec: pb.TaskSpec) -> ShardSection:
-        shard = self.shard_of_pool(spec.pool)
+        shard = self.pool_shard.get(spec.pool or self.home_pool)
         if shard is None:
             raise ServiceError(Code.NOT_FOUND, f"no pool named {spec.pool or self.home_pool!r}", "UnknownPool")
+        if spec.resources:
+            self._check_resources(spec, shard)
+        if spec.after or spec.deps:
+            self._check_deps(spec, shard)
+        return shard
+
+    def _check_resources(self, spec: pb.TaskSpec, shard: ShardSection) -> None:
         for name in spec.resources:
             home = self.resource_shards.get(name)
             if home is not None and home != shard.name:
@@ -258,14 +265,14 @@ class ShardedService(Service):
                                    f"resource {name!r} belongs to shard {home!r}, but pool "
                                    f"{spec.pool or self.home_pool!r} is in shard {shard.name!r}: a task may "
                                    f"use only its own shard's resources", "InvalidTask")
-        refs = list(spec.after) + [d.ref for d in spec.deps]
-        for ref in refs:
+
+    def _check_deps(self, spec: pb.TaskSpec, shard: ShardSection) -> None:
+        for ref in list(spec.after) + [d.ref for d in spec.deps]:
             if ref.WhichOneof("ref") == "id" and self.shard_of_task(ref.id) is not shard:
                 raise ServiceError(Code.INVALID_ARGUMENT,
                                    f"dependency {ref.id} is a task of another shard than pool "
                                    f"{spec.pool or self.home_pool!r} ({shard.name!r}): a task can wait only "
                                    f"for tasks of its own shard", "InvalidTask")
-        return shard
 
     async def submit(self, caller: Principal, request: pb.SubmitRequest) -> pb.SubmitResponse:
         caller.require("client")
@@ -280,7 +287,8 @@ class ShardedService(Service):
         caller.require("client")
         if not request.tasks:
             return await super().submit_batch(caller, request)
-        shards = [self._shard_of_spec(spec) for spec in request.tasks]
+        of_spec = self._shard_of_spec
+        shards = [of_spec(spec) for spec in request.tasks]
         first = shards[0]
         for index, shard in enumerate(shards):
             if shard is not first:

@@ -228,7 +228,7 @@ async def test_a_second_server_on_a_deleted_sqlite_path_never_leads_beside_the_f
     async with Client(first.target) as client:
         await client.submit("before", pool="idle", key="before")
     remove_sqlite(path)
-    first.wait_for("was deleted or replaced while open")   # (its next renewal notices)
+    first.wait_for("was deleted or replaced while open", timeout=90)   # (its next renewal notices; slow under load)
     await submit_refused(first)
     second = servers(config, name="b", wait_for="standing by")   # it creates a new, empty database there
     # Both contend for the new file's lease, fairly: one leads it, never both.

@@ -278,6 +278,39 @@ async def test_workers_and_snapshots_cover_every_shard(shards):
         await worker.close()
 
 
+async def test_watch_merges_every_shards_events_and_names_the_shards_it_leaves_out(shards):
+    a, b = shards
+    channel, tasks, _ = stubs(a.target)
+    try:
+        watch = tasks.Watch(pb.WatchRequest(), metadata=bearer(CLIENT))
+        # The headers come before any event: the far shard cannot be asked (plain http to another host).
+        assert dict(await asyncio.wait_for(watch.initial_metadata(), 30))["cronoq-unavailable-shards"] == "far"
+        here = await call(b.target, "Submit", pb.SubmitRequest(task=spec("default", key="watched-a")))
+        there = await call(a.target, "Submit", pb.SubmitRequest(task=spec("gpu", key="watched-b")))
+        seen: set[int] = set()
+        while seen != {here.id, there.id}:
+            event = await asyncio.wait_for(watch.read(), 30)
+            if event.id in (here.id, there.id):
+                seen.add(event.id)
+        watch.cancel()
+        # A Watch of one shard's pools asks that shard alone: nothing is left out.
+        only_b = tasks.Watch(pb.WatchRequest(pools=["gpu"]), metadata=bearer(CLIENT))
+        assert "cronoq-unavailable-shards" not in dict(await asyncio.wait_for(only_b.initial_metadata(), 30))
+        only_b.cancel()
+        # The far shard's pools alone: no shard that serves them can be asked.
+        only_far = tasks.Watch(pb.WatchRequest(pools=["far"]), metadata=bearer(CLIENT))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(only_far.read(), 30)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE and "far" in caught.value.details()
+        # The receiving shard checks the token again: pool-scoped to default, it may not watch gpu there.
+        scoped = tasks.Watch(pb.WatchRequest(pools=["gpu"]), metadata=bearer(SCOPED))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(scoped.read(), 30)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        await channel.close()
+
+
 async def test_a_store_of_another_shard_is_refused(servers, tmp_path):
     ports = {"a": free_port(), "b": free_port()}
     a = servers(config(tmp_path, ports, "a"), args=("--shard", "a"), name="a")
@@ -502,6 +535,17 @@ async def test_a_killed_shard_is_named_while_the_others_keep_serving(shards):
     assert status == 200 and sorted(body["unavailable_shards"]) == ["b", "far"]
     error = await refused(a.target, "Cancel", pb.CancelRequest(task=pb.TaskRef(key="kept-in-a")))
     assert error.code() == grpc.StatusCode.UNAVAILABLE
+    channel, tasks, _ = stubs(a.target)
+    try:   # Watch still opens, names both missing shards, and carries this shard's events
+        watch = tasks.Watch(pb.WatchRequest(), metadata=bearer(CLIENT))
+        missing = dict(await asyncio.wait_for(watch.initial_metadata(), 30))["cronoq-unavailable-shards"]
+        assert set(missing.split(",")) == {"b", "far"}
+        later = await call(a.target, "Submit", pb.SubmitRequest(task=spec("default", key="after-b-died")))
+        while (await asyncio.wait_for(watch.read(), 30)).id != later.id:
+            pass
+        watch.cancel()
+    finally:
+        await channel.close()
     error = await refused(a.target, "Submit", pb.SubmitRequest(task=spec("gpu")))
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "'b'" in error.details()
     snap = await call(a.target, "Snapshot", pb.SnapshotRequest(), METRICS, admin=True)

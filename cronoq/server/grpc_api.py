@@ -23,7 +23,7 @@ from .auth import Authenticator, Principal
 from .errors import Code, ServiceError
 from .remote import WorkerHub, WorkerSession
 from .service import Service
-from .shards import FORWARDED, reply_notes
+from .shards import FORWARDED, UNAVAILABLE_METADATA, reply_notes
 
 __all__ = ["add_services", "ERROR_METADATA"]
 
@@ -132,10 +132,19 @@ class TasksServicer(_Base, pb_grpc.TasksServicer):
                     ) -> AsyncIterator[pb.StatusEvent]:
         try:
             caller = self.caller(context)
-            async for event in self.service.watch(caller, request):
+            events, missing = await self.service.watch(caller, request)
+        except ServiceError as exc:
+            await _abort(context, exc)
+        try:
+            # Headers at once, not with the first event: the caller knows the stream is
+            # open (a sharded server waits for this from each shard) and what it leaves out.
+            await context.send_initial_metadata(((UNAVAILABLE_METADATA, ",".join(missing)),) if missing else ())
+            async for event in events:
                 yield event
         except ServiceError as exc:
             await _abort(context, exc)
+        finally:
+            await events.aclose()
 
 
 class AdminServicer(_Base, pb_grpc.AdminServicer):

@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Iterable, Protocol
 
 from .._proto import cronoq_pb2 as pb
 from ..core.actions import StatusEvent
@@ -51,9 +51,19 @@ if TYPE_CHECKING:
     from ..runtime.scheduler import Scheduler
     from .remote import WorkerHub
 
-__all__ = ["Service"]
+__all__ = ["Service", "EventStream"]
 
 log = logging.getLogger("cronoq.server")
+
+
+class EventStream(Protocol):
+    """A Watch stream: status events until it ends; ``aclose`` lets go of it."""
+
+    def __aiter__(self) -> AsyncIterator[pb.StatusEvent]: ...
+
+    async def __anext__(self) -> pb.StatusEvent: ...
+
+    async def aclose(self) -> None: ...
 
 # The snapshot's fields taken from the engine's pools as they are.
 _POOL_NUMBERS = tuple((field.wire, field.attr) for field in POOL_FIELDS
@@ -484,14 +494,20 @@ class Service:
                  extra={"action": "resubmit", "task_id": info.id, "new_task_id": handles[0].id})
         return pb.SubmitResponse(id=handles[0].id, duplicate=False)
 
-    async def watch(self, caller: Principal, request: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
+    async def watch(self, caller: Principal, request: pb.WatchRequest) -> tuple[EventStream, list[str]]:
+        """The Watch stream and the shards it leaves out (none here). Who may
+        watch what is checked now, before the first event: a refusal is an
+        answer, not a stream that fails later."""
         caller.require("client")
         sched = self.serving()
         pools = self._pool_filter(caller, request.pools)
-        wanted = None if pools is None else frozenset(pools)
         if self.watchers >= self.limits.max_watchers:
             raise ServiceError(Code.RESOURCE_EXHAUSTED,
                                f"the server serves at most {self.limits.max_watchers} Watch streams (limits)")
+        return self._watch_events(caller, sched, None if pools is None else frozenset(pools), request), []
+
+    async def _watch_events(self, caller: Principal, sched: Scheduler, wanted: frozenset[str] | None,
+                            request: pb.WatchRequest) -> AsyncGenerator[pb.StatusEvent, None]:
         terminal_only = request.terminal_only
 
         def wanted_event(event: StatusEvent) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iterable, TypeVar
 from urllib.parse import urlsplit
 
 import grpc
@@ -36,7 +36,7 @@ from ..loopback import is_loopback
 from .auth import Principal
 from .config import ServerConfig, ShardSection
 from .errors import Code, ServiceError
-from .service import Service
+from .service import EventStream, Service
 
 if TYPE_CHECKING:
     from .remote import WorkerHub
@@ -548,76 +548,137 @@ class ShardedService(Service):
 
     # -- Watch over every shard
 
-    async def watch(self, caller: Principal, request: pb.WatchRequest) -> AsyncIterator[pb.StatusEvent]:
+    async def watch(self, caller: Principal, request: pb.WatchRequest) -> tuple[EventStream, list[str]]:
+        """Every shard's stream, merged; the shards that could not be asked are
+        left out and named (a shard's stream that ends later ends the merge)."""
         caller.require("client")
         if caller.forwarded:
-            async for event in super().watch(caller, request):
-                yield event
-            return
-        queue: asyncio.Queue[pb.StatusEvent | BaseException | None] = asyncio.Queue(self.limits.watch_buffer)
-        tasks = []
-
-        async def pump(events: AsyncIterator[pb.StatusEvent]) -> None:
-            try:
-                async for event in events:
-                    await queue.put(event)
-                await queue.put(None)
-            except BaseException as exc:   # (ends the merged stream, with its reason)
-                await queue.put(exc)
-
+            return await super().watch(caller, request)
+        streams: list[EventStream] = []
+        missing: list[str] = []
         mine = self._pools_of(request.pools, self.me)
         if mine != []:
-            local = pb.WatchRequest(pools=mine or (), terminal_only=request.terminal_only, recent=request.recent)
-            tasks.append(asyncio.ensure_future(pump(super().watch(caller, local))))
-        for shard in self.others():
+            local, _ = await super().watch(caller, pb.WatchRequest(
+                pools=mine or (), terminal_only=request.terminal_only, recent=request.recent))
+            streams.append(local)
+        wanted: list[tuple[ShardSection, pb.WatchRequest]] = []
+        for shard in sorted(self.others(), key=lambda s: s.number):
             pools = self._pools_of(request.pools, shard)
             if pools == []:
                 continue
             try:
                 self._may_forward(caller, shard, "a Watch")
             except ServiceError:
-                continue   # (a certificate caller streams this shard's events only)
-            tasks.append(asyncio.ensure_future(pump(self._remote_watch(caller, shard, pb.WatchRequest(
-                pools=pools or (), terminal_only=request.terminal_only, recent=request.recent)))))
-        try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    raise ServiceError(Code.UNAVAILABLE, "a shard's stream ended; reconnect")
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            for task in tasks:
-                task.cancel()
+                missing.append(shard.name)   # (a certificate caller streams this shard's events only)
+                continue
+            wanted.append((shard, pb.WatchRequest(pools=pools or (), terminal_only=request.terminal_only,
+                                                  recent=request.recent)))
+        opened = await asyncio.gather(*(self._open_remote_watch(caller, shard, r) for shard, r in wanted),
+                                      return_exceptions=True)
+        failure: BaseException | None = None
+        for (shard, _), result in zip(wanted, opened):
+            if isinstance(result, ShardUnavailable):
+                missing.append(shard.name)
+            elif isinstance(result, BaseException):
+                failure = failure or result
+            else:
+                streams.append(result)
+        if failure is not None or not streams:
+            for stream in streams:
+                await stream.aclose()
+            raise failure or ServiceError(Code.UNAVAILABLE, f"no shard serving these pools could be asked "
+                                                            f"(unavailable: {', '.join(missing)}); reconnect")
+        return MergedWatch(streams, self.limits.watch_buffer), missing
 
-    async def _remote_watch(self, caller: Principal, shard: ShardSection, request: pb.WatchRequest
-                            ) -> AsyncIterator[pb.StatusEvent]:
+    async def _open_remote_watch(self, caller: Principal, shard: ShardSection, request: pb.WatchRequest
+                                 ) -> EventStream:
+        """``shard``'s Watch, once its server has accepted it (its headers came):
+        ShardUnavailable if it could not be reached in time."""
         stub = pb_grpc.TasksStub(self.peers.channel(shard))
         metadata = [(FORWARDED, self.me.name)]
         if caller.token is not None:
             metadata.append(("authorization", f"Bearer {caller.token}"))
         call = stub.Watch(request, metadata=metadata)
         try:
-            async for event in call:
-                yield event
-        except aio.AioRpcError as exc:
-            error = _peer_error(shard, exc)
-            if isinstance(error, ShardUnavailable):
-                raise ServiceError(Code.UNAVAILABLE, str(error)) from None
-            raise error from None
-        finally:
+            await asyncio.wait_for(call.initial_metadata(), self.request_timeout)
+        except asyncio.TimeoutError:
             call.cancel()
+            raise ShardUnavailable(shard, f"its Watch did not open within {self.request_timeout:g} s") from None
+        except aio.AioRpcError as exc:
+            raise _peer_error(shard, exc) from None
+        if call.done():   # refused, or ended at once
+            code = await call.code()
+            raise _peer_failure(shard, code, await call.details(), await call.trailing_metadata())
+        return _remote_events(shard, call)
+
+
+class MergedWatch:
+    """Several Watch streams as one, in arrival order. It ends, with its
+    reason, when any of them ends; ``aclose`` stops them all."""
+
+    def __init__(self, streams: list[EventStream], buffer: int) -> None:
+        self._queue: asyncio.Queue[pb.StatusEvent | BaseException | None] = asyncio.Queue(buffer)
+        self._streams = streams
+        self._pumps = [asyncio.ensure_future(self._pump(stream)) for stream in streams]
+
+    async def _pump(self, events: EventStream) -> None:
+        try:
+            async for event in events:
+                await self._queue.put(event)
+            await self._queue.put(None)
+        except BaseException as exc:   # (ends the merged stream, with its reason)
+            await self._queue.put(exc)
+
+    def __aiter__(self) -> MergedWatch:
+        return self
+
+    async def __anext__(self) -> pb.StatusEvent:
+        item = await self._queue.get()
+        if item is None:
+            await self.aclose()
+            raise ServiceError(Code.UNAVAILABLE, "a shard's stream ended; reconnect")
+        if isinstance(item, BaseException):
+            await self.aclose()
+            raise item
+        return item
+
+    async def aclose(self) -> None:
+        for pump in self._pumps:
+            pump.cancel()
+        # (a stream cannot be closed while its pump is still inside it)
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        for stream in self._streams:
+            try:
+                await stream.aclose()
+            except Exception:   # (a stream that already failed has nothing left to close)
+                pass
+
+
+async def _remote_events(shard: ShardSection, call: Any) -> AsyncGenerator[pb.StatusEvent, None]:
+    try:
+        async for event in call:
+            yield event
+    except aio.AioRpcError as exc:
+        error = _peer_error(shard, exc)
+        if isinstance(error, ShardUnavailable):
+            raise ServiceError(Code.UNAVAILABLE, str(error)) from None
+        raise error from None
+    finally:
+        call.cancel()
 
 
 def _peer_error(shard: ShardSection, exc: aio.AioRpcError) -> Exception:
     """What a peer's failed call means here: the shard was out of reach, or
     its answer (an error with its code, message and exception kind)."""
-    code = exc.code()
+    return _peer_failure(shard, exc.code(), exc.details(), exc.trailing_metadata())
+
+
+def _peer_failure(shard: ShardSection, code: grpc.StatusCode, details: str | None, trailing_metadata: Any
+                  ) -> Exception:
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return ShardUnavailable(shard, exc.details() or code.name)
-    trailing = dict((k, v) for k, v in (exc.trailing_metadata() or ()) if isinstance(v, str))
+        return ShardUnavailable(shard, details or code.name)
+    trailing = dict((k, v) for k, v in (trailing_metadata or ()) if isinstance(v, str))
     kind = trailing.get("cronoq-error")
     extra = tuple((k, v) for k, v in trailing.items() if k in (SHARD_METADATA, ENDPOINT_METADATA))
     ours = getattr(Code, code.name, Code.INTERNAL)
-    return ServiceError(ours, exc.details() or code.name, kind, metadata=extra)
+    return ServiceError(ours, details or code.name, kind, metadata=extra)

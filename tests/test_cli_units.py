@@ -327,7 +327,9 @@ class _FlakyConnection:
         self._maybe_fail("list_tasks")
         return pb.ListTasksResponse()
 
-    async def watch(self, pools, terminal_only, recent=0):
+    async def watch(self, pools, terminal_only, recent=0, *, opened=None):
+        if opened is not None:
+            opened([])
         yield pb.StatusEvent(id=7, pool="default", status=pb.TASK_STATUS_SUCCEEDED)
         await asyncio.Event().wait()   # then a quiet, open stream
 
@@ -373,7 +375,8 @@ _HEADERS = {"POOL", "CAPACITY", "BUSY", "PENDING", "WAIT P50", "WAIT P90", "UTIL
             "NAME", "LABELS", "CONNECTED", "CRON", "NEXT", "ID", "STATUS", "KEY", "ATTEMPT", "FOR", "MESSAGE", "TIME"}
 
 
-def _crowded(width: int, height: int, window: float = 60.0) -> list[str]:
+def _crowded(width: int, height: int, window: float = 60.0, missing: tuple[str, ...] = (),
+             events_missing: tuple[str, ...] = ()) -> list[str]:
     """top drawn with long pool, worker, schedule and key names, as a list of lines."""
     import time
     from types import SimpleNamespace
@@ -389,6 +392,7 @@ def _crowded(width: int, height: int, window: float = 60.0) -> list[str]:
     now_ns = time.time_ns()
     view.snapshot.set(pb.SnapshotResponse(
         live_tasks=12345, running=8, pending=12337, workers_connected=2, metrics_window_s=window,
+        unavailable_shards=missing,
         pools=[pb.PoolSnapshot(name="default", capacity=8, busy=8, pending=12337, wait_p50_s=1.5,
                                wait_p90_s=12.25, utilization=0.93, succeeded=1234, failed=6, workers_connected=2),
                pb.PoolSnapshot(name="reports-nightly-eu", capacity=10, pending=3)]))
@@ -409,6 +413,7 @@ def _crowded(width: int, height: int, window: float = 60.0) -> list[str]:
                                                      attempt=2, max_attempts=3, at_unix_ns=now_ns,
                                                      message="card declined"))
     view.events.state = "live"
+    view.events.missing_shards = list(events_missing)
     view.refreshed_at = time.time()
     console.print(view.render())
     return console.file.getvalue().splitlines()  # type: ignore[attr-defined]
@@ -449,6 +454,15 @@ def test_top_at_200_columns_shows_every_column_and_at_80_the_important_ones():
         assert header in tasks, narrow
 
 
+def test_top_names_the_shards_a_sharded_server_could_not_ask_before_its_counts():
+    assert "unavailable" not in _crowded(120, 30)[0]
+    header = _crowded(120, 30, missing=("far",), events_missing=("b", "far"))[0]
+    assert "unavailable: shards b, far" in header and header.index("unavailable") < header.index("live 12345")
+    # At 80 columns the address and the clock go first, then the counts; the missing shards stay.
+    narrow = _crowded(80, 24, missing=("b",))[0]
+    assert "unavailable: shard b" in narrow and len(narrow) <= 80
+
+
 def test_top_says_that_the_pools_counts_are_attempts_over_the_snapshots_window():
     lines = _crowded(120, 30, window=30.0)
     title = next(line for line in lines if line.startswith("Pools"))
@@ -471,13 +485,15 @@ def test_snapshot_totals_say_what_they_count():
 class _WatchedConnection:
     """A stand-in for watch's Connection: one stream of events, then an unknown pool (which ends watch)."""
 
-    def __init__(self, events: list[pb.StatusEvent]) -> None:
+    def __init__(self, events: list[pb.StatusEvent], missing: list[str] | None = None) -> None:
         self.events = events
+        self.missing = missing or []
 
     async def list_tasks(self, pools, statuses, after, limit, **_: object) -> pb.ListTasksResponse:
         return pb.ListTasksResponse()
 
-    async def watch(self, pools, terminal_only, recent=0):
+    async def watch(self, pools, terminal_only, recent=0, *, opened=None):
+        opened(self.missing)
         for event in self.events:
             yield event
         raise errors.UnknownPool("no pool named 'gone'")
@@ -507,3 +523,18 @@ def test_watch_lines_are_columns_and_attempts_say_of_how_many():
     starts = [[m.start() for m in re.finditer(r"\S+", line)] for line in lines[1:]]
     for column in (2, 3, 4, 6):
         assert len({row[column] for row in starts}) == 1, (column, lines)
+
+
+def test_watch_says_on_stderr_which_shards_the_stream_leaves_out():
+    from cronoq.cli import commands
+
+    event = pb.StatusEvent(id=7, pool="default", status=pb.TASK_STATUS_SUCCEEDED, attempt=1, max_attempts=3,
+                           at_unix_ns=1_796_000_000_000_000_000)
+    for output in ("text", "json"):
+        stdout, stderr = Stream(False), Stream(False)
+        args = argparse.Namespace(pool=[], all=False, output=output)
+        with pytest.raises(errors.UnknownPool):
+            asyncio.run(commands.watch(_WatchedConnection([event], ["b", "far"]), args,  # type: ignore[arg-type]
+                                       Output(stdout, stderr)))
+        assert "shards b, far could not be asked: their events are not shown" in stderr.getvalue()
+        assert "could not be asked" not in stdout.getvalue() and len(stdout.getvalue().splitlines()) == 1

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from cronoq._proto import cronoq_pb2 as pb
-from serverkit import AUTH, CLIENT, METRICS, WORKER, RawWorker, bearer, stubs
+from serverkit import ADMIN, AUTH, CLIENT, METRICS, WORKER, RawWorker, bearer, stubs
 
 pytestmark = pytest.mark.asyncio
 
@@ -309,6 +309,40 @@ async def test_watch_merges_every_shards_events_and_names_the_shards_it_leaves_o
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
     finally:
         await channel.close()
+
+
+async def test_the_cli_shows_every_shard_and_names_the_one_it_could_not_ask(shards):
+    from clikit import Terminal, cli_env, cronoq, err, script, text
+
+    a, b = shards
+    there = await call(b.target, "Submit", pb.SubmitRequest(task=spec("gpu", key="cli-in-b")))
+    note = "shard far could not be asked"
+    listed = cronoq("tasks", "--all", token=ADMIN, server=a.target)
+    assert listed.returncode == 0 and str(there.id) in text(listed), err(listed)
+    assert f"{note}: their tasks are not listed" in err(listed) and note not in text(listed)
+    as_json = cronoq("tasks", "--all", "-o", "json", token=ADMIN, server=a.target)
+    assert json.loads(text(as_json))["unavailable_shards"] == ["far"]
+    for command, left_out in (("workers", "their workers"), ("schedules", "their schedules"),
+                              ("snapshot", "their pools")):
+        shown = cronoq(command, token=ADMIN, server=a.target)
+        assert shown.returncode == 0 and f"{note}: {left_out}" in err(shown), (command, err(shown))
+    snapshot = json.loads(text(cronoq("snapshot", "-o", "json", token=ADMIN, server=a.target)))
+    assert snapshot["unavailable_shards"] == ["far"] and "gpu" in {p["name"] for p in snapshot["pools"]}
+    # A key is looked up in every shard: found in b through a, the far shard named as not asked.
+    found = cronoq("get", "--key", "cli-in-b", token=ADMIN, server=a.target)
+    assert found.returncode == 0 and str(there.id) in text(found), err(found)
+    assert f"{note}: the answer comes from the shards that could" in err(found)
+    found = json.loads(text(cronoq("get", "--key", "cli-in-b", "-o", "json", token=ADMIN, server=a.target)))
+    assert found["id"] == str(there.id) and found["unavailable_shards"] == ["far"]
+    # By id, only b is asked: nothing to say.
+    by_id = cronoq("get", str(there.id), token=ADMIN, server=a.target)
+    assert by_id.returncode == 0 and "could not be asked" not in err(by_id)
+    term = Terminal([script(), "top", "--interval", "0.3"], cli_env(ADMIN, a.target), columns=150, lines=40)
+    try:
+        screen = term.wait_for(lambda s: "\ngpu " in s and "\ndefault " in s)
+        assert "unavailable: shard far" in screen.splitlines()[0]
+    finally:
+        term.close()
 
 
 async def test_a_store_of_another_shard_is_refused(servers, tmp_path):

@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any, cast
+from typing import Any, Sequence, cast
 
 from rich.cells import cell_len
 
@@ -21,7 +21,7 @@ from ..errors import SchedulerError, ServerError
 from .exits import CliError, ExitCode
 from .._proto.json_view import explanation_json, info_json as task_json, result_json, snapshot_json
 from .output import (PRIORITY_NAMES, STATUS_NAMES, Output, age, attempt_text, event_json, iso_ns, schedule_json,
-                     totals_text, window_text, worker_health, worker_json)
+                     shards_missing_text, totals_text, window_text, worker_health, worker_json)
 from .remote import Connection
 
 __all__ = ["submit", "get", "explain", "wait", "cancel", "tasks", "workers", "schedules", "schedule", "snapshot", "watch",
@@ -61,6 +61,20 @@ def _ref_text(ref: int | str) -> str:
 
 
 # ---------------------------------------------------------------- payloads and task options
+
+
+_FOUND_ELSEWHERE = "the answer comes from the shards that could"
+
+
+def _missing(out: Output, shards: Sequence[str], left_out: str, document: dict[str, Any] | None = None) -> None:
+    """Say which shards a sharded server could not ask: on stderr (stdout
+    keeps the answer), and in the JSON document as ``unavailable_shards``."""
+    if not shards:
+        return
+    if document is not None:
+        document["unavailable_shards"] = list(shards)
+    else:
+        out.error("cronoq: " + shards_missing_text(shards, left_out))
 
 
 def _payload(args: argparse.Namespace) -> tuple[bytes | None, str | None]:
@@ -176,8 +190,11 @@ def _show_result(result: pb.TaskResult, out: Output) -> int:
 async def get(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     info = await conn.get(_ref(args))
     if _json_wanted(args):
-        out.json(task_json(info))
+        document = task_json(info)
+        _missing(out, conn.missing_shards, "", document)
+        out.json(document)
         return ExitCode.OK
+    _missing(out, conn.missing_shards, _FOUND_ELSEWHERE)
     rows = [("id", str(info.id)), ("status", STATUS_NAMES.get(info.status, str(info.status))),
             ("pool", out.field(info.pool)), ("key", out.field(info.key) if info.key else "-"),
             ("kind", out.field(info.kind)), ("priority", PRIORITY_NAMES.get(info.priority, "normal")),
@@ -198,8 +215,10 @@ async def explain(conn: Connection, args: argparse.Namespace, out: Output) -> in
     explanation = await conn.explain(_ref(args))
     document = explanation_json(explanation)
     if _json_wanted(args):
+        _missing(out, conn.missing_shards, "", document)
         out.json(document)
         return ExitCode.OK
+    _missing(out, conn.missing_shards, _FOUND_ELSEWHERE)
     out.line(out.field(explanation.summary))
     rows = [("id", document["id"]), ("status", document["status"]), ("pool", out.field(explanation.pool)),
             ("priority", document.get("priority", "-"))]
@@ -217,8 +236,11 @@ async def explain(conn: Connection, args: argparse.Namespace, out: Output) -> in
 async def wait(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     result = await wait_for(conn, _ref(args), args.timeout, out)
     if _json_wanted(args):
-        out.json(result_json(result))
+        document = result_json(result)
+        _missing(out, conn.missing_shards, "", document)
+        out.json(document)
         return ExitCode.OK if result.status == pb.TASK_STATUS_SUCCEEDED else ExitCode.TASK_FAILED
+    _missing(out, conn.missing_shards, _FOUND_ELSEWHERE)
     return _show_result(result, out)
 
 
@@ -237,10 +259,12 @@ async def cancel(conn: Connection, args: argparse.Namespace, out: Output) -> int
 async def tasks(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     pools, statuses = split_list(args.pool), status_values(args.status)
     found: list[pb.TaskInfo] = []
+    missing: list[str] = []
     after = args.after
     while True:
         page = await conn.list_tasks(pools, statuses, after, args.limit)
         found.extend(page.tasks)
+        missing.extend(name for name in page.unavailable_shards if name not in missing)
         after = page.next_after
         if not after or not args.all:
             break
@@ -248,8 +272,10 @@ async def tasks(conn: Connection, args: argparse.Namespace, out: Output) -> int:
         document: dict[str, Any] = {"tasks": [task_json(t) for t in found]}
         if after:
             document["next_after"] = str(after)
+        _missing(out, missing, "", document)
         out.json(document)
         return ExitCode.OK
+    _missing(out, missing, "their tasks are not listed")
     now = time.time()
     out.table(("ID", "STATUS", "POOL", "KEY", "KIND", "PRIORITY", "ATTEMPT", "AGE", "MESSAGE"),
               [(str(t.id), STATUS_NAMES.get(t.status, "?"), t.pool, t.key or "-", t.kind,
@@ -267,8 +293,11 @@ async def tasks(conn: Connection, args: argparse.Namespace, out: Output) -> int:
 async def workers(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     response = await conn.workers(split_list(args.pool))
     if _json_wanted(args):
-        out.json({"workers": [worker_json(w) for w in response.workers]})
+        document = {"workers": [worker_json(w) for w in response.workers]}
+        _missing(out, response.unavailable_shards, "", document)
+        out.json(document)
         return ExitCode.OK
+    _missing(out, response.unavailable_shards, "their workers are not listed")
     now = time.time()
     out.table(("ID", "NAME", "POOL", "BUSY", "SLOTS", "HEALTH", "EXPIRED", "LABELS", "CONNECTED"),
               [(str(w.id), w.name, w.pool, str(w.busy), str(w.slots), worker_health(w), str(w.lease_expiries),
@@ -280,8 +309,11 @@ async def workers(conn: Connection, args: argparse.Namespace, out: Output) -> in
 async def schedules(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     response = await conn.recurring()
     if _json_wanted(args):
-        out.json({"schedules": [schedule_json(s) for s in response.schedules]})
+        document = {"schedules": [schedule_json(s) for s in response.schedules]}
+        _missing(out, response.unavailable_shards, "", document)
+        out.json(document)
         return ExitCode.OK
+    _missing(out, response.unavailable_shards, "their schedules are not listed")
     out.table(("NAME", "CRON", "TZ", "POOL", "KIND", "OVERLAP", "NEXT", "LAST TASK"),
               [(s.name, s.cron, s.tz or "UTC", s.pool, s.kind, schedule_json(s)["overlap"],
                 iso_ns(s.next_unix_ns) if s.HasField("next_unix_ns") else "-",
@@ -328,8 +360,9 @@ def _duration(seconds: float) -> str:
 async def snapshot(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     snap = await conn.snapshot()
     if _json_wanted(args):
-        out.json(snapshot_json(snap))
+        out.json(snapshot_json(snap))   # (which always has unavailable_shards, like the HTTP snapshot)
         return ExitCode.OK
+    _missing(out, snap.unavailable_shards, "their pools are not shown and the counts leave them out")
     out.line(f"live tasks {snap.live_tasks}   running {snap.running}   pending {snap.pending}   "
              f"workers {snap.workers_connected}   at {iso_ns(snap.at_unix_ns)}")
     out.line()
@@ -382,7 +415,8 @@ async def watch(conn: Connection, args: argparse.Namespace, out: Output) -> int:
     backoff = 0.2
     while True:
         try:
-            async for event in conn.watch(pools, terminal_only=not args.all):
+            async for event in conn.watch(pools, terminal_only=not args.all,
+                                          opened=lambda missing: _missing(out, missing, "their events are not shown")):
                 backoff = 0.2
                 if _json_wanted(args):
                     out.json(event_json(event))

@@ -168,6 +168,13 @@ def totals_text(totals: dict[str, int]) -> str:
     return "since start, " + "; ".join(groups)
 
 
+def shards_missing_text(shards: Sequence[str], left_out: str) -> str:
+    """The note for an answer that leaves shards out ("shards b, c could not be asked: ...")."""
+    names = ", ".join(shards)
+    return (f"shard {names} could not be asked" if len(shards) == 1 else f"shards {names} could not be asked") + \
+        (f": {left_out}" if left_out else "")
+
+
 def attempt_text(attempt: int, max_attempts: int) -> str:
     """"2/3": the attempt of those allowed ("2" when the allowance is unknown)."""
     return f"{attempt}/{max_attempts}" if max_attempts else str(attempt)

@@ -4,7 +4,7 @@ calls that retry UNAVAILABLE with backoff and raise cronoq's exceptions
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
 
@@ -13,9 +13,20 @@ from .._proto import cronoq_pb2_grpc as pb_grpc
 from ..client import Client, wire
 from .connection import Settings, channel_options
 
-__all__ = ["Connection", "client_from"]
+__all__ = ["Connection", "client_from", "shards_named"]
 
 T = TypeVar("T")
+
+# Response metadata naming the shards a sharded server could not ask.
+UNAVAILABLE_SHARDS = "cronoq-unavailable-shards"
+
+
+def shards_named(metadata: Any) -> list[str]:
+    """The shards that a call's ``cronoq-unavailable-shards`` metadata names."""
+    for key, value in metadata or ():
+        if key == UNAVAILABLE_SHARDS and isinstance(value, str):
+            return [name for name in value.split(",") if name]
+    return []
 
 
 class Connection:
@@ -29,6 +40,8 @@ class Connection:
         self.metadata = wire.metadata(settings.token)
         self.tasks = pb_grpc.TasksStub(self.channel)
         self.admin = pb_grpc.AdminStub(self.channel)
+        # The shards the last Get, Explain or Wait by key could not ask (a sharded server names them).
+        self.missing_shards: list[str] = []
 
     async def close(self) -> None:
         await self.channel.close()
@@ -38,12 +51,30 @@ class Connection:
         """Run a unary call; raise the cronoq exception it stands for."""
         return await wire.call(make, self.settings.retry_for if retry_for is None else retry_for, ref)
 
-    async def watch(self, pools: list[str], terminal_only: bool, recent: int = 0) -> AsyncIterator[pb.StatusEvent]:
+    async def _noted(self, start: Callable[[], Any], ref: int | str) -> Any:
+        """A unary call whose answer may name shards it could not ask."""
+        calls: list[Any] = []
+
+        def make() -> Any:
+            calls.append(start())
+            return calls[-1]
+
+        answer = await self.call(make, ref)
+        self.missing_shards = shards_named(await calls[-1].trailing_metadata())
+        return answer
+
+    async def watch(self, pools: list[str], terminal_only: bool, recent: int = 0, *,
+                    opened: Callable[[list[str]], None] | None = None) -> AsyncIterator[pb.StatusEvent]:
         """The Watch stream, as raw events (first up to ``recent`` of those the
-        leader kept); its errors as cronoq exceptions."""
+        leader kept); its errors as cronoq exceptions. ``opened`` is told, once
+        the stream is open, which shards it leaves out (a sharded server's)."""
         request = pb.WatchRequest(pools=pools, terminal_only=terminal_only, recent=recent)
         call = self.tasks.Watch(request, metadata=self.metadata)
         try:
+            if opened is not None:
+                headers = await call.initial_metadata()
+                if not call.done():
+                    opened(shards_named(headers))
             async for event in call:
                 yield event
         except grpc.aio.AioRpcError as exc:
@@ -62,17 +93,21 @@ class Connection:
 
     async def get(self, ref: int | str) -> pb.TaskInfo:
         request = pb.GetRequest(task=wire.ref_message(ref))
-        return await self.call(lambda: self.tasks.Get(request, metadata=self.metadata), ref)
+        info: pb.TaskInfo = await self._noted(lambda: self.tasks.Get(request, metadata=self.metadata), ref)
+        return info
 
     async def explain(self, ref: int | str) -> pb.Explanation:
         request = pb.ExplainRequest(task=wire.ref_message(ref))
-        return await self.call(lambda: self.tasks.Explain(request, metadata=self.metadata), ref)
+        explanation: pb.Explanation = await self._noted(
+            lambda: self.tasks.Explain(request, metadata=self.metadata), ref)
+        return explanation
 
     async def wait_once(self, ref: int | str, timeout: float | None) -> pb.TaskResult:
         request = pb.WaitRequest(task=wire.ref_message(ref))
         if timeout is not None:
             request.timeout_s = timeout
-        return await self.call(lambda: self.tasks.Wait(request, metadata=self.metadata), ref)
+        result: pb.TaskResult = await self._noted(lambda: self.tasks.Wait(request, metadata=self.metadata), ref)
+        return result
 
     async def cancel(self, ref: int | str) -> bool:
         request = pb.CancelRequest(task=wire.ref_message(ref))

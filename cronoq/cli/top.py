@@ -93,6 +93,7 @@ class EventsPane:
         default_factory=lambda: collections.deque(maxlen=EVENTS_KEPT))
     state: str = "connecting"
     error: str | None = None
+    missing_shards: list[str] = field(default_factory=list)   # what the open stream leaves out
 
 
 class TopView:
@@ -242,6 +243,15 @@ class TopView:
             found.extend(waiting.tasks)
         return found
 
+    def _events_opened(self, missing: list[str]) -> None:
+        self.events.missing_shards = missing
+        self._dirty.set()
+
+    def missing_shards(self) -> list[str]:
+        """The shards a sharded server could not ask, by the last snapshot and the events stream."""
+        named = list(self.snapshot.data.unavailable_shards) if self.snapshot.data is not None else []
+        return sorted(set(named) | set(self.events.missing_shards))
+
     async def _follow_events(self) -> None:
         backoff = 0.2
         while True:
@@ -256,7 +266,8 @@ class TopView:
                 # The stream starts with the latest events the leader kept, so the pane
                 # does not start empty; after a reconnection, those it shows already are skipped.
                 shown = {_event_key(e) for e in self.events.events}
-                async for event in self.conn.watch(self.pools, terminal_only=False, recent=EVENTS_KEPT):
+                async for event in self.conn.watch(self.pools, terminal_only=False, recent=EVENTS_KEPT,
+                                                   opened=self._events_opened):
                     backoff = 0.2
                     if shown and _event_key(event) in shown:
                         continue
@@ -342,6 +353,10 @@ class TopView:
             (0, "  q quit  r refresh" if self.keys else "  Ctrl-C quits", "dim"),
             (3, f"  {escape(self.conn.settings.url)}", ""),
             (2, f"  {time.strftime('%H:%M:%S', time.gmtime(now))} UTC", "")]
+        missing = self.missing_shards()
+        if missing:   # (before the counts, which leave those shards out: the counts go first)
+            parts.append((1, f"  unavailable: shard{'s' if len(missing) > 1 else ''} {', '.join(missing)}",
+                          "bold red"))
         if snap is not None:
             parts.append((1, f"  live {snap.live_tasks}  running {snap.running}  pending {snap.pending}  "
                              f"workers {snap.workers_connected}", ""))

@@ -364,3 +364,70 @@ def test_the_page_shows_standby_and_disconnected_and_follows_the_new_leader(brow
     on_standby.wait_for_selector(f'#task-table tr[data-id="{sub["id"]}"]', timeout=WAIT_MS)
     on_leader.context.close()
     on_standby.context.close()
+
+
+def shard_config(directory: Path, ports: dict[str, int], shard: str) -> str:
+    return f"""
+[server]
+grpc_addr = "127.0.0.1:{ports[shard]}"
+http_addr = "127.0.0.1:0"
+shutdown_grace_s = 2
+{AUTH}
+[store]
+kind = "sqlite"
+path = "{directory}/shard-{{shard}}.db"
+full_sync = false
+[[pools]]
+name = "default"
+[[pools]]
+name = "gpu"
+[[shards]]
+name = "a"
+number = 1
+pools = ["default"]
+endpoint = "http://127.0.0.1:{ports['a']}"
+[[shards]]
+name = "b"
+number = 2
+pools = ["gpu"]
+endpoint = "http://127.0.0.1:{ports['b']}"
+"""
+
+
+def test_a_shards_server_shows_every_shard_and_marks_one_that_cannot_be_reached(browser, servers, workers,
+                                                                                   tmp_path, shots):
+    import socket
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    ports = {"a": free_port(), "b": free_port()}
+    a = servers(shard_config(tmp_path, ports, "a"), args=("--shard", "a"), name="a")
+    b = servers(shard_config(tmp_path, ports, "b"), args=("--shard", "b"), name="b")
+    workers(b.target, "gpu", slots=2)
+    with api(a, ADMIN) as http:
+        wait_until(lambda: capacity(http, "gpu") == 2, what="the worker of shard b, seen through a")
+        page = open_page(browser, a, ADMIN, "events")
+        # A task of shard b, submitted through a: its events reach a's page (the stream covers every shard).
+        sub = http.post("/v1/tasks", json={"pool": "gpu", "key": "dash-in-b", "payload": {"sleep": 0.1}}).json()
+        assert int(sub["id"]) >> 56 == 2
+        page.wait_for_selector(f'#event-table tr[data-id="{sub["id"]}"]:has-text("succeeded")', timeout=WAIT_MS)
+        assert page.locator("#shards-banner").is_hidden()
+        page.click("#nav a[data-page=overview]")
+        b.kill()
+        banner = page.locator('#shards-banner[data-shards="b"]')
+        banner.wait_for(timeout=WAIT_MS)
+        assert "Shard b cannot be reached" in banner.inner_text()
+        # gpu's card stays, with its last figures, marked as its shard's.
+        gpu = page.locator('article.pool.unavailable[data-pool="gpu"]')
+        gpu.wait_for(timeout=WAIT_MS)
+        assert "its shard cannot be reached" in gpu.inner_text()
+        assert page.locator('article.pool.unavailable[data-pool="default"]').count() == 0
+        shots(page, "shard-unavailable")
+        # The page stays live for the shard it is connected to.
+        assert page.locator("#conn").get_attribute("data-state") == "live"
+        mine = http.post("/v1/tasks", json={"pool": "default", "key": "dash-in-a"}).json()
+        assert int(mine["id"]) >> 56 == 1
+        page.context.close()

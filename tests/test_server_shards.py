@@ -345,6 +345,40 @@ async def test_the_cli_shows_every_shard_and_names_the_one_it_could_not_ask(shar
         term.close()
 
 
+async def test_the_http_event_stream_covers_every_shard_and_names_the_missing_ones(shards):
+    import httpx
+
+    a, b = shards
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{a.http_port}", timeout=30,
+                                 headers={"authorization": f"Bearer {CLIENT}"}) as http:
+        async with http.stream("GET", "/v1/events?snapshot_s=0") as stream:
+            assert stream.status_code == 200
+            lines = stream.aiter_lines()
+            events: list[tuple[str, object]] = []
+
+            async def until(found) -> None:
+                kind = "message"
+                async for line in lines:
+                    if line.startswith("event:"):
+                        kind = line[6:].strip()
+                    elif line.startswith("data:"):
+                        events.append((kind, json.loads(line[5:])))
+                        if found():
+                            return
+
+            await asyncio.wait_for(until(lambda: any(kind == "shards" for kind, _ in events)), 30)
+            assert ("shards", {"unavailable_shards": ["far"]}) in events
+            hello = next(data for kind, data in events if kind == "hello")
+            assert {"default", "gpu", "gpu2", "far"} <= set(hello["pools"])   # every shard's pools
+            there = await call(a.target, "Submit", pb.SubmitRequest(task=spec("gpu", key="sse-in-b")))
+
+            def seen() -> bool:
+                return any(kind == "status" and any(e["id"] == str(there.id) for e in data)
+                           for kind, data in events)
+
+            await asyncio.wait_for(until(seen), 30)
+
+
 async def test_a_store_of_another_shard_is_refused(servers, tmp_path):
     ports = {"a": free_port(), "b": free_port()}
     a = servers(config(tmp_path, ports, "a"), args=("--shard", "a"), name="a")

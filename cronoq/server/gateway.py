@@ -476,7 +476,7 @@ class Gateway:
         try:
             hello = {"state": service.state, "role": caller.role, "snapshot_s": every,
                      "status_events": caller.role in ("client", "admin"),
-                     "pools": caller.visible(service.pools), "version": __version__}
+                     "pools": caller.visible(service.every_pool), "version": __version__}
             yield _sse("hello", hello) + b"retry: 1000\n\n"
             next_snapshot = loop.time()
             next_ping = loop.time() + _PING_S
@@ -495,6 +495,9 @@ class Gateway:
                         await asyncio.sleep(_COALESCE_S)   # let a burst gather into one message
                 events, lagged = feed.take()
                 out = []
+                if feed.unavailable_changed:
+                    feed.unavailable_changed = False
+                    out.append(_sse("shards", {"unavailable_shards": list(feed.unavailable)}))
                 if lagged:
                     out.append(_sse("lagged", {"skipped": lagged}))
                 if events:

@@ -163,6 +163,9 @@ class LiveFeed:
         self.lagged = 0
         self.ended = False
         self.wake = asyncio.Event()
+        # With shards: those whose events this feed is missing now (said when it changes).
+        self.unavailable: list[str] = []
+        self.unavailable_changed = False
 
     def deliver(self, event: Any) -> None:
         if self.pools is not None and event.pool not in self.pools:
@@ -177,6 +180,19 @@ class LiveFeed:
 
     def end(self) -> None:
         self.ended = True
+        self.wake.set()
+
+    def shard_missing(self, shard: str, missing: bool) -> None:
+        """``shard``'s events stopped (``missing``) or came back. A shard that
+        comes back counts as a lag: what it did meanwhile was not seen."""
+        if missing == (shard in self.unavailable):
+            return
+        if missing:
+            self.unavailable = sorted([*self.unavailable, shard])
+        else:
+            self.unavailable = [name for name in self.unavailable if name != shard]
+            self.lagged += 1
+        self.unavailable_changed = True
         self.wake.set()
 
     def take(self) -> tuple[list[Any], int]:

@@ -571,6 +571,11 @@ class Service:
         """Where a worker of ``pool`` should register instead, if another shard serves it."""
         return None
 
+    @property
+    def every_pool(self) -> list[str]:
+        """The pools this server answers for (with shards, every shard's)."""
+        return self.pools
+
     def serves(self, sched: Scheduler) -> bool:
         """Whether ``sched`` is still the scheduler this server serves with."""
         return self.state == "leader" and self.scheduler is sched and sched.running

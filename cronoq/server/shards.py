@@ -31,11 +31,14 @@ from grpc import aio
 
 from .._proto import cronoq_pb2 as pb
 from .._proto import cronoq_pb2_grpc as pb_grpc
+from ..core.actions import StatusEvent
 from ..core.types import shard_of
 from ..loopback import is_loopback
 from .auth import Principal
 from .config import ServerConfig, ShardSection
+from .convert import status_name
 from .errors import Code, ServiceError
+from .info import LiveFeed
 from .service import EventStream, Service
 
 if TYPE_CHECKING:
@@ -151,6 +154,11 @@ class ShardedService(Service):
         self.peers = peers if peers is not None else Peers(config)
         self.insecure_peer_http = config.server.insecure_peer_http
         self.request_timeout = config.limits.request_timeout_s
+        self._feed_pumps: dict[int, list[asyncio.Task[None]]] = {}
+
+    @property
+    def every_pool(self) -> list[str]:
+        return self.all_pools
 
     # -- where a call goes
 
@@ -610,6 +618,86 @@ class ShardedService(Service):
             code = await call.code()
             raise _peer_failure(shard, code, await call.details(), await call.trailing_metadata())
         return _remote_events(shard, call)
+
+
+    # -- the HTTP event stream over every shard
+
+    def open_feed(self, caller: Principal, pools: Iterable[str], *, events: bool = True, recent: int = 0
+                  ) -> tuple[Any, LiveFeed]:
+        """This shard's feed, with the status events of the other shards'
+        pools fed in from their Watch streams. A shard whose stream cannot be
+        opened, or ends, is retried with backoff and named in the feed's
+        ``unavailable`` meanwhile; its return counts as a lag."""
+        if caller.forwarded:
+            return super().open_feed(caller, pools, events=events, recent=recent)
+        requested = list(pools)
+        mine = self._pools_of(requested, self.me)
+        for pool in requested:
+            if not caller.sees(pool):
+                raise ServiceError(Code.PERMISSION_DENIED, f"the credential may not use pool {pool!r}")
+        sched, feed = super().open_feed(caller, mine or (), events=events and mine != [], recent=recent)
+        # The feed's own filter covers every shard's pools asked for (the local feed knows its shard's only).
+        if requested:
+            feed.pools = frozenset(requested)
+        elif caller.pools is not None:
+            feed.pools = frozenset(p for p in self.all_pools if caller.sees(p))
+        else:
+            feed.pools = None
+        pumps: list[asyncio.Task[None]] = []
+        if events:
+            for shard in sorted(self.others(), key=lambda s: s.number):
+                asked = self._pools_of(requested, shard)
+                if asked == []:
+                    continue
+                try:
+                    self._may_forward(caller, shard, "the event stream")
+                except ServiceError:
+                    feed.shard_missing(shard.name, True)
+                    continue
+                request = pb.WatchRequest(pools=asked or (), recent=recent)
+                pumps.append(asyncio.ensure_future(self._feed_from(caller, shard, request, feed)))
+        self._feed_pumps[id(feed)] = pumps
+        return sched, feed
+
+    def close_feed(self, sched: Any, feed: LiveFeed) -> None:
+        for pump in self._feed_pumps.pop(id(feed), ()):
+            pump.cancel()
+        super().close_feed(sched, feed)
+
+    async def _feed_from(self, caller: Principal, shard: ShardSection, request: pb.WatchRequest,
+                         feed: LiveFeed) -> None:
+        delay = 0.5
+        while not feed.ended:
+            try:
+                stream = await self._open_remote_watch(caller, shard, request)
+            except ShardUnavailable:
+                feed.shard_missing(shard.name, True)
+            except ServiceError as exc:   # refused there (its answer does not change by retrying)
+                log.warning("the event stream leaves out shard %r: %s", shard.name, exc.message)
+                feed.shard_missing(shard.name, True)
+                return
+            else:
+                feed.shard_missing(shard.name, False)
+                request.recent = 0   # (a reconnection replays nothing: the lag makes readers re-read)
+                delay = 0.5
+                try:
+                    async for message in stream:
+                        feed.deliver(_core_event(message, caller.tenant))
+                except ServiceError:
+                    pass
+                finally:
+                    await stream.aclose()
+                feed.shard_missing(shard.name, True)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def _core_event(message: pb.StatusEvent, tenant: str | None) -> StatusEvent:
+    """Another shard's event as the feed holds events (its shard already kept
+    to the caller's tenant)."""
+    return StatusEvent(message.id, message.pool, message.key or None, status_name(message.status),
+                       message.attempt, message.at_unix_ns / 1e9, message.message or None, message.stage or None,
+                       tenant, message.max_attempts or None)
 
 
 class MergedWatch:

@@ -27,6 +27,7 @@ const app = {
   replayed: false,            // the first connection asks for the leader's recent events; later ones do not
   drawerId: null,
   pushes: 0,                  // status events applied to rows so far
+  missingShards: {snapshot: [], events: []},   // with shards: those that could not be asked
 };
 
 // ------------------------------------------------------------------ the API
@@ -76,6 +77,19 @@ function setState(state, detail) {
   banner.hidden = !(state in BANNERS);
   banner.dataset.state = state;
   banner.textContent = BANNERS[state] || "";
+}
+
+// With shards: the shards this server could not ask, by the latest snapshot and by the event stream.
+function setMissingShards(source, names) {
+  app.missingShards[source] = names || [];
+  const all = [...new Set([...app.missingShards.snapshot, ...app.missingShards.events])].sort();
+  const banner = $("#shards-banner");
+  banner.hidden = all.length === 0;
+  banner.dataset.shards = all.join(",");
+  banner.textContent = all.length === 0 ? "" :
+    `${all.length === 1 ? "Shard" : "Shards"} ${all.join(", ")} cannot be reached: ` +
+    `${all.length === 1 ? "its" : "their"} pools, tasks, workers and events are missing from this page, ` +
+    "and the counts leave them out. The other shards are shown as they are.";
 }
 
 function connect() {
@@ -157,6 +171,7 @@ function dispatch(event, data) {
   if (event === "hello") {
     app.replayed = true;
     app.retryDelay = 500;
+    setMissingShards("events", []);   // (a new stream says again which shards it is missing)
     app.role = data.role;
     app.pools = data.pools;
     setState("live");
@@ -170,7 +185,10 @@ function dispatch(event, data) {
   } else if (event === "status") {
     onStatus(data);
   } else if (event === "snapshot") {
+    setMissingShards("snapshot", data.unavailable_shards);
     onSnapshot(data);
+  } else if (event === "shards") {
+    setMissingShards("events", data.unavailable_shards);
   } else if (event === "lagged") {
     for (const row of app.taskRows.values()) row.dataset.push = "0";
     refreshPage();
@@ -340,6 +358,14 @@ function renderOverview(snap) {
       holder.append(card);
     }
     fillPoolCard(card, pool, windowText(snap));
+    card.classList.remove("unavailable");
+  }
+  // A pool the snapshot left out (its shard cannot be asked): its last figures, marked as such.
+  const present = new Set(snap.pools.map((pool) => pool.name));
+  for (const card of holder.querySelectorAll("article.pool")) {
+    if (present.has(card.dataset.pool)) continue;
+    card.classList.add("unavailable");
+    card.querySelector(".window").textContent = "its shard cannot be reached: the last figures seen";
   }
 }
 

@@ -389,7 +389,7 @@ async def test_a_store_of_another_shard_is_refused(servers, tmp_path):
         servers(config(tmp_path, ports, "b"), args=("--shard", "b"), name="b", timeout=10)   # it never leads
 
 
-# ---------------------------------------------------------------- three shards on PostgreSQL, with a standby
+# ---------------------------------------------------------------- three shards (PostgreSQL, SQLite), with a standby
 
 
 def ready(server) -> bool:
@@ -540,6 +540,103 @@ async def test_three_postgres_shards_survive_a_shard_outage_and_its_standby_take
         await call(a.target, "Submit", pb.SubmitRequest(task=spec("batch", key="k-gpu")))
         error = await refused(a.target, "Wait", pb.WaitRequest(task=pb.TaskRef(key="k-gpu"), timeout_s=1))
         assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await proxy.stop()
+
+
+def sqlite_shards_config(directory, ports: dict[str, int], grpc_port: int) -> str:
+    return f"""
+[server]
+grpc_addr = "127.0.0.1:{grpc_port}"
+http_addr = "127.0.0.1:0"
+shutdown_grace_s = 2
+standby_close_s = 0.5
+{AUTH}
+[store]
+kind = "sqlite"
+path = "{directory}/three-{{shard}}.db"
+full_sync = false
+lease_ttl_s = 2
+lease_renew_s = 0.3
+lock_poll_s = 0.1
+
+[[pools]]
+name = "default"
+[[pools]]
+name = "gpu"
+[[pools]]
+name = "batch"
+
+[[shards]]
+name = "a"
+number = 1
+pools = ["default"]
+endpoint = "http://127.0.0.1:{ports['a']}"
+[[shards]]
+name = "b"
+number = 2
+pools = ["gpu"]
+endpoint = "http://127.0.0.1:{ports['b']}"
+[[shards]]
+name = "c"
+number = 3
+pools = ["batch"]
+endpoint = "http://127.0.0.1:{ports['c']}"
+"""
+
+
+async def test_three_sqlite_shards_survive_a_shard_outage_and_its_standby_takes_over(servers, tmp_path):
+    import signal
+
+    proxy = LeaderProxy()
+    await proxy.start()
+    ports = {"a": free_port(), "b": proxy.port, "c": free_port()}
+    try:
+        a = servers(sqlite_shards_config(tmp_path, ports, ports["a"]), args=("--shard", "a"), name="a")
+        c = servers(sqlite_shards_config(tmp_path, ports, ports["c"]), args=("--shard", "c"), name="c")
+        # Shard b: a leader and a standby on the same SQLite file, behind its endpoint.
+        b1 = servers(sqlite_shards_config(tmp_path, ports, 0), args=("--shard", "b"), name="b1")
+        b2 = servers(sqlite_shards_config(tmp_path, ports, 0), args=("--shard", "b"), name="b2",
+                     wait_for="standing by")
+        proxy.backends = [b1, b2]
+        ids = {}
+        for pool in ("default", "gpu", "batch"):
+            ids[pool] = (await call(a.target, "Submit", pb.SubmitRequest(task=spec(pool, key=f"k-{pool}")))).id
+        assert {pool: shard_number(i) for pool, i in ids.items()} == {"default": 1, "gpu": 2, "batch": 3}
+
+        # b's leader killed by pid, its standby paused: a and c keep serving and name b missing.
+        b2.signal(signal.SIGSTOP)
+        b1.kill()
+        for server in (a, c):
+            listing = await call(server.target, "ListTasks", pb.ListTasksRequest(limit=1000))
+            assert list(listing.unavailable_shards) == ["b"]
+            assert [t.id for t in listing.tasks] == sorted([ids["default"], ids["batch"]])
+        later = await call(c.target, "Submit", pb.SubmitRequest(task=spec("default")))   # forwarded to a
+        assert shard_number(later.id) == 1
+        error = await refused(c.target, "Submit", pb.SubmitRequest(task=spec("gpu")))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE and "'b'" in error.details()
+        snap = await call(a.target, "Snapshot", pb.SnapshotRequest(), METRICS, admin=True)
+        assert [p.name for p in snap.pools] == ["default", "batch"] and list(snap.unavailable_shards) == ["b"]
+
+        # The standby takes over the same file: b's task is there, from every shard's server.
+        b2.signal(signal.SIGCONT)
+        b2.wait_for("serving as the leader", timeout=60)
+        for server in (a, c):
+            for _ in range(50):   # (until this server's channel to b reconnects through its endpoint)
+                try:
+                    info = await call(server.target, "Get", pb.GetRequest(task=pb.TaskRef(id=ids["gpu"])))
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                    await asyncio.sleep(0.2)
+            else:
+                raise AssertionError("shard b did not answer again through its endpoint")
+            assert info.pool == "gpu" and info.key == "k-gpu"
+        listing = await call(a.target, "ListTasks", pb.ListTasksRequest(limit=1000))
+        assert [t.id for t in listing.tasks] == sorted([*ids.values(), later.id])
+        assert not listing.unavailable_shards
+        after = await call(a.target, "Submit", pb.SubmitRequest(task=spec("gpu")))
+        assert shard_number(after.id) == 2 and after.id > ids["gpu"]
     finally:
         await proxy.stop()
 

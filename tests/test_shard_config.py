@@ -106,3 +106,13 @@ def test_ids_carry_the_shard_number_in_their_top_bits():
     assert shard_of(first_id(7, 4096 + 5)) == 7
     with pytest.raises(ValueError, match="shard must be a number from 0 to 255"):
         CoreConfig(shard=256)
+
+
+def test_peer_channels_try_a_shard_again_within_seconds_however_long_it_was_down():
+    # gRPC's default reconnect backoff grows to 120 s: a shard back after a long
+    # outage would be named unavailable for up to two minutes more.
+    from cronoq.server.shards import PEER_RECONNECT_MAX_S, Peers
+
+    options = dict(Peers(parse(POOLS + SHARDS, shard="cpu"))._options)
+    assert options["grpc.max_reconnect_backoff_ms"] == PEER_RECONNECT_MAX_S * 1000 <= 5000
+    assert options["grpc.initial_reconnect_backoff_ms"] <= options["grpc.max_reconnect_backoff_ms"]

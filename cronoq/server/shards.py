@@ -54,6 +54,8 @@ SHARD_METADATA = "cronoq-shard"
 ENDPOINT_METADATA = "cronoq-shard-endpoint"
 UNAVAILABLE_METADATA = "cronoq-unavailable-shards"
 
+PEER_RECONNECT_MAX_S = 2.0   # the longest wait between attempts to reach a shard again
+
 _Answer = TypeVar("_Answer")
 _Request = TypeVar("_Request")
 
@@ -90,8 +92,12 @@ class Peers:
         self.config = config
         self._channels: dict[str, aio.Channel] = {}
         limit = config.limits.max_message_bytes
+        # Reconnect within seconds of a shard's return: gRPC's own backoff grows to two
+        # minutes, so after a long outage a shard that is back would stay "unavailable".
         self._options = [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit),
-                         ("grpc.enable_retries", 0)]
+                         ("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", 250),
+                         ("grpc.min_reconnect_backoff_ms", 250),
+                         ("grpc.max_reconnect_backoff_ms", int(PEER_RECONNECT_MAX_S * 1000))]
         self._credentials: grpc.ChannelCredentials | None = None
 
     def _secure(self) -> grpc.ChannelCredentials:

@@ -379,6 +379,35 @@ async def test_the_http_event_stream_covers_every_shard_and_names_the_missing_on
             await asyncio.wait_for(until(seen), 30)
 
 
+async def test_the_python_client_and_the_mcp_server_name_the_shards_they_could_not_ask(shards):
+    from cronoq.client import Client
+    from mcpkit import resource_json, stdio_session, structured
+
+    a, b = shards
+    there = await call(a.target, "Submit", pb.SubmitRequest(task=spec("gpu", key="client-in-b")))
+    async with Client(a.target, token=ADMIN) as client:
+        page = await client.list(limit=1000)
+        assert page.unavailable_shards == ("far",) and there.id in {t.id for t in page.tasks}
+        by_key = await client.get("client-in-b")
+        assert by_key.id == there.id and by_key.unavailable_shards == ("far",)
+        assert (await client.get(there.id)).unavailable_shards == ()   # by id: b alone is asked
+        assert (await client.explain("client-in-b")).unavailable_shards == ("far",)
+        workers, schedules = await client.workers(), await client.recurring()
+        assert workers.unavailable_shards == ("far",) and schedules.unavailable_shards == ("far",)
+        assert (await client.snapshot())["unavailable_shards"] == ["far"]
+    async with stdio_session(a.target, ADMIN) as session:
+        listed = structured(await session.call_tool("list_tasks", {"limit": 100}))
+        assert listed["unavailable_shards"] == ["far"]
+        found = structured(await session.call_tool("get_task", {"task": "client-in-b"}))
+        assert found["id"] == there.id and found["unavailable_shards"] == ["far"]
+        explained = structured(await session.call_tool("explain_task", {"task": "client-in-b"}))
+        assert explained["unavailable_shards"] == ["far"]
+        for tool in ("snapshot", "list_workers", "list_schedules"):
+            assert structured(await session.call_tool(tool, {}))["unavailable_shards"] == ["far"], tool
+        snapshot = resource_json(await session.read_resource("cronoq://snapshot"))
+        assert snapshot["unavailable_shards"] == ["far"] and "gpu" in {p["name"] for p in snapshot["pools"]}
+
+
 async def test_a_store_of_another_shard_is_refused(servers, tmp_path):
     ports = {"a": free_port(), "b": free_port()}
     a = servers(config(tmp_path, ports, "a"), args=("--shard", "a"), name="a")

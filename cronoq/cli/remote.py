@@ -13,21 +13,9 @@ from .._proto import cronoq_pb2_grpc as pb_grpc
 from ..client import Client, wire
 from .connection import Settings, channel_options
 
-__all__ = ["Connection", "client_from", "shards_named"]
+__all__ = ["Connection", "client_from"]
 
 T = TypeVar("T")
-
-# Response metadata naming the shards a sharded server could not ask.
-UNAVAILABLE_SHARDS = "cronoq-unavailable-shards"
-
-
-def shards_named(metadata: Any) -> list[str]:
-    """The shards that a call's ``cronoq-unavailable-shards`` metadata names."""
-    for key, value in metadata or ():
-        if key == UNAVAILABLE_SHARDS and isinstance(value, str):
-            return [name for name in value.split(",") if name]
-    return []
-
 
 class Connection:
     """A channel to the server. Every call carries the token; ``call`` retries
@@ -53,14 +41,8 @@ class Connection:
 
     async def _noted(self, start: Callable[[], Any], ref: int | str) -> Any:
         """A unary call whose answer may name shards it could not ask."""
-        calls: list[Any] = []
-
-        def make() -> Any:
-            calls.append(start())
-            return calls[-1]
-
-        answer = await self.call(make, ref)
-        self.missing_shards = shards_named(await calls[-1].trailing_metadata())
+        answer, missing = await wire.noted_call(start, self.settings.retry_for, ref)
+        self.missing_shards = list(missing)
         return answer
 
     async def watch(self, pools: list[str], terminal_only: bool, recent: int = 0, *,
@@ -74,7 +56,7 @@ class Connection:
             if opened is not None:
                 headers = await call.initial_metadata()
                 if not call.done():
-                    opened(shards_named(headers))
+                    opened(list(wire.shards_named(headers)))
             async for event in call:
                 yield event
         except grpc.aio.AioRpcError as exc:

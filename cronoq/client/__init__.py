@@ -15,7 +15,8 @@ from .._proto import PROTOCOL_VERSION
 from ..core.errors import Permanent, Retryable
 from ..errors import AccessDenied, CancelTask, Reject, ServerError
 from .client import (
-    AttemptInfo, Client, Explanation, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WaitReason, WorkerInfo,
+    AttemptInfo, Client, Explanation, Listing, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WaitReason,
+    WorkerInfo,
 )
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Client", "BlockingClient", "Worker", "Lease", "Reject", "CancelTask", "Retryable", "Permanent",
            "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "Explanation", "WaitReason", "TaskPage", "WorkerInfo", "ScheduleInfo", "ServerError",
-           "AccessDenied", "PROTOCOL_VERSION"]
+           "AccessDenied", "PROTOCOL_VERSION", "Listing"]
 
 
 # The worker and the blocking client load with their first use: a command

@@ -16,7 +16,9 @@ from typing import Any, Coroutine, Iterable, Mapping, TypeVar
 import grpc
 
 from ..core.types import TaskSpec
-from .client import Client, Explanation, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo
+from .client import (
+    Client, Explanation, Listing, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo,
+)
 
 __all__ = ["BlockingClient"]
 
@@ -63,10 +65,10 @@ class BlockingClient:
     def list(self, **filters: Any) -> TaskPage:
         return self._run(self._client.list(**filters))
 
-    def workers(self, **filters: Any) -> builtins.list[WorkerInfo]:
+    def workers(self, **filters: Any) -> Listing[WorkerInfo]:
         return self._run(self._client.workers(**filters))
 
-    def recurring(self) -> builtins.list[ScheduleInfo]:
+    def recurring(self) -> Listing[ScheduleInfo]:
         return self._run(self._client.recurring())
 
     def snapshot(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, TypeVar, cast
@@ -18,7 +18,7 @@ from ..core.types import CLASSES, NS, STATUSES, TaskSpec
 from . import wire
 
 __all__ = ["Client", "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "TaskPage", "WorkerInfo", "ScheduleInfo",
-           "Explanation", "WaitReason"]
+           "Explanation", "WaitReason", "Listing"]
 
 T = TypeVar("T")
 _PRIORITIES = {pb.PRIORITY_CRITICAL: "critical", pb.PRIORITY_HIGH: "high", pb.PRIORITY_NORMAL: "normal",
@@ -49,6 +49,7 @@ class TaskResult:
     content_type: str
     message: str | None
     output_available: bool
+    unavailable_shards: tuple[str, ...] = ()   # by key on a sharded server: the shards not asked
 
     @property
     def ok(self) -> bool:
@@ -125,6 +126,7 @@ class TaskInfo:
     attempts: list[AttemptInfo] = field(default_factory=list)     # the latest ones, oldest first
     labels: dict[str, str] = field(default_factory=dict)          # the worker labels it asked for
     deps: list[tuple[int | str, str]] = field(default_factory=list)   # (id or key, condition), as submitted
+    unavailable_shards: tuple[str, ...] = ()   # get() by key on a sharded server: the shards not asked
 
     @classmethod
     def _from(cls, m: pb.TaskInfo) -> TaskInfo:
@@ -168,6 +170,7 @@ class Explanation:
     queued: int
     reasons: list[WaitReason]
     at: float
+    unavailable_shards: tuple[str, ...] = ()   # by key on a sharded server: the shards not asked
 
     @property
     def waiting(self) -> bool:
@@ -195,6 +198,18 @@ class TaskPage:
 
     tasks: list[TaskInfo]
     next_after: int | None
+    unavailable_shards: tuple[str, ...] = ()   # with shards: those that could not be asked (their tasks missing)
+
+
+class Listing(builtins.list[T]):
+    """A list the server answered (``workers``, ``recurring``), with the
+    shards it could not ask in ``unavailable_shards`` (empty without shards)."""
+
+    unavailable_shards: tuple[str, ...]
+
+    def __init__(self, items: Iterable[T] = (), unavailable_shards: Iterable[str] = ()) -> None:
+        super().__init__(items)
+        self.unavailable_shards = tuple(unavailable_shards)
 
 
 @dataclass(frozen=True)
@@ -321,7 +336,10 @@ class Client:
         server knows none (or it belongs to a pool the token may not use)."""
         request = pb.GetRequest(task=wire.ref_message(ref))
         tasks, _ = self._stubs()
-        return TaskInfo._from(await self._call(lambda: tasks.Get(request, metadata=self._metadata), ref))
+        answer, missing = await wire.noted_call(lambda: tasks.Get(request, metadata=self._metadata), self.retry_for,
+                                                ref)
+        info = TaskInfo._from(answer)
+        return dataclasses.replace(info, unavailable_shards=missing) if missing else info
 
     async def explain(self, ref: int | str) -> Explanation:
         """Why the task with this id or key waits: its score, its place in its
@@ -329,7 +347,10 @@ class Client:
         ``UnknownTask`` as for ``get``."""
         request = pb.ExplainRequest(task=wire.ref_message(ref))
         tasks, _ = self._stubs()
-        return Explanation._from(await self._call(lambda: tasks.Explain(request, metadata=self._metadata), ref))
+        answer, missing = await wire.noted_call(lambda: tasks.Explain(request, metadata=self._metadata),
+                                                self.retry_for, ref)
+        explanation = Explanation._from(answer)
+        return dataclasses.replace(explanation, unavailable_shards=missing) if missing else explanation
 
     async def wait(self, ref: int | str, timeout: float | None = None) -> TaskResult:
         """Wait until the task finished (at most ``timeout`` seconds, capped by
@@ -338,7 +359,10 @@ class Client:
         if timeout is not None:
             request.timeout_s = timeout
         tasks, _ = self._stubs()
-        return TaskResult._from(await self._call(lambda: tasks.Wait(request, metadata=self._metadata), ref))
+        answer, missing = await wire.noted_call(lambda: tasks.Wait(request, metadata=self._metadata), self.retry_for,
+                                                ref)
+        result = TaskResult._from(answer)
+        return dataclasses.replace(result, unavailable_shards=missing) if missing else result
 
     async def cancel(self, ref: int | str) -> bool:
         """Cancel a task: True if this call cancelled it, False if it had finished."""
@@ -359,7 +383,8 @@ class Client:
                                                 for s in wanted])
         tasks, _ = self._stubs()
         response: pb.ListTasksResponse = await self._call(lambda: tasks.ListTasks(request, metadata=self._metadata))
-        return TaskPage([TaskInfo._from(t) for t in response.tasks], response.next_after or None)
+        return TaskPage([TaskInfo._from(t) for t in response.tasks], response.next_after or None,
+                        tuple(response.unavailable_shards))
 
     async def watch(self, *, pools: Iterable[str] = (), terminal_only: bool = False) -> AsyncIterator[StatusEvent]:
         """Status events as they happen (``cronoq.StatusEvent``, ``at`` in Unix
@@ -379,24 +404,24 @@ class Client:
 
     # -- admin
 
-    async def workers(self, *, pools: Iterable[str] = ()) -> builtins.list[WorkerInfo]:
-        """Connected workers (metrics role)."""
+    async def workers(self, *, pools: Iterable[str] = ()) -> Listing[WorkerInfo]:
+        """Connected workers (metrics role); with shards, every shard's (see ``Listing``)."""
         _, admin = self._stubs()
         request = pb.ListWorkersRequest(pools=list(pools))
         response = await self._call(lambda: admin.ListWorkers(request, metadata=self._metadata))
-        return [WorkerInfo(w.id, w.name, w.pool, dict(w.labels), w.slots, w.busy, w.connected_unix_ns / NS,
-                           "suspect" if w.health == pb.WORKER_HEALTH_SUSPECT else "healthy", w.lease_expiries,
-                           w.last_seen_unix_ns / NS if w.last_seen_unix_ns else None)
-                for w in response.workers]
+        return Listing((WorkerInfo(w.id, w.name, w.pool, dict(w.labels), w.slots, w.busy, w.connected_unix_ns / NS,
+                                   "suspect" if w.health == pb.WORKER_HEALTH_SUSPECT else "healthy", w.lease_expiries,
+                                   w.last_seen_unix_ns / NS if w.last_seen_unix_ns else None)
+                        for w in response.workers), response.unavailable_shards)
 
-    async def recurring(self) -> builtins.list[ScheduleInfo]:
-        """Recurring schedules, by name (metrics role)."""
+    async def recurring(self) -> Listing[ScheduleInfo]:
+        """Recurring schedules, by name (metrics role); with shards, every shard's (see ``Listing``)."""
         _, admin = self._stubs()
         response = await self._call(lambda: admin.ListRecurring(pb.ListRecurringRequest(), metadata=self._metadata))
         overlap = {v: k for k, v in _OVERLAP.items()}
-        return [ScheduleInfo(s.name, s.cron, s.tz or "UTC", s.pool, s.kind, overlap.get(s.overlap, "skip"),
-                             _seconds(s, "next_unix_ns"), s.last_task_id if s.HasField("last_task_id") else None)
-                for s in response.schedules]
+        return Listing((ScheduleInfo(s.name, s.cron, s.tz or "UTC", s.pool, s.kind, overlap.get(s.overlap, "skip"),
+                                     _seconds(s, "next_unix_ns"), s.last_task_id if s.HasField("last_task_id") else None)
+                        for s in response.schedules), response.unavailable_shards)
 
     async def add_recurring(self, name: str, cron: str, payload: Any = None, *, tz: str = "UTC",
                             overlap: str = "skip", content_type: str | None = None, **options: Any) -> float | None:
@@ -423,7 +448,9 @@ class Client:
         per pool the token may see, with its ``groups``), ``totals``,
         ``live_tasks``, ``running``, ``pending``, ``workers_connected``, ``at``
         (Unix seconds), ``metrics_window`` (seconds: what the pools' attempt
-        counts and rates cover). Field meanings: docs/server.md."""
+        counts and rates cover), ``unavailable_shards`` (with shards: those
+        that could not be asked, left out of the pools and the counts).
+        Field meanings: docs/server.md."""
         _, admin = self._stubs()
         r = await self._call(lambda: admin.Snapshot(pb.SnapshotRequest(), metadata=self._metadata))
         pools = []
@@ -434,7 +461,7 @@ class Client:
             pools.append(pool)
         return {"pools": pools, "totals": dict(r.totals), "live_tasks": r.live_tasks, "running": r.running,
                 "pending": r.pending, "workers_connected": r.workers_connected, "at": r.at_unix_ns / NS,
-                "metrics_window": r.metrics_window_s}
+                "metrics_window": r.metrics_window_s, "unavailable_shards": list(r.unavailable_shards)}
 
 
 _POOL_FIELDS = ("name", *(field.wire for field in POOL_FIELDS if field.kind != "classes"))

@@ -17,7 +17,7 @@ from ..errors import AccessDenied, ServerError
 from .._proto import cronoq_pb2 as pb
 from ..core.types import CLASSES, NS, Dep, Priority, RetryPolicy, TaskSpec
 
-__all__ = ["call", "encode", "decode", "task_message", "error_from", "ServerError", "AccessDenied", "channel",
+__all__ = ["call", "shards_named", "UNAVAILABLE_SHARDS", "encode", "decode", "task_message", "error_from", "ServerError", "AccessDenied", "channel",
            "OCTETS", "JSON",
            "TEXT"]
 
@@ -75,6 +75,32 @@ async def call(make: Callable[[], Awaitable[T]], retry_for: float, ref: int | st
                 delay = min(delay * 2, 2.0)
                 continue
             raise error_from(exc, ref) from None
+
+
+# The response metadata in which a sharded server names the shards it could not ask.
+UNAVAILABLE_SHARDS = "cronoq-unavailable-shards"
+
+
+def shards_named(metadata: Any) -> tuple[str, ...]:
+    """The shards that a call's ``cronoq-unavailable-shards`` metadata names."""
+    for key, value in metadata or ():
+        if key == UNAVAILABLE_SHARDS and isinstance(value, str):
+            return tuple(name for name in value.split(",") if name)
+    return ()
+
+
+async def noted_call(make: Callable[[], Any], retry_for: float, ref: int | str | None = None
+                     ) -> tuple[Any, tuple[str, ...]]:
+    """``call``, and the shards its answer names as not asked (Get, Explain
+    and Wait by key on a sharded server)."""
+    calls: list[Any] = []
+
+    def start() -> Any:
+        calls.append(make())
+        return calls[-1]
+
+    answer = await call(start, retry_for, ref)
+    return answer, shards_named(await calls[-1].trailing_metadata())
 
 
 def encode(value: Any, content_type: str | None = None) -> tuple[bytes, str]:

@@ -219,6 +219,8 @@ class TaskView(BaseModel):
     completed_stages: list[str] | None = Field(
         default=None, description="The stages checkpointed so far, in stage order (a retry resumes after the "
                                   "last one); only when the task was looked up on its own.")
+    unavailable_shards: list[str] = Field(default_factory=list, description=(
+        "With shards: the shards that could not be asked when it was looked up by key; another task of the same key could be there (empty when every shard answered)."))
 
 
 def task_view(info: TaskInfo) -> TaskView:
@@ -232,7 +234,8 @@ def task_view(info: TaskInfo) -> TaskView:
                               for a in info.attempts],
                     created=unix(info.created), started=unix(info.started),
                     finished=unix(info.finished), stages=info.stages,
-                    completed_stages=[c.stage for c in info.checkpoints] if info.stages else None)
+                    completed_stages=[c.stage for c in info.checkpoints] if info.stages else None,
+                    unavailable_shards=list(info.unavailable_shards))
 
 
 class ResultView(BaseModel):
@@ -248,6 +251,8 @@ class ResultView(BaseModel):
     output_base64: str | None = Field(default=None, description="A binary output, as base64.")
     output_available: bool = Field(description="False when the task produced no output or the server no "
                                                "longer keeps it.")
+    unavailable_shards: list[str] = Field(default_factory=list, description=(
+        "With shards: the shards that could not be asked when it was looked up by key (empty when every shard answered)."))
 
 
 def result_view(result: TaskResult) -> ResultView:
@@ -268,7 +273,7 @@ def result_view(result: TaskResult) -> ResultView:
             output_base64 = base64.b64encode(result.output).decode("ascii")
     return ResultView(id=result.id, status=cast(StatusName, result.status), ok=result.ok, message=result.message,
                       content_type=ctype or None, output=output, output_base64=output_base64,
-                      output_available=result.output_available)
+                      output_available=result.output_available, unavailable_shards=list(result.unavailable_shards))
 
 
 class SubmitAnswer(BaseModel):
@@ -290,6 +295,8 @@ class CancelAnswer(BaseModel):
 class TaskPageView(BaseModel):
     tasks: list[TaskView]
     next_after: int | None = Field(description="Pass it as 'after' for the next page; null on the last page.")
+    unavailable_shards: list[str] = Field(default_factory=list, description=(
+        "With shards: the shards that could not be asked: their tasks are not listed (empty when every shard answered)."))
 
 
 class WorkerView(BaseModel):
@@ -332,10 +339,14 @@ def schedule_view(schedule: ScheduleInfo) -> ScheduleView:
 
 class WorkerList(BaseModel):
     workers: list[WorkerView] = Field(description="Connected workers, in connection order.")
+    unavailable_shards: list[str] = Field(default_factory=list, description=(
+        "With shards: the shards that could not be asked: their workers are not listed (empty when every shard answered)."))
 
 
 class ScheduleList(BaseModel):
     schedules: list[ScheduleView] = Field(description="Recurring schedules, by name.")
+    unavailable_shards: list[str] = Field(default_factory=list, description=(
+        "With shards: the shards that could not be asked: their schedules are not listed (empty when every shard answered)."))
 
 
 class ScheduleAdded(BaseModel):
@@ -397,12 +408,15 @@ class SnapshotView(BaseModel):
     workers_connected: int
     totals: dict[str, int] = Field(description="Counts since the server started: submitted, succeeded, failed, "
                                                "dead_lettered, cancelled, retries, ...")
+    unavailable_shards: list[str] = Field(default_factory=list, description=(
+        "With shards: the shards that could not be asked: their pools are not shown and the counts leave them out (empty when every shard answered)."))
 
 
 def snapshot_view(snapshot: dict[str, Any]) -> SnapshotView:
     return SnapshotView(at=unix(snapshot["at"]), pools=[pool_view(p) for p in snapshot["pools"]],
                         live_tasks=snapshot["live_tasks"], running=snapshot["running"], pending=snapshot["pending"],
-                        workers_connected=snapshot["workers_connected"], totals=snapshot["totals"])
+                        workers_connected=snapshot["workers_connected"], totals=snapshot["totals"],
+                        unavailable_shards=snapshot.get("unavailable_shards", []))
 
 
 class TaskDetail(BaseModel):
@@ -450,10 +464,14 @@ class Explanation(BaseModel):
                                              "ready in its pool's queues.")
     queued: int = Field(description="Ready tasks in its pool's queues.")
     pool: PoolView | None = Field(description="Its pool now, while it waits (null without the metrics role).")
+    unavailable_shards: list[str] = Field(default_factory=list, description=(
+        "With shards: the shards that could not be asked when it was looked up by key (empty when every shard "
+        "answered)."))
 
 
 def explanation_view(explained: ClientExplanation, info: TaskInfo, pool: PoolView | None) -> Explanation:
     return Explanation(task=task_view(info), waiting=explained.waiting, summary=explained.summary,
                        reasons=[ReasonView(code=cast(ReasonCode, r.code), message=r.message, detail=r.detail)
                                 for r in explained.reasons],
-                       score=explained.score, position=explained.position, queued=explained.queued, pool=pool)
+                       score=explained.score, position=explained.position, queued=explained.queued, pool=pool,
+                       unavailable_shards=list(explained.unavailable_shards))

@@ -275,7 +275,8 @@ def build_server(client: Client, *, name: str = "cronoq", traces: Path | None = 
         the server keeps them."""
         with calls():
             page = await client.list(pools=pools or (), statuses=statuses or (), after=after, limit=limit)
-        return TaskPageView(tasks=[task_view(t) for t in page.tasks], next_after=page.next_after)
+        return TaskPageView(tasks=[task_view(t) for t in page.tasks], next_after=page.next_after,
+                            unavailable_shards=list(page.unavailable_shards))
 
     @app.tool(annotations=_READ)
     async def explain_task(task: TaskRef) -> Explanation:
@@ -312,14 +313,18 @@ def build_server(client: Client, *, name: str = "cronoq", traces: Path | None = 
     async def list_workers(pools: Pools = None) -> WorkerList:
         """The connected workers: pool, labels, slots granted and slots busy. Needs the metrics role."""
         with calls():
-            return WorkerList(workers=[worker_view(w) for w in await client.workers(pools=pools or ())])
+            workers = await client.workers(pools=pools or ())
+        return WorkerList(workers=[worker_view(w) for w in workers],
+                          unavailable_shards=list(workers.unavailable_shards))
 
     @app.tool(annotations=_READ)
     async def list_schedules() -> ScheduleList:
         """The recurring (cron) schedules: cron expression, zone, pool, overlap policy, next occurrence and
         the last task they created. Needs the metrics role."""
         with calls():
-            return ScheduleList(schedules=[schedule_view(s) for s in await client.recurring()])
+            schedules = await client.recurring()
+        return ScheduleList(schedules=[schedule_view(s) for s in schedules],
+                            unavailable_shards=list(schedules.unavailable_shards))
 
     @app.tool(annotations=_REPLACE)
     async def add_schedule(
@@ -405,14 +410,16 @@ def build_server(client: Client, *, name: str = "cronoq", traces: Path | None = 
     async def schedules_resource() -> str:
         with reads():
             schedules = await client.recurring()
-        return ScheduleList(schedules=[schedule_view(s) for s in schedules]).model_dump_json(indent=2)
+        return ScheduleList(schedules=[schedule_view(s) for s in schedules],
+                            unavailable_shards=list(schedules.unavailable_shards)).model_dump_json(indent=2)
 
     @app.resource("cronoq://workers", name="workers", title="Workers", mime_type="application/json",
                   description="The connected workers: pool, labels, slots, busy. Needs the metrics role.")
     async def workers_resource() -> str:
         with reads():
             workers = await client.workers()
-        return WorkerList(workers=[worker_view(w) for w in workers]).model_dump_json(indent=2)
+        return WorkerList(workers=[worker_view(w) for w in workers],
+                          unavailable_shards=list(workers.unavailable_shards)).model_dump_json(indent=2)
 
     @app.resource("cronoq://dead-letters", name="dead_letters", title="Recent dead letters",
                   mime_type="application/json",

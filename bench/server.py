@@ -88,7 +88,7 @@ SLOW = b"slow"    # a task of 10 ms on average (0 to 20 ms, so that slots do not
 # ---------------------------------------------------------------- worker processes
 
 
-def worker_main(target: str, slots: int) -> None:
+def worker_main(target: str, slots: int, pool: str = "default") -> None:
     from cronoq.client import Worker
 
     async def handle(lease):
@@ -99,7 +99,7 @@ def worker_main(target: str, slots: int) -> None:
         return None
 
     async def main() -> None:
-        worker = Worker(target, "default", handle, slots=slots, name=f"bench-{os.getpid()}", grace=1.0)
+        worker = Worker(target, pool, handle, slots=slots, name=f"bench-{os.getpid()}", grace=1.0)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, worker.stop)
         await worker.run()
 
@@ -524,85 +524,85 @@ def through_shards(tasks: int, batch: int, probes: int, rounds: int) -> dict[str
     return {k: statistics.median(v) for k, v in figures.items()} | {"rounds": figures}
 
 
-def _dir(directory: str, name: str) -> str:
-    path = os.path.join(directory, name)
-    os.makedirs(path, exist_ok=True)
-    return path
+def _start_workers(target: str, pool: str, count: int, slots: int) -> list[subprocess.Popen[str]]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return [subprocess.Popen([sys.executable, __file__, "--worker", target, "--worker-pool", pool, "--slots",
+                              str(slots)], env=env, stdout=subprocess.DEVNULL, text=True) for _ in range(count)]
 
 
-# ---------------------------------------------------------------- shards
-
-
-def _shard_config(ports: dict[str, int], shard: str | None) -> str:
-    """Two shards (a: pool default, b: pools gpu and idle) or, without ``shard``, one server with every pool."""
-    head = (f'[server]\ngrpc_addr = "127.0.0.1:{ports[shard] if shard else 0}"\nhttp_addr = "127.0.0.1:0"\n'
-            f'shutdown_grace_s = 1\n[limits]\nmax_tasks_per_batch = 10000\n'
-            '[[pools]]\nname = "default"\n[[pools]]\nname = "gpu"\n[[pools]]\nname = "idle"\n')
-    if shard is None:
-        return head
-    return head + "".join(f'[[shards]]\nname = "{name}"\nnumber = {number}\npools = {pools}\n'
-                          f'endpoint = "http://127.0.0.1:{ports[name]}"\n'
-                          for name, number, pools in (("a", 1, '["default"]'), ("b", 2, '["gpu", "idle"]')))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _admission_cpu(target: str, pid: int, tasks: int, batch: int) -> float:
-    """Server CPU microseconds per task admitted into pool idle (no worker: the admission path alone)."""
+async def _fleet_round(targets: dict[str, str], pids: list[int], tasks: int, batch: int) -> tuple[float, list[float]]:
+    """``tasks`` no-op tasks, half into pool default and half into gpu, each
+    batch sent to the server of its pool: tasks/s until all succeeded, and
+    each server's CPU microseconds per task it ran."""
     from cronoq.client import Client
 
-    async with Client(target) as client:
-        await client.submit_batch([{"payload": b"", "pool": "idle"} for _ in range(batch)])   # warm up
-        before = _cpu_seconds(pid)
+    clients = {pool: Client(target) for pool, target in targets.items()}
+    try:
+        first = next(iter(clients.values()))   # (a sharded server's snapshot sums every shard's)
+
+        async def succeeded() -> int:
+            return int((await first.snapshot())["totals"].get("succeeded", 0))
+
+        workers_wanted = 4
+        deadline = time.monotonic() + 60
+        while len(await first.workers()) < workers_wanted:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the workers did not connect")
+            await asyncio.sleep(0.05)
+        base = await succeeded()
+        cpu = [_cpu_seconds(pid) for pid in pids]
+        begin = time.perf_counter()
         for start in range(0, tasks, batch):
-            await client.submit_batch([{"payload": b"", "pool": "idle"} for _ in range(min(batch, tasks - start))])
-        return (_cpu_seconds(pid) - before) / tasks * 1e6
+            size = min(batch, tasks - start) // 2
+            await asyncio.gather(*(clients[pool].submit_batch([{"payload": b"", "pool": pool}] * size)
+                                   for pool in ("default", "gpu")))
+        sent = 2 * sum(min(batch, tasks - start) // 2 for start in range(0, tasks, batch))
+        while await succeeded() - base < sent:
+            await asyncio.sleep(0.05)   # (rarely: a sharded snapshot asks every shard)
+        rate = sent / (time.perf_counter() - begin)
+        per_server = sent / len(pids)
+        return rate, [(_cpu_seconds(pid) - before) / per_server * 1e6 for pid, before in zip(pids, cpu)]
+    finally:
+        for client in clients.values():
+            await client.close()
 
 
-async def _submit_latencies(target: str, probes: int) -> list[float]:
-    from cronoq.client import Client
-
-    async with Client(target) as client:
-        await client.submit(b"", pool="idle")
-        out = []
-        for _ in range(probes):
-            t0 = time.perf_counter()
-            await client.submit(b"", pool="idle")
-            out.append((time.perf_counter() - t0) * 1000)
-        return out
-
-
-def through_shards(tasks: int, batch: int, probes: int, rounds: int) -> dict[str, Any]:
-    """Rounds of: an unsharded server's admission CPU per task beside shard b's for its own pool (calls
-    landing on the right shard), and single submits into shard b's pool sent to b and sent to a (forwarded)."""
-    figures: dict[str, list[float]] = {k: [] for k in ("plain_cpu", "shard_cpu", "direct_p50", "direct_p99",
-                                                       "forwarded_p50", "forwarded_p99")}
-    for _ in range(rounds):
+def through_shard_fleets(tasks: int, batch: int, rounds: int, slots: int = 8) -> dict[str, Any]:
+    """Rounds of: one server with 4 workers (2 per pool) beside two shards of 2 workers each, all x ``slots``:
+    tasks/s and each server's CPU per task (a shard's: per task of its own)."""
+    figures: dict[str, list[float]] = {k: [] for k in ("plain_rate", "plain_cpu", "sharded_rate", "a_cpu", "b_cpu")}
+    for index in range(rounds):
         with tempfile.TemporaryDirectory() as directory:
             ports = {"a": _free_port(), "b": _free_port()}
-            plain, plain_grpc, _ = _start_server(_shard_config(ports, None), _dir(directory, "plain"))
-            a, _, _ = _start_server(_shard_config(ports, "a"), _dir(directory, "a"), ("--shard", "a"))
-            b, _, _ = _start_server(_shard_config(ports, "b"), _dir(directory, "b"), ("--shard", "b"))
-            try:
-                # Both servers warmed first, then measured in turn, alternating which goes first by round.
-                pair = [("plain_cpu", f"127.0.0.1:{plain_grpc}", plain.pid), ("shard_cpu", f"127.0.0.1:{ports['b']}",
-                                                                            b.pid)]
-                for _, target, pid in pair:
-                    asyncio.run(_admission_cpu(target, pid, tasks // 4, batch))
-                for key, target, pid in (pair if len(figures["plain_cpu"]) % 2 == 0 else pair[::-1]):
-                    figures[key].append(asyncio.run(_admission_cpu(target, pid, tasks, batch)))
-                direct = asyncio.run(_submit_latencies(f"127.0.0.1:{ports['b']}", probes))
-                forwarded = asyncio.run(_submit_latencies(f"127.0.0.1:{ports['a']}", probes))
-                for name, values in (("direct", direct), ("forwarded", forwarded)):
-                    q = statistics.quantiles(values, n=100)
-                    figures[f"{name}_p50"].append(statistics.median(values))
-                    figures[f"{name}_p99"].append(q[98])
-            finally:
-                _stop([plain, a, b])
+
+            def plain_round() -> None:
+                server, grpc_port, _ = _start_server(_shard_config(ports, None), _dir(directory, "plain"))
+                target = f"127.0.0.1:{grpc_port}"
+                children = [server, *_start_workers(target, "default", 2, slots), *_start_workers(target, "gpu", 2, slots)]
+                try:
+                    rate, cpu = asyncio.run(_fleet_round({"default": target, "gpu": target}, [server.pid], tasks,
+                                                         batch))
+                    figures["plain_rate"].append(rate)
+                    figures["plain_cpu"].append(cpu[0])
+                finally:
+                    _stop(children)
+
+            def sharded_round() -> None:
+                a, _, _ = _start_server(_shard_config(ports, "a"), _dir(directory, "a"), ("--shard", "a"))
+                b, _, _ = _start_server(_shard_config(ports, "b"), _dir(directory, "b"), ("--shard", "b"))
+                ta, tb = f"127.0.0.1:{ports['a']}", f"127.0.0.1:{ports['b']}"
+                children = [a, b, *_start_workers(ta, "default", 2, slots), *_start_workers(tb, "gpu", 2, slots)]
+                try:
+                    rate, (cpu_a, cpu_b) = asyncio.run(_fleet_round({"default": ta, "gpu": tb}, [a.pid, b.pid],
+                                                                    tasks, batch))
+                    figures["sharded_rate"].append(rate)
+                    figures["a_cpu"].append(cpu_a)
+                    figures["b_cpu"].append(cpu_b)
+                finally:
+                    _stop(children)
+
+            for run in ((plain_round, sharded_round) if index % 2 == 0 else (sharded_round, plain_round)):
+                run()
     return {k: statistics.median(v) for k, v in figures.items()} | {"rounds": figures}
 
 
@@ -634,6 +634,7 @@ def main() -> None:
     parser.add_argument("--no-grpc", dest="grpc", action="store_false",
                         help="skip the in-process and gRPC part")
     parser.add_argument("--worker", metavar="TARGET", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-pool", default="default", help=argparse.SUPPRESS)
     parser.add_argument("--submit-client", nargs=5, metavar=("TRANSPORT", "PORT", "MODE", "COUNT", "BATCH"),
                         help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -643,7 +644,7 @@ def main() -> None:
     parser.add_argument("--shard-rounds", type=int, default=3)
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker, args.slots)
+        worker_main(args.worker, args.slots, args.worker_pool)
         return
     if args.submit_client:
         transport, port, mode, count, batch = args.submit_client
@@ -666,6 +667,18 @@ def main() -> None:
               f"p99 {spread('forwarded_p99', 'ms')}")
         print(f"added by forwarding: p50 {f['forwarded_p50'] - f['direct_p50']:.2f} ms (target < 2), "
               f"p99 {f['forwarded_p99'] - f['direct_p99']:.2f} ms")
+        g = through_shard_fleets(args.tasks, args.batch, args.shard_rounds, args.slots)
+        f, r = g, g["rounds"]
+        print(f"{args.tasks} no-op tasks, half per pool, each batch to its pool's server; {args.slots} slots "
+              f"per worker")
+        print(f"one server, 4 workers: {spread('plain_rate', 'tasks/s')}, CPU per task {spread('plain_cpu', 'us')}")
+        print(f"two shards, 2 workers each: {spread('sharded_rate', 'tasks/s')}, CPU per task of its own: "
+              f"a {spread('a_cpu', 'us')}, b {spread('b_cpu', 'us')}")
+        per_shard = max(g["a_cpu"], g["b_cpu"])
+        # A server runs on one core (one asyncio loop): its CPU per task bounds what it can serve.
+        print(f"shard CPU per task / unsharded: {per_shard / g['plain_cpu']:.3f}; server-bound ceiling, each "
+              f"server on a core of its own: one server {1e6 / g['plain_cpu']:.0f} tasks/s, N shards "
+              f"N x {1e6 / per_shard:.0f} tasks/s")
         return
     slow = max(args.batch, args.backlog // 3)
     rows = []

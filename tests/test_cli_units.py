@@ -371,7 +371,7 @@ def test_the_event_stream_survives_an_unexpected_error():
 
 # ---------------------------------------------------------------- top at 80 x 24 and 200 x 50; counts labeled
 
-_HEADERS = {"POOL", "CAPACITY", "BUSY", "PENDING", "WAIT P50", "WAIT P90", "UTIL", "SUCCEEDED", "FAILED", "WORKERS",
+_HEADERS = {"POOL", "CAPACITY", "DESIRED", "BUSY", "PENDING", "WAIT P50", "WAIT P90", "UTIL", "SUCCEEDED", "FAILED", "WORKERS",
             "NAME", "LABELS", "CONNECTED", "CRON", "NEXT", "ID", "STATUS", "KEY", "ATTEMPT", "FOR", "MESSAGE", "TIME"}
 
 

@@ -354,3 +354,49 @@ def test_scenario_burst_steady_state_and_idle_tail():
     # Every burst task waited for a slot, none of the steady ones did.
     waits = [sim.records[t].dispatches[0] - 0.5 for t in sorted(sim.records)[:41]]
     assert max(waits) == pytest.approx(4.5) and min(waits) == 0.0
+
+
+# ------------------------------------------------------------------ capacity from outside (server pools)
+
+def external_core(min=0, max=100, **autoscale):
+    pool = PoolConfig("w", min=min, max=max, initial=0, default_duration=1.3, external_capacity=True,
+                      autoscale=AutoscaleConfig(**autoscale))
+    return Core(CoreConfig(), [pool], now=0)
+
+
+def test_an_external_capacity_pool_asks_for_capacity_but_never_sets_it():
+    core = external_core(max_step_up_abs=1000)
+    at(core, 0)
+    submit(core, 0, 7)
+    out = at(core, S)
+    assert scales(out) == [("w", 5)]                 # the same formula as an in-process pool: base 4 + drain 1
+    assert dispatches(out) == []                     # but no slot came of it: no worker is connected
+    snap = pool(core, S)
+    assert (snap.capacity, snap.desired) == (0, 5)
+    core.set_capacity(S, "w", 2)                     # two workers' slots connect
+    assert len(dispatches(drain(core))) == 2
+    out = at(core, 2 * S)                            # a new evaluation keeps asking; capacity stays as reported
+    assert pool(core, 2 * S).capacity == 2 and pool(core, 2 * S).desired >= 5
+    assert all(desired >= 5 for _, desired in scales(out))
+
+
+def test_an_external_capacity_pool_falls_back_to_min_per_the_stabilization_rules():
+    core = external_core(min=1, max_step_up_abs=1000, stabilization_window=2.0, cooldown=1.0, max_step_down=2)
+    at(core, 0)
+    assert pool(core, 0).desired == 1                # the evaluation at start asks for min at least
+    ids = [core.submit(0, TaskSpec("job", pool="w"))[0] for _ in range(20)]
+    drain(core)
+    at(core, S)
+    high = pool(core, S).desired
+    assert high > 4
+    for task_id in ids:                              # the work goes away before any worker came
+        core.cancel(S, task_id)
+    drain(core)
+    seen = []
+    for second in range(2, 12):
+        at(core, second * S)
+        seen.append(pool(core, second * S).desired)
+    assert seen[0] == high                           # inside the window: the window's maximum holds
+    steps = [a - b for a, b in zip(seen, seen[1:])]
+    assert all(0 <= step <= 2 for step in steps)     # down by at most max_step_down per cooldown
+    assert seen[-1] == 1 and pool(core, 11 * S).capacity == 0   # min bounds desired; capacity untouched

@@ -366,11 +366,11 @@ async def snapshot(conn: Connection, args: argparse.Namespace, out: Output) -> i
     out.line(f"live tasks {snap.live_tasks}   running {snap.running}   pending {snap.pending}   "
              f"workers {snap.workers_connected}   at {iso_ns(snap.at_unix_ns)}")
     out.line()
-    out.line(f"pools: capacity, busy, pending and workers now; waits, utilization and the SUCCEEDED and FAILED "
-             f"attempts over {window_text(snap.metrics_window_s)}")
-    out.table(("POOL", "CAPACITY", "BUSY", "PENDING", "WAIT P50", "WAIT P90", "UTILIZATION", "SUCCEEDED",
-               "FAILED", "WORKERS"),
-              [(p.name, str(p.capacity), str(p.busy), str(p.pending), _duration(p.wait_p50_s),
+    out.line(f"pools: capacity, desired, busy, pending and workers now; waits, utilization and the SUCCEEDED "
+             f"and FAILED attempts over {window_text(snap.metrics_window_s)}")
+    out.table(("POOL", "CAPACITY", "DESIRED", "BUSY", "PENDING", "WAIT P50", "WAIT P90", "UTILIZATION",
+               "SUCCEEDED", "FAILED", "WORKERS"),
+              [(p.name, str(p.capacity), str(p.desired), str(p.busy), str(p.pending), _duration(p.wait_p50_s),
                 _duration(p.wait_p90_s), _percent(p.utilization), str(p.succeeded), str(p.failed),
                 str(p.workers_connected)) for p in snap.pools])
     out.line()

@@ -410,7 +410,7 @@ class TopView:
         if problem is not None:
             return problem
         window = window_text(self.snapshot.data.metrics_window_s)
-        rows = [(_cell(p.name), str(p.capacity), str(p.busy), str(p.pending), _seconds(p.wait_p50_s),
+        rows = [(_cell(p.name), str(p.capacity), str(p.desired), str(p.busy), str(p.pending), _seconds(p.wait_p50_s),
                  _seconds(p.wait_p90_s), f"{p.utilization * 100:.0f}%", str(p.succeeded),
                  Text(str(p.failed), style="red" if p.failed else ""), str(p.workers_connected)) for p in pools]
         # The window's counts are attempts (a retried task counts once per attempt), unlike the totals.
@@ -486,9 +486,10 @@ class Column(NamedTuple):
 
 _GAP = 2      # cells between two columns
 _GUTTER = 2   # cells between two panes side by side
-_POOL_COLUMNS = (Column("POOL"), Column("CAPACITY", "r", 3), Column("BUSY", "r", 2), Column("PENDING", "r", 1),
-                 Column("WAIT P50", "r", 6), Column("WAIT P90", "r", 8), Column("UTIL", "r", 7),
-                 Column("SUCCEEDED", "r", 5), Column("FAILED", "r", 4), Column("WORKERS", "r", 9))
+_POOL_COLUMNS = (Column("POOL"), Column("CAPACITY", "r", 3), Column("DESIRED", "r", 6), Column("BUSY", "r", 2),
+                 Column("PENDING", "r", 1), Column("WAIT P50", "r", 7), Column("WAIT P90", "r", 9),
+                 Column("UTIL", "r", 8), Column("SUCCEEDED", "r", 5), Column("FAILED", "r", 4),
+                 Column("WORKERS", "r", 10))
 _WORKER_COLUMNS = (Column("NAME"), Column("POOL", rank=2), Column("BUSY", "r", 1),
                    Column("LABELS", rank=3, shrink_to=8), Column("CONNECTED", "r", 4))
 _SCHEDULE_COLUMNS = (Column("NAME"), Column("CRON", rank=2), Column("POOL", rank=3), Column("NEXT", "r", 1))

@@ -1765,7 +1765,10 @@ class Core:
         before = scaler.target
         backlog = self._backlog(p)
         target = scaler.evaluate(now, backlog, p.busy, reserved)
-        if target != before or target != p.capacity:
+        if p.config.external_capacity:
+            if target != before:   # asked for; capacity changes when workers come or go
+                self.actions.append((act.SCALE, p.name, target))
+        elif target != before or target != p.capacity:
             labeled = p.capacity - p.unlabeled.capacity
             self._set_group(p, p.unlabeled, max(0, target - labeled), now)
             self.actions.append((act.SCALE, p.name, target))

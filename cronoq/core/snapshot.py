@@ -30,7 +30,9 @@ POOL_FIELDS = (
     PoolField("capacity", "capacity", "count", "Slots of its connected workers."),
     PoolField("busy", "busy", "count", "Slots running an attempt."),
     PoolField("held", "held", "count", "Free slots held for fixed starts about to begin."),
-    PoolField("desired", "desired", "count", "The capacity it wants (its capacity, at least its min)."),
+    PoolField("desired", "desired", "count", "The capacity its autoscaler asks for (queue pressure, wait "
+                                            "objectives, upcoming reservations; smoothed), at least its min; "
+                                            "without an autoscaler, its capacity."),
     PoolField("pending", "pending", "count", "Tasks waiting to run."),
     PoolField("pending_by_class", "pending_by_class", "classes",
               "Pending tasks by class: critical, high, normal, low."),

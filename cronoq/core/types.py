@@ -746,7 +746,7 @@ class PoolConfig:
                  retry: RetryPolicy | None = None, unknown_dependency: str = "reject",
                  await_timeout: float | None = None, default_duration: float = 1.0,
                  reservable_fraction: float = 0.5, tenant_weights: Mapping[str, float] | None = None,
-                 fair_share: bool = False) -> None:
+                 fair_share: bool = False, external_capacity: bool = False) -> None:
         self.name = check_length(check_name(name, "pool name", error=ValueError), "pool name", NAME_LIMIT,
                                  error=ValueError)
         self.min = _int_at_least(min, "min", 0)
@@ -799,6 +799,11 @@ class PoolConfig:
             raise ValueError("fair_share must be a bool")
         self.tenant_weights = weights or {}
         self.fair_share = fair_share or weights is not None
+        if not isinstance(external_capacity, bool):
+            raise ValueError("external_capacity must be a bool")
+        # Capacity comes from outside (set_capacity, remote workers): the autoscaler's
+        # target is only asked for (desired, SCALE actions), never applied.
+        self.external_capacity = external_capacity
 
 
 builtin_min = min

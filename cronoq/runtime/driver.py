@@ -25,7 +25,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ..core.actions import ABORT, DISPATCH, EVENT, PERSIST, event_from
+from ..core.actions import ABORT, DISPATCH, EVENT, PERSIST, SCALE, event_from
 from ..core.engine import Core
 from ..core.types import CANCELLED, DEAD_LETTERED, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig
 from .checkpoints import CheckpointBook
@@ -79,6 +79,7 @@ class EngineDriver:
         self.runners: dict[str, Runner] = {}
         self.aborts: list[Callable[[int, str], bool]] = []   # each runner's abort(lease, reason)
         self.sinks: list[EventSink] = []
+        self.scale_listeners: list[Callable[[str, int], None]] = []   # (pool, desired) when a target moves
         self.timer: Cancellable | None = None
         self.timer_at: int | None = None
         self.drained: asyncio.Event | None = None   # set once nothing runs (a shutdown waits on it)
@@ -153,6 +154,9 @@ class EngineDriver:
                         sink.deliver(event)
             elif kind == ABORT:
                 self.abort(raw[1], abort_reason(raw[3]))
+            elif kind == SCALE:
+                for listener in self.scale_listeners:
+                    listener(raw[1], raw[2])
         if log_ is not None:
             log_.kick()
         if self.room:

@@ -22,6 +22,11 @@ class Pool:
     ``runner`` instead of an executor hands the pool's attempts to another
     runner (``cronoq.runtime.runner``): ``runner(link)`` makes it when the
     scheduler starts. The server's remote workers use it.
+
+    ``external_capacity=True``: capacity comes only from ``set_capacity`` /
+    ``set_group_capacity`` (workers managed elsewhere); the autoscaler still
+    computes the capacity the pool wants (``desired`` in snapshots,
+    ``Scheduler.on_desired``) but never applies it.
     """
 
     def __init__(self, name: str, executor: Callable[..., Any] | None = None, *,
@@ -31,7 +36,8 @@ class Pool:
                  overflow: str = "wait", retry: RetryPolicy | None = None,
                  unknown_dependency: str = "reject", await_timeout: float | None = None,
                  default_duration: float = 1.0, reservable_fraction: float = 0.5,
-                 tenant_weights: Mapping[str, float] | None = None, fair_share: bool = False) -> None:
+                 tenant_weights: Mapping[str, float] | None = None, fair_share: bool = False,
+                 external_capacity: bool = False) -> None:
         if (executor is None) == (runner is None):
             raise ValueError("give a pool an executor or a runner (one of them)")
         if executor is not None and not callable(executor):
@@ -43,7 +49,7 @@ class Pool:
             max_pending=max_pending, overflow=overflow, retry=retry,
             unknown_dependency=unknown_dependency, await_timeout=await_timeout,
             default_duration=default_duration, reservable_fraction=reservable_fraction,
-            tenant_weights=tenant_weights, fair_share=fair_share)
+            tenant_weights=tenant_weights, fair_share=fair_share, external_capacity=external_capacity)
         self.executor = executor
         self.runner = runner
         self.is_async = executor is not None and _is_async(executor)

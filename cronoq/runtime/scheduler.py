@@ -336,6 +336,21 @@ class Scheduler:
             if sink in driver.sinks:
                 driver.sinks.remove(sink)
 
+    def on_desired(self, listener: Callable[[str, int], None]) -> Callable[[], None]:
+        """Call ``listener(pool, desired)`` whenever the autoscaler of a pool
+        moves its target (on the scheduler's loop, under its lock: it must
+        not block). Returns the function that stops it."""
+        driver = self._driver
+        with driver.lock:
+            driver.scale_listeners.append(listener)
+
+        def stop() -> None:
+            with driver.lock:
+                if listener in driver.scale_listeners:
+                    driver.scale_listeners.remove(listener)
+
+        return stop
+
     async def set_capacity(self, pool: str, capacity: int) -> None:
         """Set the capacity of a pool's unlabeled workers (an autoscaled pool
         overrides it at its next evaluation)."""

@@ -34,6 +34,7 @@ from .grpc_api import add_services
 from .counters import ServerCounters
 from .http import HttpLimits, HttpListener
 from .remote import WorkerHub
+from .scalers import Scalers
 from .service import Service
 from .shards import ShardedService
 
@@ -85,7 +86,10 @@ def _pool(section: PoolSection, hub: WorkerHub) -> Pool:
         r = section.retry
         retry = RetryPolicy(max_attempts=r.max_attempts, initial_backoff=r.initial_backoff_s,
                             multiplier=r.multiplier, max_backoff=r.max_backoff_s, jitter=r.jitter)
-    return Pool(section.name, runner=hub.factory(section), min=0, max=section.max, initial=0, autoscale=False,
+    # Capacity comes from connected workers only: the autoscaler asks for it (desired), never sets it.
+    autoscale = section.autoscale.policy() if section.autoscale is not None else False
+    return Pool(section.name, runner=hub.factory(section), min=section.min, max=section.max, initial=0,
+                autoscale=autoscale, external_capacity=True,
                 lease_ttl=section.lease_ttl_s, max_pending=section.max_pending, overflow=section.overflow,
                 retry=retry, unknown_dependency=section.unknown_dependency,
                 await_timeout=section.await_timeout_s, default_duration=section.default_duration_s,
@@ -363,6 +367,7 @@ class Server:
         await self._stop_grpc(None)
         await self._start_grpc(service, auth, hub, standby=False)
         service.lead(sched)
+        scalers = await Scalers.start(sched, self.config.pools)
         self.serving.set()
         log.info("serving as the leader (epoch %d)", sched.epoch, extra={"action": "serving", "epoch": sched.epoch})
         stop_wait = asyncio.get_running_loop().create_task(self.stopping.wait())
@@ -372,6 +377,7 @@ class Server:
         finally:
             stop_wait.cancel()
         self.serving.clear()
+        await scalers.close()
         if self.stopping.is_set() and sched.running:
             await self._drain(service, hub, sched)
             await self._close_store(store)

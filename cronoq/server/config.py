@@ -23,6 +23,7 @@ import ipaddress
 import json
 import os
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..core.options import (
     UNKNOWN_DEPENDENCY_POLICIES, VALUE_LIMIT, WIRE_ORDER,
 )
 from ..core.recurring import CronSchedule
+from ..core.types import AutoscaleConfig
 from ..loopback import is_loopback
 from .tomlkeys import YEAR, Rule, Table, describe_value, key, rules
 
@@ -214,6 +216,51 @@ class RetrySection:
     jitter: bool = _retry_key("jitter")
 
 
+_AUTOSCALE = AutoscaleConfig()   # the library's defaults, which server pools share
+
+
+@dataclass(frozen=True)
+class AutoscaleSection:
+    """A pool's ``autoscale`` table: the library's queue-pressure policy
+    (``cronoq.AutoscaleConfig``), with its defaults; times in seconds."""
+
+    interval_s: float = key(_AUTOSCALE.interval, "seconds", above=True)
+    target_utilization: float = key(_AUTOSCALE.target_utilization, "number", 0.0, 1.0, above=True)
+    drain_time_s: float = key(_AUTOSCALE.drain_time, "seconds", above=True)
+    slo: dict[str, float] | None = None   # class -> the longest wait it should see, seconds
+    reservation_horizon_s: float = key(_AUTOSCALE.reservation_horizon, "seconds")
+    max_step_up_ratio: float = key(_AUTOSCALE.max_step_up_ratio, "number", 0.0, 1e6)
+    max_step_up_abs: int = key(_AUTOSCALE.max_step_up_abs, "integer", 0, 1_000_000)
+    stabilization_window_s: float = key(_AUTOSCALE.stabilization_window, "seconds")
+    cooldown_s: float = key(_AUTOSCALE.cooldown, "seconds")
+    max_step_down: int = key(_AUTOSCALE.max_step_down, "integer", 1, 1_000_000)
+    cost_per_worker_second: float = key(_AUTOSCALE.cost_per_worker_second, "number", 0.0, 1e9)
+
+    def policy(self) -> AutoscaleConfig:
+        return AutoscaleConfig(
+            interval=self.interval_s, target_utilization=self.target_utilization, drain_time=self.drain_time_s,
+            slo=self.slo, reservation_horizon=self.reservation_horizon_s, max_step_up_ratio=self.max_step_up_ratio,
+            max_step_up_abs=self.max_step_up_abs, stabilization_window=self.stabilization_window_s,
+            cooldown=self.cooldown_s, max_step_down=self.max_step_down,
+            cost_per_worker_second=self.cost_per_worker_second)
+
+
+SCALER_KINDS = ("external", "webhook")
+
+
+@dataclass(frozen=True)
+class ScalerSection:
+    """A pool's ``scaler``: how its desired capacity reaches whatever starts
+    workers. ``external`` exports it (snapshots, /metrics, KEDA's external
+    scaler API); ``webhook`` also POSTs ``{"pool", "desired"}`` to ``url``
+    each time it changes."""
+
+    kind: str = key("external", "string", choices=SCALER_KINDS)
+    url: str | None = None
+    token_env: str | None = None       # the variable holding a bearer token for the webhook
+    timeout_s: float = key(10.0, "seconds", 0.1, 300.0)
+
+
 @dataclass(frozen=True)
 class PoolSection:
     name: str
@@ -229,6 +276,8 @@ class PoolSection:
     reservable_fraction: float = key(0.5, "number", 0.0, 1.0)
     tenant_weights: dict[str, float] | None = None
     fair_share: bool = key(False, "flag")
+    autoscale: AutoscaleSection | None = field(default_factory=AutoscaleSection)   # None: autoscale = false
+    scaler: ScalerSection = field(default_factory=ScalerSection)
 
 
 @dataclass(frozen=True)
@@ -547,11 +596,55 @@ def _pool(t: Table) -> PoolSection | None:
         weights.done()
         v["tenant_weights"] = out
     v.update(t.section(PoolSection, only=("fair_share",)))
-    t.done({"scaler": "webhook scalers are not supported by this version (see docs/server.md)",
-            "autoscale": "server pools take their capacity from connected workers; there is no autoscaler"})
+    if t.has("autoscale"):
+        v["autoscale"] = _autoscale(t)
+    scaler = t.table("scaler")
+    if scaler is not None:
+        v["scaler"] = _scaler(scaler)
+    t.done()
     if name is None:
         return None
     return PoolSection(name=name, **v)
+
+
+def _autoscale(t: Table) -> AutoscaleSection | None:
+    """``autoscale = false`` (desired is then the capacity), or a table of the policy's keys."""
+    raw = t.raw("autoscale")
+    if raw is False:
+        return None
+    if raw is True:
+        return AutoscaleSection()
+    table = t.table("autoscale")
+    if table is None:
+        return AutoscaleSection()
+    v = table.section(AutoscaleSection)
+    slo = table.table("slo")
+    if slo is not None:
+        wait = Rule("seconds", 0.0, YEAR, above=True)
+        v["slo"] = {c: n for c in CLASSES if (n := slo.read(c, wait)) is not None}
+        slo.done()
+    table.done()
+    return AutoscaleSection(**v)
+
+
+def _scaler(t: Table) -> ScalerSection:
+    v = t.section(ScalerSection)
+    url = t.string("url", limit=2048)
+    token_env = t.string("token_env")
+    if v["kind"] == "webhook":
+        if url is None:
+            t.error("url", "is required with kind = \"webhook\" (where the desired capacity is POSTed)")
+        else:
+            parts = urllib.parse.urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                t.error("url", f"must be an http:// or https:// URL, got {url!r}")
+            elif parts.scheme == "http" and token_env is not None and not is_loopback(parts.hostname):
+                t.error("url", f"would send the token of {token_env} over plain http to {parts.hostname}; "
+                               f"use https:// (or a loopback address)")
+    elif url is not None or token_env is not None:
+        t.error("kind", "url and token_env need kind = \"webhook\"")
+    t.done()
+    return ScalerSection(kind=v["kind"], url=url, token_env=token_env, timeout_s=v["timeout_s"])
 
 
 def _resource(t: Table) -> ResourceSection | None:

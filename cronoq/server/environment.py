@@ -55,6 +55,11 @@ def check_environment(config: ServerConfig, *, insecure_no_auth: bool = False,
     errors: list[str] = []
     tokens: dict[str, str] = {}
     owners: dict[str, str] = {}
+    for pool in config.pools:
+        variable = pool.scaler.token_env
+        if variable is not None and not env.get(variable, "").strip():
+            errors.append(f"pool {pool.name!r}: scaler.token_env: the environment variable {variable} is not set "
+                          f"(the webhook's bearer token)")
     for credential in config.tokens:
         if credential.token_env is not None:
             value = env.get(credential.token_env)

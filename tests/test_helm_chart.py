@@ -436,3 +436,12 @@ def test_the_builders_install_steps_give_a_working_server(tmp_path):
     installed = Path(where.stdout.strip()).parent
     for data in ("_migrations/env.py", "_proto/cronoq.proto", "server/ui", "py.typed"):
         assert (installed / data).exists(), data
+
+
+def test_the_notes_name_the_secrets_and_the_shard_endpoints():
+    with helm.Chart.load(CHART) as chart:
+        notes = chart.render(VALUE_SETS["shards-tls"], name="prod", namespace=NAMESPACE)["cronoq/templates/NOTES.txt"]
+    assert "create secret generic prod-cronoq-tokens" in notes and "prod-cronoq-db" in notes
+    for shard in SHARDS:
+        assert f"prod-cronoq-{shard['name']}.{NAMESPACE}.svc.cluster.local:7070" in notes
+    assert "must name every shard's Service" in notes

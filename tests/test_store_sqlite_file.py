@@ -152,6 +152,28 @@ async def test_a_leader_whose_next_connection_finds_the_file_gone_steps_down(sql
     await sched.shutdown()
 
 
+async def test_an_idle_leader_whose_renewal_cannot_even_open_the_deleted_file_steps_down(sqlite_backend, caplog):
+    # A renewal on a new connection to a deleted path fails to open it at all (mode=rw: SQLite
+    # does not create it). That failure is the file being gone, not an outage to wait out:
+    # the leader kept "leading" a file nobody else could see (found by a flaky server test).
+    caplog.set_level(logging.INFO, logger="cronoq")
+    store = sqlite_backend.store(cluster=False, lease_ttl=30.0, lease_renew=0.1)
+    sched = cronoq.Scheduler([pool(Work(), capacity=0)], store=store)
+    await sched.start()
+    await sched.enqueue({"n": 1}, key="kept")
+
+    def reconnect_later() -> None:   # close every connection: the next renewal opens a new one
+        store._drop_writer()
+        store.engine.dispose()
+
+    await store._executor.call(reconnect_later)
+    delete(sqlite_backend.path)
+    await eventually(lambda: not sched.running, timeout=10, what="the leader to step down")
+    assert GONE in sched.lost_reason
+    assert not errors_about(caplog, "cannot renew the lease")   # not mistaken for an outage
+    await sched.shutdown()
+
+
 async def test_a_leader_shut_down_before_it_noticed_still_saves_the_deleted_file(sqlite_backend, caplog):
     caplog.set_level(logging.INFO, logger="cronoq")
     path = sqlite_backend.path

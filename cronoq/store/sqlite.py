@@ -644,6 +644,12 @@ class SqliteStore(SqlStore):
             try:
                 lost = self._renew_sync(epoch)
             except Exception as exc:   # unavailable: try again at the next period
+                if self._gone is None:
+                    # A new connection to a deleted path fails to open at all (mode=rw): that is
+                    # the file gone, not an outage to wait out.
+                    moved = self._moved(self._file)
+                    if moved is not None:
+                        self._lose_file(moved)
                 if self._gone is not None:   # it found the file gone (on a new connection)
                     try:
                         loop.call_soon_threadsafe(self._lost_in, epoch, self._gone)

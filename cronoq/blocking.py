@@ -442,6 +442,9 @@ class BlockingScheduler:
     def unsubscribe(self, sink: EventSink) -> None:
         self._sched.unsubscribe(sink)
 
+    def on_desired(self, listener: Callable[[str, int], None]) -> Callable[[], None]:
+        return self._sched.on_desired(listener)
+
     def add_submit_hook(self, hook: Callable[[TaskSpec], TaskSpec]) -> Callable[[], None]:
         return self._sched.add_submit_hook(hook)
 

@@ -80,6 +80,8 @@ def pool_to_dict(cfg: PoolConfig) -> dict[str, Any]:
     """A pool's configuration as policy data (None values left out)."""
     out: dict[str, Any] = {"min": cfg.min, "max": cfg.max, "initial": cfg.initial,
                            "autoscale": autoscale_to_dict(cfg.autoscale) if cfg.autoscale else False}
+    if cfg.external_capacity:
+        out["external_capacity"] = True
     if cfg.lease_ttl_ns is not None:
         out["lease_ttl"] = cfg.lease_ttl_ns / NS
     if cfg.max_pending_total is not None:
@@ -133,11 +135,12 @@ def policy_of(pools: list[PoolConfig], resources: list[ResourceConfig], config: 
 
 def with_live_capacity(policy: Mapping[str, Any] | None, samples: Sequence[tuple[int, Mapping[str, Any]]]
                        ) -> tuple[dict[str, Any] | None, dict[str, int]]:
-    """``policy`` with each pool that does not autoscale started at the
-    capacity it had live (the median of the recorder's samples while it had
-    tasks running or pending), when that
-    differs from its ``initial``: such a pool's capacity came from outside
-    the engine (remote workers registering with cronoq-server, calls to
+    """``policy`` with each pool whose capacity the engine does not set
+    (``autoscale`` false, or ``external_capacity``: its autoscaler only
+    asks) started at the capacity it had live (the median of the recorder's
+    samples while it had tasks running or pending), when that differs from
+    its ``initial``: such a pool's capacity came from outside the engine
+    (remote workers registering with cronoq-server, calls to
     ``set_capacity``), which a replay does not repeat. Also returns the
     capacities so set, by pool."""
     if policy is None or not samples:
@@ -148,7 +151,8 @@ def with_live_capacity(policy: Mapping[str, Any] | None, samples: Sequence[tuple
     if not isinstance(pools, dict):
         return out, changed
     for name, pool in pools.items():
-        if not isinstance(pool, dict) or pool.get("autoscale", False) is not False:
+        if not isinstance(pool, dict) or (pool.get("autoscale", False) is not False
+                                          and pool.get("external_capacity") is not True):
             continue
         rows = [row[name] for _, row in samples if name in row]
         busy = [r for r in rows if r[2] or r[3]]   # while it had work: before and after, it may be empty
@@ -173,7 +177,7 @@ _AUTOSCALE_FIELDS = ("interval", "target_utilization", "drain_time", "slo", "res
 _RETRY_FIELDS = ("max_attempts", "initial_backoff", "multiplier", "max_backoff", "jitter")
 _POOL_FIELDS = ("min", "max", "initial", "autoscale", "lease_ttl", "max_pending", "overflow", "retry",
                 "unknown_dependency", "await_timeout", "default_duration", "reservable_fraction",
-                "tenant_weights", "fair_share")
+                "tenant_weights", "fair_share", "external_capacity")
 _OPTIONAL_POOL_FIELDS = ("lease_ttl", "max_pending", "await_timeout", "tenant_weights")   # false: none
 _RESOURCE_FIELDS = ("kind", "permits", "rate", "burst")
 _PRIORITY_FIELDS = ("base", "aging_rate", "age_cap")

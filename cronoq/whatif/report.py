@@ -361,9 +361,10 @@ class Report:
 
         _, live = with_live_capacity(self.trace.policy, self.trace.samples)
         for pool, capacity in live.items():
-            out.append(f"pool {pool!r} does not autoscale and its capacity came from outside the engine live "
-                       f"(workers, set_capacity): the replays start it at {capacity}, its median recorded "
-                       f"capacity while it had work (set pools.{pool}.initial in the policy file to choose)")
+            out.append(f"pool {pool!r} does not autoscale itself: its capacity came from outside the engine "
+                       f"live (workers, set_capacity), and the replays start it at {capacity}, its median "
+                       f"recorded capacity while it had work (set pools.{pool}.initial in the policy file to "
+                       f"choose, or external_capacity = false to let its autoscaler set it)")
         if self.trace.meta.get("durations_estimated"):
             out.append("the trace was built from a store, which keeps no run times: the per-kind run times "
                        "are estimates (the median time from submission to end of tasks that succeeded at once)")

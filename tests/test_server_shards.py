@@ -203,6 +203,37 @@ async def test_what_cannot_span_shards_is_refused_naming_the_rule(shards):
     assert [shard_number(t.id) for t in batch.tasks] == [2, 2]
 
 
+async def test_a_batch_for_the_shards_own_pools_is_refused_what_routing_refuses(shards):
+    a, b = shards
+    theirs = await call(a.target, "Submit", pb.SubmitRequest(task=spec("default")))
+    ours = await call(b.target, "Submit", pb.SubmitRequest(task=spec("gpu")))
+    error = await refused(b.target, "SubmitBatch", pb.SubmitBatchRequest(
+        tasks=[spec("gpu"), spec("gpu2", after=[pb.TaskRef(id=theirs.id)])]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "own shard" in error.details()
+    error = await refused(b.target, "SubmitBatch", pb.SubmitBatchRequest(
+        tasks=[spec("gpu"), spec("gpu2", deps=[pb.Dep(ref=pb.TaskRef(id=theirs.id))])]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "own shard" in error.details()
+    error = await refused(b.target, "SubmitBatch", pb.SubmitBatchRequest(
+        tasks=[spec("gpu"), spec("gpu", resources={"api_a": 1})]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "belongs to shard 'a'" in error.details()
+    # Routing's refusal comes first, as for a batch of other shards' pools: not task 0's bad content type.
+    bad = pb.TaskSpec(pool="gpu", payload=b"{}", content_type="\x01")
+    error = await refused(b.target, "SubmitBatch", pb.SubmitBatchRequest(
+        tasks=[bad, spec("gpu2", after=[pb.TaskRef(id=theirs.id)])]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "own shard" in error.details()
+    error = await refused(b.target, "SubmitBatch", pb.SubmitBatchRequest(tasks=[bad, spec("gpu")]))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "task 0 of the batch" in error.details()
+    # Nothing of a refused batch was admitted; this shard's own dependencies pass.
+    listed = await call(b.target, "ListTasks", pb.ListTasksRequest(pools=["gpu", "gpu2"], after=ours.id))
+    assert list(listed.tasks) == []
+    batch = await call(b.target, "SubmitBatch", pb.SubmitBatchRequest(
+        tasks=[spec("gpu", after=[pb.TaskRef(id=ours.id)]), spec("gpu2", key="b-own")]))
+    assert [shard_number(t.id) for t in batch.tasks] == [2, 2]
+    # No pool: the home pool, shard a's, so the batch goes there.
+    home = await call(b.target, "SubmitBatch", pb.SubmitBatchRequest(tasks=[spec(""), spec("default")]))
+    assert [shard_number(t.id) for t in home.tasks] == [1, 1]
+
+
 async def test_tokens_are_checked_again_on_the_receiving_shard(shards):
     a, b = shards
     # A token scoped to pool default cannot reach gpu through shard a...

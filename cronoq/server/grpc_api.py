@@ -68,18 +68,26 @@ class _Base:
         self.deadline = limits.max_wait_s + limits.request_timeout_s
 
     def caller(self, context: aio.ServicerContext) -> Principal:
+        # One pass over the metadata: the first authorization entry counts, and (sharded) the forwarded mark.
+        sharded = self.service.sharded
         authorization = None
+        authorized = forwarded = False
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":
-                authorization = value if isinstance(value, str) else None
-                break
+                if not authorized:
+                    authorization = value if isinstance(value, str) else None
+                    authorized = True
+                    if not sharded:
+                        break
+            elif key == FORWARDED:
+                forwarded = sharded
         names: list[str] = []
         if self.auth.enabled and not authorization:
             auth_context = context.auth_context() or {}
             for raw in auth_context.get("x509_subject_alternative_name", ()):
                 names.append(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))
         caller = self.auth.authenticate(authorization, names, peer=peer_address(context), transport="grpc")
-        if self.service.sharded and any(key == FORWARDED for key, _ in context.invocation_metadata() or ()):
+        if forwarded:
             caller = dataclasses.replace(caller, forwarded=True)
         return caller
 

@@ -256,7 +256,7 @@ class Service:
         if len(request.tasks) > self.limits.max_tasks_per_batch:
             raise ServiceError(Code.INVALID_ARGUMENT, f"a batch holds at most {self.limits.max_tasks_per_batch} "
                                                       f"tasks (limits), got {len(request.tasks)}", "InvalidTask")
-        specs = [self._make(caller, task, i) for i, task in enumerate(request.tasks)]
+        specs = self._batch_specs(caller, request.tasks)
         response = pb.SubmitBatchResponse()
         if not specs:
             return response
@@ -270,6 +270,10 @@ class Service:
             self._remember(sched, spec, handle.id, handle.duplicate, now)
             response.tasks.add(id=handle.id, duplicate=handle.duplicate)
         return response
+
+    def _batch_specs(self, caller: Principal, tasks: Iterable[pb.TaskSpec]) -> list[TaskSpec]:
+        """A batch's wire tasks as ``cronoq.Task`` specs, before anything is admitted."""
+        return [self._make(caller, task, i) for i, task in enumerate(tasks)]
 
     def _timeout(self, requested: float | None, field: str) -> float:
         limit = self.limits.max_wait_s

@@ -32,7 +32,7 @@ from grpc import aio
 from .._proto import cronoq_pb2 as pb
 from .._proto import cronoq_pb2_grpc as pb_grpc
 from ..core.actions import StatusEvent
-from ..core.types import shard_of
+from ..core.types import TaskSpec, shard_of
 from ..loopback import is_loopback
 from .auth import Principal
 from .config import ServerConfig, ShardSection
@@ -155,6 +155,10 @@ class ShardedService(Service):
         self.shards = {s.name: s for s in config.shards}
         self.by_number = {s.number: s for s in config.shards}
         self.pool_shard = {pool: s for s in config.shards for pool in s.pools}
+        self.my_pools = frozenset(mine.pools)
+        # Resources a task of this shard may not use (another shard's); shared ones (no shard) pass routing.
+        self.foreign_resources = frozenset(name for name, home in resource_shards.items()
+                                           if home is not None and home != mine.name)
         self.all_pools = [p.name for p in (config.all_pools or config.pools)]
         self.home_pool = config.default_pool   # where a task without a pool goes, in every shard
         self.peers = peers if peers is not None else Peers(config)
@@ -301,15 +305,17 @@ class ShardedService(Service):
         caller.require("client")
         if not request.tasks:
             return await super().submit_batch(caller, request)
-        of_spec = self._shard_of_spec
-        shards = [of_spec(spec) for spec in request.tasks]
-        first = shards[0]
-        for index, shard in enumerate(shards):
-            if shard is not first:
-                raise ServiceError(Code.INVALID_ARGUMENT,
-                                   f"tasks[{index}] is for shard {shard.name!r}, tasks[0] for {first.name!r}: a "
-                                   f"batch is admitted atomically by one shard; send one batch per shard",
-                                   "InvalidTask")
+        if self._pools_all_mine(request.tasks):
+            # The common case, told by the pools alone: reading every spec's resources and
+            # dependencies here cost as much again as admitting it. Those are checked on the
+            # converted tasks instead (_batch_specs), before anything is admitted, and any error
+            # is answered as routing first would have answered it.
+            try:
+                return await super().submit_batch(caller, request)
+            except Exception:
+                self._route_batch(request.tasks)
+                raise
+        first = self._route_batch(request.tasks)
         if first is self.me:
             return await super().submit_batch(caller, request)
         for spec in request.tasks:
@@ -317,6 +323,42 @@ class ShardedService(Service):
         request = self._named(request, list(request.tasks))
         return await self._forward(caller, first, "a batch for these pools", "SubmitBatch",   # type: ignore
                                    request)
+
+    def _route_batch(self, tasks: Iterable[pb.TaskSpec]) -> ShardSection:
+        """The one shard a batch is for; the first routing error of its tasks otherwise."""
+        of_spec = self._shard_of_spec
+        shards = [of_spec(spec) for spec in tasks]
+        first = shards[0]
+        for index, shard in enumerate(shards):
+            if shard is not first:
+                raise ServiceError(Code.INVALID_ARGUMENT,
+                                   f"tasks[{index}] is for shard {shard.name!r}, tasks[0] for {first.name!r}: a "
+                                   f"batch is admitted atomically by one shard; send one batch per shard",
+                                   "InvalidTask")
+        return first
+
+    def _pools_all_mine(self, tasks: Iterable[pb.TaskSpec]) -> bool:
+        """Whether every task names a pool of this shard (or none, with the home pool here)."""
+        mine = self.my_pools
+        home_here = self.home_pool in mine
+        for spec in tasks:
+            pool = spec.pool
+            if not (pool in mine if pool else home_here):
+                return False
+        return True
+
+    def _batch_specs(self, caller: Principal, tasks: Iterable[pb.TaskSpec]) -> list[TaskSpec]:
+        specs = super()._batch_specs(caller, tasks)
+        # What _shard_of_spec refuses of a task in this shard's pools, read off the converted tasks.
+        foreign = self.foreign_resources
+        by_number, me = self.by_number, self.me
+        for spec in specs:
+            if (spec.edges and any(isinstance(ref, int) and by_number.get(shard_of(ref)) is not me
+                                   for ref, _ in spec.edges)) or \
+                    (foreign and spec.resources and not foreign.isdisjoint(spec.resources)):
+                self._route_batch(tasks)   # (raises: the first task routing refuses)
+                raise AssertionError("routing let through a task of another shard")
+        return specs
 
     def _named(self, request: _Request, specs: list[pb.TaskSpec]) -> _Request:
         """``request`` with the pool of every spec named: "" means another default on another shard."""

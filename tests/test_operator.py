@@ -498,3 +498,83 @@ def test_the_keda_examples():
     assert any("cronoq_pool_desired_workers" in path.read_text() for path in telemetry)
     trigger = external["spec"]["triggers"][0]
     assert trigger["type"] == "external" and trigger["metadata"]["pool"] == "default"
+
+
+# ---------------------------------------------------------------- the whole operator process
+
+
+@pytest.mark.asyncio
+async def test_the_operator_process_scales_through_a_kubernetes_api_with_its_rights_only(server, tmp_path):
+    """``python -m cronoq.operator`` (kopf, the kubernetes client) against a fake
+    Kubernetes API and the real server: it lists and watches the scalers,
+    scales through deployments/scale, writes the scalers' status and asks
+    for nothing else."""
+    import os
+    import signal
+
+    from kubekit import FakeKubernetes
+
+    kube = await FakeKubernetes().start()
+    kube.replicas[("team", "floor-workers")] = 0
+    kube.replicas[("team", "other-workers")] = 5
+    kube.add_scaler("team", "floor", spec(pool="floor", deployment="floor-workers", slotsPerReplica=3,
+                                          intervalSeconds=1))
+    token = tmp_path / "token"
+    token.write_text(METRICS)
+    config = tmp_path / "operator.toml"
+    config.write_text(f'[[servers]]\nname = "main"\nurl = "http://{server.target}"\ntoken_file = "{token}"\n')
+    env = {key: value for key, value in os.environ.items() if not key.startswith("KUBERNETES_")}
+    env.update(KUBECONFIG=str(kube.kubeconfig(tmp_path / "kubeconfig")),
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    log = (tmp_path / "operator.log").open("w")
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "cronoq.operator", "--config", str(config),
+                                                   stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                                   cwd=str(tmp_path))
+
+    async def until(check, what: str) -> None:
+        while not check():
+            try:
+                async with asyncio.timeout(60):
+                    await kube.changed.wait()
+            except TimeoutError:
+                raise AssertionError(f"{what}; the operator logged:\n{(tmp_path / 'operator.log').read_text()}")
+            kube.changed.clear()
+
+    try:
+        await until(lambda: kube.scale_patches, "the operator did not scale")
+        desired = await reported_desired(server, "floor")
+        assert kube.scale_patches == [("team", "floor-workers", math.ceil(desired / 3))]
+        await until(lambda: kube.scalers[("team", "floor")].get("status", {}).get("reason") == "Scaled",
+                    "no Scaled status")
+        status = kube.scalers[("team", "floor")]["status"]
+        assert (status["desiredSlots"], status["replicas"]) == (desired, math.ceil(desired / 3))
+
+        # A scaler added later arrives through the watch; its unknown pool leaves its Deployment alone.
+        kube.add_scaler("team", "other", spec(pool="nowhere", deployment="other-workers"))
+        await until(lambda: kube.scalers[("team", "other")].get("status", {}).get("reason") == "PoolNotReported",
+                    "no PoolNotReported status")
+        assert kube.replicas[("team", "other-workers")] == 5
+        assert all(patch[1] != "other-workers" for patch in kube.scale_patches)
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(30):
+                    await process.wait()
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        log.close()
+        await kube.stop()
+
+    allowed = {("GET", "/api"), ("GET", "/api/v1"), ("GET", "/apis"), ("GET", "/apis/cronoq.io/v1alpha1"),
+               ("GET", "/apis/cronoq.io/v1alpha1/cronoqworkerscalers")}
+    for method, path in kube.requests:
+        if (method, path) in allowed:
+            continue
+        if path.startswith("/apis/apps/v1/namespaces/team/deployments/") and path.endswith("/scale"):
+            assert method in ("GET", "PATCH"), (method, path)
+        elif path.startswith("/apis/cronoq.io/v1alpha1/namespaces/team/cronoqworkerscalers/"):
+            assert path.endswith("/status") and method == "PATCH", (method, path)   # never the scaler itself
+        else:
+            assert (method, path) == ("POST", "/api/v1/namespaces/team/events"), (method, path)

@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
                                 "formatter": "plain"}},
         "root": {"handlers": ["stderr"], "level": "WARNING"},
-        "loggers": {"cronoq": {"level": level}, "kopf": {"level": level}},
+        # kopf logs every watch event at info (each status write is one): only its problems, unless debugging.
+        "loggers": {"cronoq": {"level": level}, "kopf": {"level": "DEBUG" if level == "DEBUG" else "WARNING"}},
     })
     if not args.config:
         parser.error("--config (or $CRONOQ_OPERATOR_CONFIG) is required")

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Collection
+from typing import Any, Collection, Mapping
 
 import kopf
 
 from .cluster import ClusterAPI
+from .decide import SCALED
 from .kube import GROUP, PLURAL, VERSION
 from .reader import PoolReader
 from .reconcile import reconcile
@@ -34,6 +35,7 @@ class Operator:
         self._wake = asyncio.Event()
         self._limit = asyncio.Semaphore(CONCURRENT_PASSES)
         self._passes: set[asyncio.Task[None]] = set()
+        self._reasons: dict[Key, str] = {}
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
@@ -42,6 +44,7 @@ class Operator:
         key = (namespace, name)
         if event_type == "DELETED":
             self.table.remove(key)
+            self._reasons.pop(key, None)
         else:
             spec = dict(body.get("spec") or {})
             self.table.upsert(key, spec, body.get("metadata", {}).get("generation"), self._now())
@@ -50,13 +53,26 @@ class Operator:
     async def _pass(self, key: Key, spec: Any, generation: int | None) -> None:
         try:
             async with self._limit:
-                await reconcile(key[0], key[1], spec, reader=self.reader, cluster=self.cluster,
-                                generation=generation)
+                status = await reconcile(key[0], key[1], spec, reader=self.reader, cluster=self.cluster,
+                                         generation=generation)
+            self._log_change(key, status)
         except Exception:
             log.exception("%s/%s: the pass failed", *key)
         finally:
             self.table.done(key, self._now())
             self._wake.set()
+
+    def _log_change(self, key: Key, status: Mapping[str, Any]) -> None:
+        """Say so once when a scaler starts or stops leaving its Deployment alone, not every pass."""
+        reason = str(status.get("reason", ""))
+        before = self._reasons.get(key)
+        self._reasons[key] = reason
+        if reason == before:
+            return
+        if reason != SCALED:
+            log.warning("%s/%s: %s: %s", key[0], key[1], reason, status.get("message", ""))
+        elif before is not None:
+            log.info("%s/%s: scaling again: %s", key[0], key[1], status.get("message", ""))
 
     async def run(self) -> None:
         try:
@@ -87,6 +103,12 @@ def build_registry(operator: Operator) -> kopf.OperatorRegistry:
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Kopf's own k8s Events only for problems: a pass every 15 s would flood them.
         settings.posting.level = logging.WARNING
+
+    # A registry of our own has no login handlers: log in as the kubernetes
+    # client does (in the cluster: the service account; outside: the kubeconfig).
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_via_client(**kwargs)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def scaler_event(type: str | None, namespace: str | None, name: str | None, body: kopf.Body,

@@ -29,6 +29,7 @@ class FakeKubernetes:
         self.scalers: dict[tuple[str, str], dict[str, Any]] = {}
         self.replicas: dict[tuple[str, str], int] = {}
         self.requests: list[tuple[str, str]] = []          # (method, path)
+        self.patch_types: set[tuple[str, str]] = set()     # (what was patched, its Content-Type)
         self.scale_patches: list[tuple[str, str, int]] = []
         self.status_patches: list[tuple[str, str, dict[str, Any]]] = []
         self.changed = asyncio.Event()
@@ -137,6 +138,7 @@ class FakeKubernetes:
 
     async def _patch_status(self, request: web.Request) -> web.Response:
         key = (request.match_info["ns"], request.match_info["name"])
+        self.patch_types.add(("status", request.content_type))
         body = await request.json()
         scaler = self.scalers.get(key)
         if scaler is None:
@@ -161,6 +163,7 @@ class FakeKubernetes:
         key = (request.match_info["ns"], request.match_info["name"])
         if key not in self.replicas:
             return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
+        self.patch_types.add(("scale", request.content_type))
         body = await request.json()
         self.replicas[key] = int(body["spec"]["replicas"])
         self.scale_patches.append((*key, self.replicas[key]))

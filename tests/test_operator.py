@@ -567,6 +567,11 @@ async def test_the_operator_process_scales_through_a_kubernetes_api_with_its_rig
         log.close()
         await kube.stop()
 
+    # Patches a real API server accepts: custom resources take no strategic merge patch (415).
+    assert kube.patch_types <= {("status", "application/merge-patch+json"),
+                                ("scale", "application/merge-patch+json"),
+                                ("scale", "application/strategic-merge-patch+json")}, kube.patch_types
+    assert {what for what, _ in kube.patch_types} == {"status", "scale"}
     allowed = {("GET", "/api"), ("GET", "/api/v1"), ("GET", "/apis"), ("GET", "/apis/cronoq.io/v1alpha1"),
                ("GET", "/apis/cronoq.io/v1alpha1/cronoqworkerscalers")}
     for method, path in kube.requests:

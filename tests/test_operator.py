@@ -478,6 +478,8 @@ def test_the_chart_binds_only_the_namespaces_it_watches_and_refuses_bad_values()
     args = manifests["deployment.yaml"][0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     helm = pytest.importorskip("helm_python")
+    report = helm.lint(str(CHART), CHART_VALUES, strict=True)
+    assert report["errors"] == [] and all(message["severity"] < 2 for message in report["messages"]), report
     chart = helm.Chart.load(str(CHART))
     with pytest.raises(helm.HelmError, match="tokenSecret"):
         chart.validate_schema({"servers": [{"name": "main", "url": "http://cronoq:7070"}]})

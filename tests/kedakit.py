@@ -48,7 +48,8 @@ class KedaWire:
             root = pathlib.Path(tmp)
             (root / "externalscaler.proto").write_text(KEDA_WIRE)
             out = root / "keda.desc"
-            assert protoc.main(["protoc", f"-I{root}", f"--descriptor_set_out={out}", "externalscaler.proto"]) == 0
+            args = ["protoc", f"-I{root}", f"--descriptor_set_out={out}", "externalscaler.proto"]
+            assert protoc.main(args) == 0
             files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
         self.pool = descriptor_pool.DescriptorPool()
         for file in files.file:
@@ -94,14 +95,17 @@ class KedaClient:
                                         response_deserializer=response.FromString)
 
     async def is_active(self, ref, metadata=()) -> bool:
-        return (await self._unary("IsActive", self.w.IsActiveResponse)(ref, metadata=metadata, timeout=30)).result
+        call = self._unary("IsActive", self.w.IsActiveResponse)
+        return (await call(ref, metadata=metadata, timeout=30)).result
 
     async def metric_spec(self, ref, metadata=()):
-        return await self._unary("GetMetricSpec", self.w.GetMetricSpecResponse)(ref, metadata=metadata, timeout=30)
+        call = self._unary("GetMetricSpec", self.w.GetMetricSpecResponse)
+        return await call(ref, metadata=metadata, timeout=30)
 
     async def metrics(self, ref, metric_name: str = "", metadata=()):
         request = self.w.GetMetricsRequest(scaledObjectRef=ref, metricName=metric_name)
-        return await self._unary("GetMetrics", self.w.GetMetricsResponse)(request, metadata=metadata, timeout=30)
+        call = self._unary("GetMetrics", self.w.GetMetricsResponse)
+        return await call(request, metadata=metadata, timeout=30)
 
     async def desired(self, ref, metadata=()) -> int:
         (value,) = (await self.metrics(ref, metadata=metadata)).metricValues

@@ -31,7 +31,8 @@ min = 0
 max = 64
 default_duration_s = 2
 # Quick evaluations, a short window and cooldown: a rise and a fall within seconds.
-autoscale = {{ interval_s = 0.2, drain_time_s = 2, stabilization_window_s = 1, cooldown_s = 0.2, max_step_down = 64 }}
+autoscale = {{ interval_s = 0.2, drain_time_s = 2, stabilization_window_s = 1, cooldown_s = 0.2,
+               max_step_down = 64 }}
 [[pools]]
 name = "fixed"
 min = 2
@@ -246,7 +247,8 @@ role = "worker"
         assert spec.targetSize == 1 and spec.metricName == "cronoq-default-desired"
         error = await refused(worker.is_active(worker.ref()))
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert not await worker.is_active(worker.ref(token=METRICS))   # the trigger's token goes before a certificate
+        # The trigger's token goes before a certificate (as a bearer token does).
+        assert not await worker.is_active(worker.ref(token=METRICS))
     finally:
         await operator.close()
         await worker.close()
@@ -267,8 +269,9 @@ name = "default"
     standby = servers(config, name="standby", wait_for="standing by")
     keda = KedaClient(standby.target)
     try:
-        for call in (keda.metrics(keda.ref(token=METRICS)), keda.is_active(keda.ref(token=METRICS)),
-                     keda.metric_spec(keda.ref(token=METRICS)), keda.stream_is_active(keda.ref(token=METRICS)).read()):
+        ref = keda.ref(token=METRICS)
+        stream = keda.stream_is_active(ref)
+        for call in (keda.metrics(ref), keda.is_active(ref), keda.metric_spec(ref), stream.read()):
             error = await refused(call)
             assert error.code() == grpc.StatusCode.UNAVAILABLE, error
     finally:

@@ -760,8 +760,8 @@ async def test_keda_asks_the_shard_of_the_pool(shards):
             (spec,) = (await via_a.metric_spec(ref)).metricSpecs
             assert spec.metricName == "cronoq-gpu-desired"
         stream = via_a.stream_is_active(via_a.ref("gpu", token=METRICS))
-        assert (await asyncio.wait_for(stream.read(), 30)).result == await via_b.is_active(via_b.ref("gpu",
-                                                                                                     token=METRICS))
+        first = await asyncio.wait_for(stream.read(), 30)
+        assert first.result == await via_b.is_active(via_b.ref("gpu", token=METRICS))
         stream.cancel()
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await via_a.metrics(via_a.ref("gpu", token=CLIENT))   # the receiving shard checks the role too

@@ -236,7 +236,7 @@ class ExternalScalerServicer(_Base, es_grpc.ExternalScalerServicer):
     async def GetMetricSpec(self, request: es.ScaledObjectRef, context: aio.ServicerContext
                             ) -> es.GetMetricSpecResponse:
         async def answer(caller: Principal, trigger: Trigger) -> es.GetMetricSpecResponse:
-            await self.service.pool_snapshot(caller, trigger.pool)   # the pool exists and the caller may see it
+            await self.service.pool_snapshot(caller, trigger.pool)   # the pool exists, the caller may see it
             response = es.GetMetricSpecResponse()
             response.metricSpecs.add(metricName=trigger.metric, targetSize=trigger.slots_per_replica,
                                      targetSizeFloat=float(trigger.slots_per_replica))

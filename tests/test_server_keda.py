@@ -31,8 +31,7 @@ min = 0
 max = 64
 default_duration_s = 2
 # Quick evaluations, a short window and cooldown: a rise and a fall within seconds.
-autoscale = {{ interval_s = 0.2, drain_time_s = 2, stabilization_window_s = 1, cooldown_s = 0.2,
-               max_step_down = 64 }}
+autoscale = {{ interval_s = 0.2, stabilization_window_s = 1, cooldown_s = 0.2, max_step_down = 64 }}
 [[pools]]
 name = "fixed"
 min = 2

@@ -2,7 +2,8 @@
 trigger names a pool, the metric is the pool's desired slots with
 slotsPerReplica as the target, IsActive (and its stream) says whether the
 pool asks for capacity or holds work; the metrics role is required, by the
-usual credentials or a token in the trigger's metadata (docs/server.md,
+usual credentials or a token in the trigger's metadata (``token``, or
+``tokenFromEnv`` as KEDA resolves it) (docs/server.md,
 "KEDA's external scaler"). The client is KEDA's wire (tests/kedakit.py)."""
 
 from __future__ import annotations
@@ -179,6 +180,10 @@ async def test_the_metrics_role_is_required_and_a_token_in_the_metadata_is_a_cre
         assert await keda.desired(keda.ref("fixed", token=SCOPED)) == 2
 
         assert await keda.desired(keda.ref(token=METRICS)) == 0
+        # tokenFromEnv: KEDA puts the value of the workload's environment variable it names.
+        assert await keda.desired(keda.ref(tokenFromEnv=METRICS)) == 0
+        error = await refused(keda.metrics(keda.ref(tokenFromEnv=CLIENT)))
+        assert error.code() == grpc.StatusCode.PERMISSION_DENIED
         assert await keda.desired(keda.ref(token=ADMIN)) == 0
         assert await keda.desired(keda.ref(), bearer(METRICS)) == 0
         assert await keda.is_active(keda.ref("fixed"), bearer(ADMIN))   # desired = min = 2

@@ -24,7 +24,7 @@ from .._proto import externalscaler_pb2 as es
 from .._proto import externalscaler_pb2_grpc as es_grpc
 from .auth import Authenticator, Principal
 from .errors import Code, ServiceError
-from .keda import STREAM_POLL_S, TOKEN_KEY, Trigger, active
+from .keda import STREAM_POLL_S, Trigger, active, trigger_token
 from .remote import WorkerHub, WorkerSession
 from .service import Service
 from .shards import FORWARDED, UNAVAILABLE_METADATA, reply_notes
@@ -225,7 +225,7 @@ class ExternalScalerServicer(_Base, es_grpc.ExternalScalerServicer):
             trigger = Trigger(ref)
         except ServiceError as exc:
             await _abort(context, exc)
-        return await self.unary(context, answer, trigger, token=ref.scalerMetadata.get(TOKEN_KEY) or None)
+        return await self.unary(context, answer, trigger, token=trigger_token(ref))
 
     async def IsActive(self, request: es.ScaledObjectRef, context: aio.ServicerContext) -> es.IsActiveResponse:
         async def answer(caller: Principal, trigger: Trigger) -> es.IsActiveResponse:
@@ -264,7 +264,7 @@ class ExternalScalerServicer(_Base, es_grpc.ExternalScalerServicer):
                              ) -> AsyncIterator[es.IsActiveResponse]:
         try:
             trigger = Trigger(request)
-            caller = self.caller(context, request.scalerMetadata.get(TOKEN_KEY) or None)
+            caller = self.caller(context, trigger_token(request))
             pool = await self.service.pool_snapshot(caller, trigger.pool)
         except ServiceError as exc:
             await _abort(context, exc)

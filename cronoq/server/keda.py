@@ -9,8 +9,10 @@ KEDA manages runs ceil(desired / slotsPerReplica) replicas. The pool is
 active while it asks for capacity or holds work (pending or busy slots).
 
 Every call needs the metrics role: the usual credentials (``authorization``
-metadata, a client certificate mapped to a role), or a ``token`` key in the
-trigger metadata, which is where a TriggerAuthentication puts a secret.
+metadata, a client certificate mapped to a role: what KEDA's
+TriggerAuthentication gives an external scaler, as tlsClientCert and
+tlsClientKey), or a token in the trigger's metadata (``token``, or
+``tokenFromEnv``, which KEDA fills from the scaled workload's environment).
 With [[shards]], another shard's pool is answered by asking that shard.
 """
 
@@ -22,11 +24,16 @@ from .._proto import cronoq_pb2 as pb
 from .._proto import externalscaler_pb2 as es
 from .errors import Code, ServiceError
 
-__all__ = ["Trigger", "active", "metric_name", "POOL_KEY", "SLOTS_KEY", "TOKEN_KEY", "STREAM_POLL_S"]
+__all__ = ["Trigger", "active", "metric_name", "trigger_token", "POOL_KEY", "SLOTS_KEY", "TOKEN_KEYS",
+           "STREAM_POLL_S"]
 
 POOL_KEY = "pool"
 SLOTS_KEY = "slotsPerReplica"
-TOKEN_KEY = "token"
+# A bearer token in the trigger's metadata: "token" as written, or
+# "tokenFromEnv" naming an environment variable of the scaled workload's
+# container, which KEDA resolves before calling (its external scaler passes
+# the trigger's metadata only, not a TriggerAuthentication's parameters).
+TOKEN_KEYS = ("token", "tokenFromEnv")
 
 # StreamIsActive looks again at least this often: pending and busy slots
 # move without the autoscaler's target moving (which wakes it at once).
@@ -37,6 +44,15 @@ def metric_name(pool: str) -> str:
     """The metric's name: lower case letters, digits and dashes, as the
     external metrics API's paths want them."""
     return "cronoq-" + re.sub(r"[^a-z0-9-]+", "-", pool.lower()).strip("-") + "-desired"
+
+
+def trigger_token(ref: es.ScaledObjectRef) -> str | None:
+    """The bearer token the trigger's metadata carries, if any."""
+    for key in TOKEN_KEYS:
+        token = ref.scalerMetadata.get(key, "").strip()
+        if token:
+            return token
+    return None
 
 
 class Trigger:

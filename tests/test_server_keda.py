@@ -9,6 +9,7 @@ usual credentials or a token in the trigger's metadata (``token``, or
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 
 import grpc
@@ -258,7 +259,7 @@ role = "worker"
         await worker.close()
 
 
-async def test_a_standby_answers_unavailable(servers, tmp_path):
+async def test_a_standby_answers_unavailable_and_a_stream_ends_when_its_server_stops_leading(servers, tmp_path):
     config = LISTEN + AUTH + f"""
 [store]
 kind = "sqlite"
@@ -269,14 +270,26 @@ lock_poll_s = 0.1
 [[pools]]
 name = "default"
 """
-    servers(config, name="leader")
+    leader = servers(config, name="leader")
     standby = servers(config, name="standby", wait_for="standing by")
-    keda = KedaClient(standby.target)
+    keda, on_leader = KedaClient(standby.target), KedaClient(leader.target)
     try:
         ref = keda.ref(token=METRICS)
         stream = keda.stream_is_active(ref)
         for call in (keda.metrics(ref), keda.is_active(ref), keda.metric_spec(ref), stream.read()):
             error = await refused(call)
             assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+        # The leader's stream ends cleanly when it stops leading: KEDA opens it again (on the new leader).
+        leading = on_leader.stream_is_active(ref)
+        assert (await asyncio.wait_for(leading.read(), 30)).result is False
+        leader.signal(signal.SIGTERM)
+        assert await asyncio.wait_for(leading.read(), 30) is grpc.aio.EOF
+        assert await leading.code() == grpc.StatusCode.OK
+        standby.wait_for("serving as the leader", timeout=60)
+        assert await keda.desired(ref) == 0
+        again = keda.stream_is_active(ref)
+        assert (await asyncio.wait_for(again.read(), 30)).result is False
+        again.cancel()
     finally:
         await keda.close()
+        await on_leader.close()

@@ -279,8 +279,14 @@ class ExternalScalerServicer(_Base, es_grpc.ExternalScalerServicer):
                 except asyncio.TimeoutError:
                     pass
                 moved.clear()
-                # UNAVAILABLE once this server stops leading: KEDA reconnects (to the new leader).
-                now = active(await self.service.pool_snapshot(caller, trigger.pool))
+                try:
+                    now = active(await self.service.pool_snapshot(caller, trigger.pool))
+                except ServiceError as exc:
+                    if exc.code is Code.UNAVAILABLE:
+                        # This server stopped leading (or the pool's shard is out of reach): end
+                        # cleanly, KEDA opens the stream again in 2 s, where an error backs it off.
+                        return
+                    raise
                 if now != last:
                     last = now
                     yield es.IsActiveResponse(result=now)

@@ -777,4 +777,3 @@ async def test_a_killed_shard_is_named_while_the_others_keep_serving(shards):
     assert error.code() == grpc.StatusCode.UNAVAILABLE and "'b'" in error.details()
     snap = await call(a.target, "Snapshot", pb.SnapshotRequest(), METRICS, admin=True)
     assert [p.name for p in snap.pools] == ["default"] and sorted(snap.unavailable_shards) == ["b", "far"]
-

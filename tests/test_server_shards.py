@@ -739,6 +739,39 @@ async def test_the_worker_refuses_a_redirect_sending_its_token_over_http_to_anot
 
 
 # Last in the file: it kills shard b of the module's servers.
+async def test_keda_asks_the_shard_of_the_pool(shards):
+    from kedakit import KedaClient
+
+    a, b = shards
+    via_a, via_b = KedaClient(a.target), KedaClient(b.target)
+    try:
+        # Shard a's scheduler has no pool gpu: an answer through a is shard b's.
+        for token in ({"token": METRICS}, {"token": ADMIN}):
+            ref = via_a.ref("gpu", **token)
+            assert await via_a.desired(ref) == await via_b.desired(via_b.ref("gpu", **token))
+            assert await via_a.is_active(ref) == (await via_a.desired(ref) > 0)
+            (spec,) = (await via_a.metric_spec(ref)).metricSpecs
+            assert spec.metricName == "cronoq-gpu-desired"
+        stream = via_a.stream_is_active(via_a.ref("gpu", token=METRICS))
+        first = await asyncio.wait_for(stream.read(), 30)
+        assert first.result == await via_b.is_active(via_b.ref("gpu", token=METRICS))
+        stream.cancel()
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await via_a.metrics(via_a.ref("gpu", token=CLIENT))   # the receiving shard checks the role too
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await via_a.metrics(via_a.ref("far", token=METRICS))   # plain http to another host: not forwarded
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert dict(caught.value.trailing_metadata())["cronoq-shard"] == "far"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await via_b.metrics(via_b.ref("cpu", token=METRICS))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "default, gpu, gpu2, far" in caught.value.details()
+    finally:
+        await via_a.close()
+        await via_b.close()
+
+
 async def test_a_killed_shard_is_named_while_the_others_keep_serving(shards):
     a, b = shards
     kept = await call(a.target, "Submit", pb.SubmitRequest(task=spec("default", key="kept-in-a")))

@@ -1,4 +1,5 @@
-"""The gRPC transport: the cronoq.v1 services on grpcio's asyncio server.
+"""The gRPC transport: the cronoq.v1 services on grpcio's asyncio server,
+and KEDA's external scaler (externalscaler.ExternalScaler, cronoq.server.keda).
 
 Each method authenticates the caller (bearer token in the ``authorization``
 metadata, or the DNS names of a verified client certificate), hands the
@@ -19,8 +20,11 @@ from grpc import aio
 
 from .._proto import cronoq_pb2 as pb
 from .._proto import cronoq_pb2_grpc as pb_grpc
+from .._proto import externalscaler_pb2 as es
+from .._proto import externalscaler_pb2_grpc as es_grpc
 from .auth import Authenticator, Principal
 from .errors import Code, ServiceError
+from .keda import STREAM_POLL_S, Trigger, active, trigger_token
 from .remote import WorkerHub, WorkerSession
 from .service import Service
 from .shards import FORWARDED, UNAVAILABLE_METADATA, reply_notes
@@ -67,7 +71,9 @@ class _Base:
         limits = service.limits
         self.deadline = limits.max_wait_s + limits.request_timeout_s
 
-    def caller(self, context: aio.ServicerContext) -> Principal:
+    def caller(self, context: aio.ServicerContext, token: str | None = None) -> Principal:
+        """Who calls; ``token``: a bearer token carried in the request itself
+        (KEDA's trigger metadata), used when no authorization metadata came."""
         # One pass over the metadata: the first authorization entry counts, and (sharded) the forwarded mark.
         sharded = self.service.sharded
         authorization = None
@@ -81,6 +87,8 @@ class _Base:
                         break
             elif key == FORWARDED:
                 forwarded = sharded
+        if authorization is None and token:
+            authorization = f"Bearer {token}"
         names: list[str] = []
         if self.auth.enabled and not authorization:
             auth_context = context.auth_context() or {}
@@ -92,9 +100,10 @@ class _Base:
         return caller
 
     async def unary(self, context: aio.ServicerContext,
-                    call: Callable[[Principal, Request], Awaitable[Answer]], request: Request) -> Answer:
+                    call: Callable[[Principal, Request], Awaitable[Answer]], request: Request, *,
+                    token: str | None = None) -> Answer:
         try:
-            caller = self.caller(context)
+            caller = self.caller(context, token)
             if not self.service.sharded:
                 return await asyncio.wait_for(call(caller, request), self.deadline)
             notes: list[tuple[str, str]] = []
@@ -214,7 +223,103 @@ class WorkersServicer(_Base, pb_grpc.WorkersServicer):
             await _abort(context, exc)
 
 
+class ExternalScalerServicer(_Base, es_grpc.ExternalScalerServicer):
+    """KEDA's external scaler for the pools (cronoq.server.keda)."""
+
+    async def _trigger_call(self, context: aio.ServicerContext, ref: es.ScaledObjectRef,
+                            answer: Callable[[Principal, Trigger], Awaitable[Answer]]) -> Answer:
+        # The trigger is read first: a missing pool is the caller's mistake whatever the credential.
+        try:
+            trigger = Trigger(ref)
+        except ServiceError as exc:
+            await _abort(context, exc)
+        return await self.unary(context, answer, trigger, token=trigger_token(ref))
+
+    async def IsActive(self, request: es.ScaledObjectRef, context: aio.ServicerContext) -> es.IsActiveResponse:
+        async def answer(caller: Principal, trigger: Trigger) -> es.IsActiveResponse:
+            return es.IsActiveResponse(result=active(await self.service.pool_snapshot(caller, trigger.pool)))
+
+        return await self._trigger_call(context, request, answer)
+
+    async def GetMetricSpec(self, request: es.ScaledObjectRef, context: aio.ServicerContext
+                            ) -> es.GetMetricSpecResponse:
+        async def answer(caller: Principal, trigger: Trigger) -> es.GetMetricSpecResponse:
+            await self.service.pool_snapshot(caller, trigger.pool)   # the pool exists, the caller may see it
+            response = es.GetMetricSpecResponse()
+            response.metricSpecs.add(metricName=trigger.metric, targetSize=trigger.slots_per_replica,
+                                     targetSizeFloat=float(trigger.slots_per_replica))
+            return response
+
+        return await self._trigger_call(context, request, answer)
+
+    async def GetMetrics(self, request: es.GetMetricsRequest, context: aio.ServicerContext
+                         ) -> es.GetMetricsResponse:
+        async def answer(caller: Principal, trigger: Trigger) -> es.GetMetricsResponse:
+            asked = request.metricName
+            # KEDA strips its "sN-" prefix before asking; an older release may not.
+            if asked and asked != trigger.metric and not asked.endswith("-" + trigger.metric):
+                raise ServiceError(Code.NOT_FOUND,
+                                   f"no metric named {asked!r}: this trigger's metric is {trigger.metric!r}")
+            pool = await self.service.pool_snapshot(caller, trigger.pool)
+            response = es.GetMetricsResponse()
+            response.metricValues.add(metricName=trigger.metric, metricValue=pool.desired,
+                                      metricValueFloat=float(pool.desired))
+            return response
+
+        return await self._trigger_call(context, request.scaledObjectRef, answer)
+
+    async def StreamIsActive(self, request: es.ScaledObjectRef, context: aio.ServicerContext
+                             ) -> AsyncIterator[es.IsActiveResponse]:
+        try:
+            trigger = Trigger(request)
+            caller = self.caller(context, trigger_token(request))
+            pool = await self.service.pool_snapshot(caller, trigger.pool)
+        except ServiceError as exc:
+            await _abort(context, exc)
+        moved = asyncio.Event()
+        stop = self._wake_on_desired(trigger.pool, moved)
+        try:
+            last = active(pool)
+            yield es.IsActiveResponse(result=last)
+            while True:
+                try:
+                    await asyncio.wait_for(moved.wait(), STREAM_POLL_S)
+                except asyncio.TimeoutError:
+                    pass
+                moved.clear()
+                try:
+                    now = active(await self.service.pool_snapshot(caller, trigger.pool))
+                except ServiceError as exc:
+                    if exc.code is Code.UNAVAILABLE:
+                        # This server stopped leading (or the pool's shard is out of reach): end
+                        # cleanly, KEDA opens the stream again in 2 s, where an error backs it off.
+                        return
+                    raise
+                if now != last:
+                    last = now
+                    yield es.IsActiveResponse(result=now)
+        except ServiceError as exc:
+            await _abort(context, exc)
+        finally:
+            stop()
+
+    def _wake_on_desired(self, pool: str, moved: asyncio.Event) -> Callable[[], None]:
+        """Set ``moved`` whenever the local autoscaler moves ``pool``'s target
+        (another shard's pool is only polled)."""
+        sched = self.service.scheduler
+        if sched is None or pool not in self.service.pools:
+            return lambda: None
+        loop = asyncio.get_running_loop()
+
+        def listener(name: str, desired: int) -> None:
+            if name == pool:
+                loop.call_soon_threadsafe(moved.set)   # (it runs under the scheduler's lock: no waiting here)
+
+        return sched.on_desired(listener)
+
+
 def add_services(server: aio.Server, service: Service, auth: Authenticator, hub: WorkerHub) -> None:
     pb_grpc.add_TasksServicer_to_server(TasksServicer(service, auth), server)
     pb_grpc.add_AdminServicer_to_server(AdminServicer(service, auth), server)
     pb_grpc.add_WorkersServicer_to_server(WorkersServicer(service, auth, hub), server)
+    es_grpc.add_ExternalScalerServicer_to_server(ExternalScalerServicer(service, auth), server)

@@ -74,6 +74,13 @@ def _now_ns() -> int:
     return time.time_ns()
 
 
+def _pool_of(snapshot: pb.SnapshotResponse, name: str) -> pb.PoolSnapshot:
+    for pool in snapshot.pools:
+        if pool.name == name:
+            return pool
+    raise ServiceError(Code.UNAVAILABLE, f"pool {name!r} is missing from the snapshot; retry")
+
+
 # ---------------------------------------------------------------- the service
 
 
@@ -698,6 +705,17 @@ class Service:
         for name, value in snap.totals.items():
             response.totals[name] = value
         return response
+
+    async def pool_snapshot(self, caller: Principal, name: str) -> pb.PoolSnapshot:
+        """One pool's entry of ``snapshot`` (KEDA's external scaler asks for
+        one pool at a time); NOT_FOUND naming the pools the caller may use."""
+        caller.require("metrics")
+        if name not in self.every_pool:
+            known = ", ".join(caller.visible(self.every_pool)) or "none the credential may use"
+            raise ServiceError(Code.NOT_FOUND, f"no pool named {name!r} (pools: {known})", "UnknownPool")
+        if not caller.sees(name):
+            raise ServiceError(Code.PERMISSION_DENIED, f"the credential may not use pool {name!r}")
+        return _pool_of(await Service.snapshot(self, caller, pb.SnapshotRequest()), name)
 
     async def metrics(self, caller: Principal) -> Snapshot:
         """The snapshot /metrics renders: the pools the caller may use (each

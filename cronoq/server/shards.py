@@ -575,6 +575,21 @@ class ShardedService(Service):
         response.unavailable_shards.extend(missing)
         return response
 
+    async def pool_snapshot(self, caller: Principal, name: str) -> pb.PoolSnapshot:
+        # Another shard's pool: that shard's own snapshot, not every shard's.
+        shard = self.shard_of_pool(name)
+        if shard is None or shard is self.me or name not in self.pool_shard:
+            return await super().pool_snapshot(caller, name)
+        caller.require("metrics")
+        if not caller.sees(name):
+            raise ServiceError(Code.PERMISSION_DENIED, f"the credential may not use pool {name!r}")
+        answer = await self._forward(caller, shard, f"the snapshot of pool {name!r}", "Snapshot",
+                                     pb.SnapshotRequest())
+        for pool in answer.pools:
+            if pool.name == name:
+                return pool   # type: ignore[no-any-return]
+        raise ServiceError(Code.UNAVAILABLE, f"shard {shard.name!r} did not report pool {name!r}; retry")
+
     # -- schedules
 
     async def add_recurring(self, caller: Principal, request: pb.AddRecurringRequest) -> pb.AddRecurringResponse:

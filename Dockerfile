@@ -1,4 +1,4 @@
-# cronoq-server image: the server, the `cronoq` CLI and the example
+# cronoq image: the server, the `cronoq` CLI, the operator and the example
 # configuration, run as a non-root user. Build with `docker build -t cronoq .`
 # Both stages use the same base, so the venv's interpreter link stays valid.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -13,8 +13,9 @@ COPY pyproject.toml setup.cfg README.md ./
 COPY cronoq ./cronoq
 COPY cronoq_compat ./cronoq_compat
 COPY cronoq_pytest ./cronoq_pytest
-# The server, the CLI, and the PostgreSQL driver for stores with standbys.
-RUN /opt/cronoq/bin/pip install ".[server,cli,postgres]" \
+# The server, the CLI, the PostgreSQL driver for stores with standbys, and the
+# operator (deploy/helm/cronoq-operator runs this image as `cronoq-operator`).
+RUN /opt/cronoq/bin/pip install ".[server,cli,postgres,operator]" \
  && /opt/cronoq/bin/pip uninstall -y pip setuptools \
  && /opt/cronoq/bin/python -m compileall -q /opt/cronoq/lib
 

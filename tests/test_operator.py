@@ -38,9 +38,12 @@ CHART = ROOT / "deploy" / "helm" / "cronoq-operator"
 CRD = CHART / "crds" / "cronoqworkerscalers.yaml"
 KEDA = ROOT / "deploy" / "keda"
 
+# "default" does not autoscale, so its desired is the workers' capacity and stays put while the test
+# reads it; "floor" autoscales, idle: its desired rests at its min.
 CONFIG = LISTEN + AUTH + """
 [[pools]]
 name = "default"
+autoscale = false
 [[pools]]
 name = "floor"
 min = 10
@@ -231,7 +234,7 @@ async def test_replicas_follow_the_desired_slots_the_server_reports(server, tmp_
         for worker, slots in zip(workers, (5, 4)):
             await worker.register("default", slots=slots)
         desired = await reported_desired(server, "default")
-        assert desired >= 9          # the capacity of the workers, whatever else desired follows
+        assert desired == 9          # autoscale = false: desired is the capacity the workers brought
         now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
         status = await reconcile("team", "default-workers", spec(slotsPerReplica=4), reader=reader,
                                  cluster=cluster, now=now, generation=3)
@@ -423,7 +426,7 @@ CHART_VALUES = {"servers": [
 
 
 def render(values: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    helm = pytest.importorskip("helm_python", reason="the chart renders with helm-python-sdk")
+    import helm_python as helm
     chart = helm.Chart.load(str(CHART))
     chart.validate_schema(values)
     rendered = chart.render(values, name="cronoq-operator", namespace="ops", is_install=True)
@@ -585,3 +588,20 @@ async def test_the_operator_process_scales_through_a_kubernetes_api_with_its_rig
             assert path.endswith("/status") and method == "PATCH", (method, path)   # never the scaler itself
         else:
             assert (method, path) == ("POST", "/api/v1/namespaces/team/events"), (method, path)
+
+
+def test_the_operator_runs_from_the_repositorys_image():
+    import re
+    import tomllib
+
+    root = CHART.parents[2]
+    dockerfile = (root / "Dockerfile").read_text()
+    extras = re.search(r'pip install "\.\[([a-z,]+)\]"', dockerfile).group(1).split(",")
+    assert "operator" in extras   # the image the chart names has the operator installed
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["cronoq-operator"].startswith("cronoq.operator")
+    user, group = re.findall(r"^USER (\d+):(\d+)$", dockerfile, re.M)[-1]
+    pod = render(CHART_VALUES)["deployment.yaml"][0]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["command"] == ["cronoq-operator"]
+    assert pod["containers"][0]["image"].startswith("cronoq:")
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (int(user), int(group))

@@ -1,6 +1,12 @@
 import signal
 
+import freezegun
 import pytest
+
+# freeze_time reads every attribute of every loaded module; kubernetes.client loads its
+# models lazily on that read, and their pydantic schemas fail on freezegun's datetime. The
+# operator's tests load it: freezegun must leave it (and kopf) alone in the same process.
+freezegun.configure(extend_ignore_list=["kubernetes", "kopf"])
 
 
 def pytest_addoption(parser):

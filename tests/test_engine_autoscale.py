@@ -400,3 +400,37 @@ def test_an_external_capacity_pool_falls_back_to_min_per_the_stabilization_rules
     steps = [a - b for a, b in zip(seen, seen[1:])]
     assert all(0 <= step <= 2 for step in steps)     # down by at most max_step_down per cooldown
     assert seen[-1] == 1 and pool(core, 11 * S).capacity == 0   # min bounds desired; capacity untouched
+
+
+def test_a_server_pool_follows_a_tenfold_burst_at_the_next_evaluation_and_falls_back_per_the_window():
+    # A server pool (capacity from workers) whose work is taken as it comes: only the arrival rate
+    # moves desired. 4 tasks/s for a minute, then 40 in one second, then 4/s again; the operator's
+    # decision (replicas = ceil(desired / slots)) follows desired.
+    from cronoq.operator.decide import replicas_for
+
+    core = external_core(max_step_up_abs=1000)   # (no step limit: desired may follow at once)
+    at(core, 0)
+
+    def second(t: int, arrivals: int) -> int:
+        for _ in range(arrivals):
+            task_id, _ = core.submit(t * S, TaskSpec("job", pool="w"))
+            core.cancel(t * S, task_id)   # taken at once: no backlog, nothing busy
+        drain(core)
+        at(core, (t + 1) * S)
+        return pool(core, (t + 1) * S).desired
+
+    for t in range(60):
+        steady = second(t, 4)
+    assert steady == ceil(4 * 1.3 / 0.75)                    # rate 4/s x S 1.3 s / utilization 0.75 = 7
+    burst = second(60, 40)
+    rate = 0.3 * 40 + 0.7 * 4                                 # the EWMA one evaluation after the burst
+    assert burst == ceil(rate * 1.3 / 0.75) == 26             # followed at the next evaluation
+    assert (replicas_for(steady, 4, 0, 100), replicas_for(burst, 4, 0, 100)) == (2, 7)
+    after = [second(t, 4) for t in range(61, 200)]
+    window = after[:59]                                       # the stabilization window (60 s) holds the peak
+    assert set(window) == {burst}
+    falling = after[59:]
+    assert all(0 <= a - b <= 1 for a, b in zip(falling, falling[1:]))   # max_step_down per step at most
+    downs = [i for i, (a, b) in enumerate(zip(falling, falling[1:])) if a > b]
+    assert all(b - a >= 30 for a, b in zip(downs, downs[1:]))           # one step per cooldown (30 s)
+    assert falling[-1] < burst and min(falling) >= steady

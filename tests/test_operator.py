@@ -502,7 +502,10 @@ def test_the_keda_examples():
     telemetry = (ROOT / "cronoq" / "telemetry").glob("*.py")
     assert any("cronoq_pool_desired_workers" in path.read_text() for path in telemetry)
     trigger = external["spec"]["triggers"][0]
-    assert trigger["type"] == "external" and trigger["metadata"]["pool"] == "default"
+    assert trigger["type"] in ("external", "external-push") and trigger["metadata"]["pool"] == "default"
+    # Only keys the server's external scaler reads (docs/server.md lists them).
+    assert set(trigger["metadata"]) <= {"scalerAddress", "pool", "slotsPerReplica", "tokenFromEnv", "token"}
+    assert int(trigger["metadata"]["slotsPerReplica"]) >= 1
 
 
 # ---------------------------------------------------------------- the whole operator process

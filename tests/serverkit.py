@@ -9,6 +9,7 @@ The ``servers`` fixture (tests/conftest.py) stops every process a test started.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -47,6 +48,15 @@ http_addr = "127.0.0.1:0"
 shutdown_grace_s = 2
 standby_close_s = 0.5
 """
+
+def shards_toml(shards: dict[str, tuple[list[str], str]]) -> str:
+    """The [[pools]] and [[shards]] tables of a sharded configuration: shard
+    name -> (its pools, its endpoint), numbered from 1 in the order given."""
+    pools = "".join(f'[[pools]]\nname = "{pool}"\n' for names, _ in shards.values() for pool in names)
+    return pools + "".join(
+        f'[[shards]]\nname = "{name}"\nnumber = {number}\npools = {json.dumps(names)}\nendpoint = "{endpoint}"\n'
+        for number, (name, (names, endpoint)) in enumerate(shards.items(), start=1))
+
 
 _LISTENING = re.compile(r"listening: grpc [^ ]+:(\d+), http https?://[^ ]+:(\d+)(?:, metrics http://[^ ]+:(\d+))?")
 

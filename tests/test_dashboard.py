@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from dashkit import REQUIRE_VARIABLE, DashWorker, find_browser, launch, required, wait_until
-from serverkit import ADMIN, AUTH, CLIENT, LISTEN, METRICS
+from serverkit import ADMIN, AUTH, CLIENT, LISTEN, METRICS, shards_toml
 
 WAIT_MS = 30_000
 
@@ -377,21 +377,8 @@ shutdown_grace_s = 2
 kind = "sqlite"
 path = "{directory}/shard-{{shard}}.db"
 full_sync = false
-[[pools]]
-name = "default"
-[[pools]]
-name = "gpu"
-[[shards]]
-name = "a"
-number = 1
-pools = ["default"]
-endpoint = "http://127.0.0.1:{ports['a']}"
-[[shards]]
-name = "b"
-number = 2
-pools = ["gpu"]
-endpoint = "http://127.0.0.1:{ports['b']}"
-"""
+""" + shards_toml({"a": (["default"], f"http://127.0.0.1:{ports['a']}"),
+                    "b": (["gpu"], f"http://127.0.0.1:{ports['b']}")})
 
 
 def test_a_shards_server_shows_every_shard_and_marks_one_that_cannot_be_reached(browser, servers, workers,

@@ -18,7 +18,7 @@ import pytest
 from certkit import CA
 from cronoq._proto import cronoq_pb2 as pb
 from cronoq._proto import cronoq_pb2_grpc as pb_grpc
-from serverkit import AUTH, CLIENT, WORKER, bearer, stubs
+from serverkit import AUTH, CLIENT, WORKER, bearer, shards_toml, stubs
 from test_server_shards import free_port, shard_number, spec
 
 pytestmark = pytest.mark.asyncio
@@ -65,30 +65,9 @@ role = "client"
 kind = "sqlite"
 path = "{directory}/tls-{{shard}}.db"
 full_sync = false
-
-[[pools]]
-name = "default"
-[[pools]]
-name = "gpu"
-[[pools]]
-name = "plain"
-
-[[shards]]
-name = "a"
-number = 1
-pools = ["default"]
-endpoint = "https://127.0.0.1:{ports['a']}"
-[[shards]]
-name = "b"
-number = 2
-pools = ["gpu"]
-endpoint = "https://127.0.0.1:{ports['b']}"
-[[shards]]
-name = "c"
-number = 3
-pools = ["plain"]
-endpoint = "http://127.0.0.1:{ports['c']}"
-"""
+""" + shards_toml({"a": (["default"], f"https://127.0.0.1:{ports['a']}"),
+                    "b": (["gpu"], f"https://127.0.0.1:{ports['b']}"),
+                    "c": (["plain"], f"http://127.0.0.1:{ports['c']}")})
 
 
 @pytest.fixture(scope="module")

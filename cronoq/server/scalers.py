@@ -58,14 +58,7 @@ class WebhookScaler:
     def desired(self, value: int) -> None:
         """The pool's new desired capacity (from the scheduler, under its lock: no waiting here)."""
         self.latest = value
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            self._changed.set()
-        else:
-            self._loop.call_soon_threadsafe(self._changed.set)
+        self._loop.call_soon_threadsafe(self._changed.set)   # (safe from the loop's thread too)
 
     async def close(self) -> None:
         self._task.cancel()

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from ..runtime.scheduler import Scheduler
     from .remote import WorkerHub
 
-__all__ = ["Service", "EventStream"]
+__all__ = ["Service", "EventStream", "pool_of"]
 
 log = logging.getLogger("cronoq.server")
 
@@ -74,11 +74,12 @@ def _now_ns() -> int:
     return time.time_ns()
 
 
-def _pool_of(snapshot: pb.SnapshotResponse, name: str) -> pb.PoolSnapshot:
+def pool_of(snapshot: pb.SnapshotResponse, name: str, source: str = "this server") -> pb.PoolSnapshot:
+    """``name``'s entry of ``snapshot``; UNAVAILABLE (retry) when ``source`` did not report it."""
     for pool in snapshot.pools:
         if pool.name == name:
             return pool
-    raise ServiceError(Code.UNAVAILABLE, f"pool {name!r} is missing from the snapshot; retry")
+    raise ServiceError(Code.UNAVAILABLE, f"{source} did not report pool {name!r}; retry")
 
 
 # ---------------------------------------------------------------- the service
@@ -715,7 +716,7 @@ class Service:
             raise ServiceError(Code.NOT_FOUND, f"no pool named {name!r} (pools: {known})", "UnknownPool")
         if not caller.sees(name):
             raise ServiceError(Code.PERMISSION_DENIED, f"the credential may not use pool {name!r}")
-        return _pool_of(await Service.snapshot(self, caller, pb.SnapshotRequest()), name)
+        return pool_of(await Service.snapshot(self, caller, pb.SnapshotRequest()), name)
 
     async def metrics(self, caller: Principal) -> Snapshot:
         """The snapshot /metrics renders: the pools the caller may use (each

@@ -39,7 +39,7 @@ from .config import ServerConfig, ShardSection
 from .convert import status_name
 from .errors import Code, ServiceError
 from .info import LiveFeed
-from .service import EventStream, Service
+from .service import EventStream, Service, pool_of
 
 if TYPE_CHECKING:
     from .remote import WorkerHub
@@ -198,17 +198,21 @@ class ShardedService(Service):
             raise elsewhere(shard, f"{what} would send the caller's token over plain http to another host "
                                    f"(server.insecure_peer_http allows it)")
 
+    def _as_forwarded(self, caller: Principal) -> list[tuple[str, str]]:
+        """A forwarded call's metadata: the mark, and the caller's own token (re-checked there)."""
+        metadata = [(FORWARDED, self.me.name)]
+        if caller.token is not None:
+            metadata.append(("authorization", f"Bearer {caller.token}"))
+        return metadata
+
     async def _call(self, caller: Principal, shard: ShardSection, method: str, request: Any,
                     timeout: float | None = None) -> Any:
         """``method`` of Tasks or Admin on ``shard``'s server, as the caller."""
         service = "Admin" if method in ("ListWorkers", "ListRecurring", "AddRecurring", "RemoveRecurring",
                                         "Snapshot") else "Tasks"
         stub = getattr(pb_grpc, f"{service}Stub")(self.peers.channel(shard))
-        metadata = [(FORWARDED, self.me.name)]
-        if caller.token is not None:
-            metadata.append(("authorization", f"Bearer {caller.token}"))
         try:
-            return await getattr(stub, method)(request, metadata=metadata,
+            return await getattr(stub, method)(request, metadata=self._as_forwarded(caller),
                                                timeout=timeout if timeout is not None else self.request_timeout)
         except aio.AioRpcError as exc:
             raise _peer_error(shard, exc) from None
@@ -585,10 +589,7 @@ class ShardedService(Service):
             raise ServiceError(Code.PERMISSION_DENIED, f"the credential may not use pool {name!r}")
         answer = await self._forward(caller, shard, f"the snapshot of pool {name!r}", "Snapshot",
                                      pb.SnapshotRequest())
-        for pool in answer.pools:
-            if pool.name == name:
-                return pool   # type: ignore[no-any-return]
-        raise ServiceError(Code.UNAVAILABLE, f"shard {shard.name!r} did not report pool {name!r}; retry")
+        return pool_of(answer, name, f"shard {shard.name!r}")
 
     # -- schedules
 
@@ -665,11 +666,7 @@ class ShardedService(Service):
                                  ) -> EventStream:
         """``shard``'s Watch, once its server has accepted it (its headers came):
         ShardUnavailable if it could not be reached in time."""
-        stub = pb_grpc.TasksStub(self.peers.channel(shard))
-        metadata = [(FORWARDED, self.me.name)]
-        if caller.token is not None:
-            metadata.append(("authorization", f"Bearer {caller.token}"))
-        call = stub.Watch(request, metadata=metadata)
+        call = pb_grpc.TasksStub(self.peers.channel(shard)).Watch(request, metadata=self._as_forwarded(caller))
         try:
             await asyncio.wait_for(call.initial_metadata(), self.request_timeout)
         except asyncio.TimeoutError:
@@ -681,7 +678,6 @@ class ShardedService(Service):
             code = await call.code()
             raise _peer_failure(shard, code, await call.details(), await call.trailing_metadata())
         return _remote_events(shard, call)
-
 
     # -- the HTTP event stream over every shard
 

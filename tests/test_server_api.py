@@ -219,8 +219,9 @@ async def test_watch_streams_transitions_of_the_pools_asked_for(server, worker):
         await asyncio.sleep(0.3)
         await client.submit("idle pool", pool="idle")
         sub = await client.submit("watched", key="watched-1", wait=True, wait_timeout=30)
-        for _ in range(300):
-            if terminal:
+        # The two streams are independent: wait until each has seen the end.
+        for _ in range(1000):
+            if terminal and any(e.id == sub.id and e.status == "succeeded" for e in events):
                 break
             await asyncio.sleep(0.01)
         for task in watching:

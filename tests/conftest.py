@@ -1,4 +1,6 @@
+import os
 import signal
+from pathlib import Path
 
 import freezegun
 import pytest
@@ -72,3 +74,55 @@ def module_servers(tmp_path_factory):
     start, stop_all = _server_starter(tmp_path_factory.mktemp("servers"))
     yield start
     stop_all()
+
+
+# ---------------------------------------------------------------- the dashboard's browser (tests/dashkit.py)
+
+@pytest.fixture(scope="module")
+def browser():
+    from dashkit import REQUIRE_VARIABLE, find_browser, launch, required
+
+    executable, reason = find_browser()
+    if executable is None:
+        if required():
+            pytest.fail(f"{REQUIRE_VARIABLE} is set but the browser tests cannot run: {reason}")
+        pytest.skip(f"browser tests skipped: {reason}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = launch(playwright, executable)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def shots(tmp_path):
+    """save(page, name): a PNG of the page, in CRONOQ_DASHBOARD_SHOTS when set."""
+    directory = Path(os.environ.get("CRONOQ_DASHBOARD_SHOTS") or tmp_path)
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def save(page, name: str) -> Path:
+        path = directory / f"dashboard-{name}.png"
+        page.screenshot(path=str(path))
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        return path
+
+    return save
+
+
+@pytest.fixture
+def workers():
+    from dashkit import DashWorker
+
+    started: list[DashWorker] = []
+
+    def start(target: str, pool: str = "default", slots: int = 1) -> DashWorker:
+        worker = DashWorker(target, pool, slots)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+import httpx
+
 from serverkit import ROOT, WORKER, server_env
 
 CANDIDATES = ("chromium", "chromium-browser")
@@ -101,4 +103,35 @@ def wait_until(predicate, timeout: float = 30.0, what: str = "a condition") -> N
         time.sleep(0.05)
 
 
-__all__ = ["find_browser", "required", "launch", "DashWorker", "wait_until", "REQUIRE_VARIABLE"]
+
+WAIT_MS = 30_000   # how long a browser test waits for what the page should show
+
+
+def api(server, token: str) -> httpx.Client:
+    return httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}",
+                        headers={"authorization": f"Bearer {token}"}, timeout=60)
+
+
+def capacity(http: httpx.Client, pool: str = "default") -> int:
+    snap = http.get("/v1/snapshot").json()
+    return next(p["capacity"] for p in snap["pools"] if p["name"] == pool)
+
+
+def open_page(browser, server, token: str | None, page_name: str = "overview", viewport=(1280, 800)):
+    """A fresh page (its own sessionStorage) signed in with ``token``, live."""
+    context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+    page = context.new_page()
+    page.goto(f"http://127.0.0.1:{server.http_port}/ui/#{page_name}")
+    if token is not None:
+        sign_in(page, token)
+    return page
+
+
+def sign_in(page, token: str, state: str = "live"):
+    page.fill("#token", token)
+    page.click("#login-form button[type=submit]")
+    page.wait_for_selector(f'#conn[data-state="{state}"]', timeout=WAIT_MS)
+
+
+__all__ = ["find_browser", "required", "launch", "DashWorker", "wait_until", "REQUIRE_VARIABLE", "WAIT_MS", "api", "capacity",
+           "open_page", "sign_in"]

@@ -11,17 +11,13 @@ docs/dashboard.md shows those of a run.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
-import httpx
-import pytest
 
-from dashkit import REQUIRE_VARIABLE, DashWorker, find_browser, launch, required, wait_until
+from dashkit import WAIT_MS, api, capacity, open_page, sign_in, wait_until
 from serverkit import ADMIN, AUTH, CLIENT, LISTEN, METRICS, shards_toml
 
-WAIT_MS = 30_000
 
 CONFIG = LISTEN + AUTH + """
 [[pools]]
@@ -49,78 +45,6 @@ full_sync = false
 [[pools]]
 name = "default"
 """
-
-
-@pytest.fixture(scope="module")
-def browser():
-    executable, reason = find_browser()
-    if executable is None:
-        if required():
-            pytest.fail(f"{REQUIRE_VARIABLE} is set but the browser tests cannot run: {reason}")
-        pytest.skip(f"browser tests skipped: {reason}")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = launch(playwright, executable)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-@pytest.fixture
-def shots(tmp_path):
-    """save(page, name): a PNG of the page, in CRONOQ_DASHBOARD_SHOTS when set."""
-    directory = Path(os.environ.get("CRONOQ_DASHBOARD_SHOTS") or tmp_path)
-    directory.mkdir(parents=True, exist_ok=True)
-
-    def save(page, name: str) -> Path:
-        path = directory / f"dashboard-{name}.png"
-        page.screenshot(path=str(path))
-        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        return path
-
-    return save
-
-
-@pytest.fixture
-def workers():
-    started: list[DashWorker] = []
-
-    def start(target: str, pool: str = "default", slots: int = 1) -> DashWorker:
-        worker = DashWorker(target, pool, slots)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
-
-
-def api(server, token: str) -> httpx.Client:
-    return httpx.Client(base_url=f"http://127.0.0.1:{server.http_port}",
-                        headers={"authorization": f"Bearer {token}"}, timeout=60)
-
-
-def capacity(http: httpx.Client, pool: str = "default") -> int:
-    snap = http.get("/v1/snapshot").json()
-    return next(p["capacity"] for p in snap["pools"] if p["name"] == pool)
-
-
-def open_page(browser, server, token: str | None, page_name: str = "overview", viewport=(1280, 800)):
-    """A fresh page (its own sessionStorage) signed in with ``token``, live."""
-    context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
-    page = context.new_page()
-    page.goto(f"http://127.0.0.1:{server.http_port}/ui/#{page_name}")
-    if token is not None:
-        sign_in(page, token)
-    return page
-
-
-def sign_in(page, token: str, state: str = "live"):
-    page.fill("#token", token)
-    page.click("#login-form button[type=submit]")
-    page.wait_for_selector(f'#conn[data-state="{state}"]', timeout=WAIT_MS)
 
 
 def test_a_submitted_task_appears_and_finishes_without_a_reload(browser, servers, workers, shots):

@@ -1,7 +1,9 @@
-// The cronoq dashboard: one dependency-free script. Everything it shows comes
-// from the server's public HTTP API: /v1/events (Server-Sent Events, read with
-// fetch so the token travels in the authorization header) and the JSON routes.
-"use strict";
+// The cronoq dashboard's shell: sign-in, the event stream and the built-in pages.
+// Everything it shows comes from the server's public HTTP API: /v1/events
+// (Server-Sent Events, read with fetch so the token travels in the
+// authorization header) and the JSON routes. An ES module: the other modules
+// (loaded after it by index.html) import what they need from it and register
+// hooks and pages, so each feature lives in its own file.
 
 const TOKEN_KEY = "cronoq.token";
 const STATUSES = ["blocked", "scheduled", "ready", "running", "retrying", "succeeded", "failed",
@@ -29,6 +31,27 @@ const app = {
   pushes: 0,                  // status events applied to rows so far
   missingShards: {snapshot: [], events: []},   // with shards: those that could not be asked
 };
+
+// What the feature modules register: a hook runs on each stream event of its
+// name (hello, status, snapshot, lagged...) after the shell handled it; a page
+// is a section of index.html whose refresh() runs when it is shown or re-read.
+const hooks = new Map();
+const pages = new Map();
+
+function on(event, handler) {
+  if (!hooks.has(event)) hooks.set(event, []);
+  hooks.get(event).push(handler);
+}
+
+function registerPage(name, page) {
+  pages.set(name, page);
+}
+
+function runHooks(event, data) {
+  for (const handler of hooks.get(event) || []) {
+    try { handler(data); } catch (err) { console.error(`the ${event} hook failed`, err); }
+  }
+}
 
 // ------------------------------------------------------------------ the API
 
@@ -196,6 +219,7 @@ function dispatch(event, data) {
     setState("standby", `the server is ${data.state}; retrying`);
     app.retryDelay = 1000;
   }
+  runHooks(event, data);
 }
 
 // ------------------------------------------------------------------ sign in and out
@@ -247,6 +271,7 @@ function refreshPage() {
   else if (app.page === "dead") loadDead(true);
   else if (app.page === "overview" && app.lastSnapshot) renderOverview(app.lastSnapshot);
   else if (app.page === "events" && !$("#event-table tbody").children.length) queueEvents(app.recentEvents);
+  else if (pages.has(app.page)) pages.get(app.page).refresh();
 }
 
 function fillPoolChoices() {
@@ -1001,3 +1026,8 @@ document.addEventListener("DOMContentLoaded", () => {
   const saved = sessionStorage.getItem(TOKEN_KEY);
   if (saved !== null) signIn(saved);
 });
+
+export {
+  app, api, ApiError, describe, $, cell, option, time, dateTime, seconds, show, refreshPage, openDrawer, closeDrawer,
+  on, registerPage, STATUSES, TERMINAL, CLASSES,
+};

@@ -576,6 +576,7 @@ function renderTasks(tasks, since) {
 function taskRow(task, since) {
   const row = document.createElement("tr");
   row.dataset.id = task.id;
+  row.tabIndex = 0;   // (Enter opens its drawer: keys.js)
   row.append(cell(task.id), cell(task.pool), cell(task.key), cell(task.kind),
              cell(task.status, "status status-" + task.status), cell(attemptText(task.attempt, task.max_attempts)),
              cell(task.priority || "normal"),
@@ -802,7 +803,12 @@ async function drawDeps(id, deps) {
     cond.textContent = d.cond;
     edge.append(cond);
     node.append(box, label);
-    if (state) node.addEventListener("click", () => openDrawer(state.id));
+    if (state) {
+      node.addEventListener("click", () => openDrawer(state.id));
+      node.setAttribute("tabindex", "0");   // (Enter opens it: keys.js)
+      node.setAttribute("role", "link");
+      node.setAttribute("aria-label", `task ${state.id}: ${state.status}`);
+    }
     svg.append(edge, node);
   });
   const self = document.createElementNS(SVG, "g");

@@ -243,6 +243,17 @@ function labelPages() {
   }
 }
 
+// On a phone the page links are a strip that scrolls sideways: keep the current one in sight
+// (a page reached by a shortcut too), without scrolling the page itself.
+function revealCurrentLink() {
+  const nav = document.getElementById("nav");
+  const link = nav.querySelector("a.current");
+  if (!link || nav.scrollWidth <= nav.clientWidth) return;
+  const box = link.getBoundingClientRect(), strip = nav.getBoundingClientRect();
+  if (box.left < strip.left) nav.scrollLeft -= strip.left - box.left + 8;
+  else if (box.right > strip.right) nav.scrollLeft += box.right - strip.right + 8;
+}
+
 function start() {
   document.addEventListener("keydown", onKey);
   const skip = document.querySelector(".skip-link");
@@ -273,6 +284,7 @@ function start() {
     }));
   }
   labelPages();
+  window.addEventListener("hashchange", () => requestAnimationFrame(revealCurrentLink));
   const help = document.getElementById("shortcuts-button");
   if (help) help.addEventListener("click", showHelp);
 }

@@ -59,7 +59,8 @@ function moveRow(step) {
   if (!all.length) return;
   const from = drawerOpen() && all.includes(opener) ? opener : document.activeElement;
   const at = all.indexOf(from);
-  const next = all[at < 0 ? (step > 0 ? 0 : all.length - 1) : Math.min(all.length - 1, Math.max(0, at + step))];
+  const next = at < 0 ? all[step > 0 ? 0 : all.length - 1]
+                      : all[Math.min(all.length - 1, Math.max(0, at + step))];
   if (drawerOpen()) {
     // The drawer stays open and keeps the focus: it shows the next row's task.
     if (next === from) return;
@@ -89,7 +90,8 @@ const FOCUSABLE = "a[href], button:not([disabled]), input:not([disabled]), selec
                   "textarea:not([disabled]), summary, [tabindex]:not([tabindex='-1'])";
 
 function focusables(container) {
-  return [...container.querySelectorAll(FOCUSABLE)].filter((el) => el.getClientRects().length && !el.closest("[hidden]"));
+  return [...container.querySelectorAll(FOCUSABLE)]
+    .filter((el) => el.getClientRects().length && !el.closest("[hidden]"));
 }
 
 function drawerShown() {

@@ -400,6 +400,13 @@ def test_the_keyboard_reaches_pages_rows_the_drawer_and_the_help(browser, dash):
     page.keyboard.type("go")
     assert page.url.endswith("#tasks") and page.locator("#task-filters [name=tenant]").input_value() == "go"
     page.locator("#task-filters [name=tenant]").fill("")
+    # A control that takes no text (a checkbox another module adds) leaves them on.
+    page.evaluate("""() => { const box = document.createElement("input");
+        box.type = "checkbox"; box.id = "a-checkbox"; document.getElementById("tasks").prepend(box); }""")
+    page.locator("#a-checkbox").focus()
+    page.keyboard.press("k")
+    assert active(page)["row"] == ids[-1]
+    page.evaluate("document.getElementById('a-checkbox').remove()")
     page.locator("#main").focus()
 
     # j and k move through the rows, with a visible ring.

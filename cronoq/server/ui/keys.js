@@ -79,9 +79,13 @@ function press(element) {
 
 const NATIVE = new Set(["A", "BUTTON", "INPUT", "SELECT", "TEXTAREA", "SUMMARY", "OPTION"]);
 
+// Inputs that take no text (a checkbox of a row...) leave the shortcuts on.
+const NOT_TYPED = new Set(["checkbox", "radio", "button", "submit", "reset", "range", "color", "file", "image"]);
+
 function typing(target) {
-  return target instanceof Element &&
-    (target.closest("input, textarea, select, [contenteditable]:not([contenteditable=false])") !== null);
+  if (!(target instanceof Element)) return false;
+  const field = target.closest("input, textarea, select, [contenteditable]:not([contenteditable=false])");
+  return field !== null && !(field.tagName === "INPUT" && NOT_TYPED.has(field.type));
 }
 
 // ------------------------------------------------------------------ the drawer's focus

@@ -20,6 +20,8 @@ any other exception is a retryable failure.
 from __future__ import annotations
 
 import asyncio
+import asyncio.threads
+import concurrent.futures.thread
 import inspect
 import json
 import logging
@@ -59,11 +61,19 @@ _MAX_REDIRECTS = 3   # shard redirects followed in a row
 TRACEBACK_SENT = 8192
 
 
+# Frames a handler's traceback starts with that are the worker's, not the handler's.
+_OWN_FILES = frozenset({__file__, asyncio.threads.__file__, concurrent.futures.thread.__file__})
+
+
 def traceback_text(exc: BaseException) -> str:
-    """``exc``'s formatted traceback, its last TRACEBACK_SENT characters (every
-    exception's, Retryable and Permanent too: an operator reads where it came from)."""
+    """``exc``'s formatted traceback from the handler's frame on, its last
+    TRACEBACK_SENT characters (every exception's, Retryable and Permanent too:
+    an operator reads where it came from)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
+        tb = tb.tb_next
     try:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
     except Exception:  # a broken __str__ must not keep the attempt from ending
         return ""
     text = text.replace("\x00", "\ufffd")

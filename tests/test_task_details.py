@@ -11,15 +11,19 @@ import json
 
 import pytest
 
+import cronoq
+
 from cronoq._proto import cronoq_pb2 as pb
 from dashkit import DashWorker, api, capacity, wait_until
-from serverkit import ADMIN, AUTH, CLIENT, LISTEN, bearer, stubs
+from serverkit import ADMIN, AUTH, CLIENT, LISTEN, WORKER, bearer, stubs
 
 POOLS = """
 [[pools]]
 name = "default"
 [[pools]]
 name = "idle"
+[[pools]]
+name = "threaded"
 """
 CONFIG = LISTEN + AUTH + """
 [outputs]
@@ -159,3 +163,69 @@ def test_the_result_with_max_bytes_gives_the_first_bytes_and_the_size(server):
     assert roomy["output_text"] == "x" * 100_000 and roomy["output_size"] == 100_000
     assert roomy["output_truncated"] is False
     assert refused.status_code == 400 and "max_bytes" in refused.json()["error"]
+
+
+def test_a_plain_function_handlers_traceback_starts_at_the_handler(server):
+    from cronoq.client import Client, Worker
+
+    def parse(lease):   # a plain function: the worker runs it on a thread
+        return int(lease.text())
+
+    async def scenario() -> str:
+        worker = Worker(server.target, "threaded", parse, token=WORKER, initial_backoff=0.05)
+        running = asyncio.create_task(worker.run(handle_signals=False))
+        try:
+            async with Client(server.target, token=CLIENT) as client:
+                task_id = (await client.submit("not a number", pool="threaded", retry=cronoq.RetryPolicy(max_attempts=1))).id
+                await client.wait(task_id, timeout=30)
+        finally:
+            worker.stop()
+            await running
+        return task_id
+
+    task_id = asyncio.run(scenario())
+    with api(server, CLIENT) as http:
+        lines = http.get(f"/v1/tasks/{task_id}").json()["attempts"][-1]["traceback"].splitlines()
+    frames = [line.strip().rsplit(" in ", 1)[1] for line in lines if line.strip().startswith("File ")]
+    assert frames == ["parse"]
+    assert lines[-1] == "ValueError: invalid literal for int() with base 10: 'not a number'"
+
+
+# ---------------------------------------------------------------- the info cache's tracebacks (no process)
+
+def _meta(payload: bytes = b"", preview: int = 0):
+    from cronoq.core.types import TaskSpec
+    from cronoq.server.codec import Blob
+    from cronoq.server.info import TaskMeta
+
+    return TaskMeta(TaskSpec(Blob(payload, "text/plain")), "default", 3, 0, preview)
+
+
+def test_a_traceback_sent_before_the_attempt_is_seen_waits_for_it():
+    from cronoq.server.info import InfoCache
+
+    cache = InfoCache(10)
+    cache.put(1, _meta())
+    cache.failed_with(1, 1, "Traceback: early")   # the Fail came before the running event
+    cache.saw(1, "running", 10, 1)
+    cache.saw(1, "retrying", 20, 1, "boom")
+    cache.saw(1, "running", 30, 2)
+    assert [entry[5] for entry in cache.get(1).attempts] == ["Traceback: early", ""]
+
+
+def test_the_cache_keeps_a_bounded_number_of_tracebacks_each_cut_to_its_end():
+    from cronoq.server.info import TRACEBACK_KEPT, InfoCache
+
+    cache = InfoCache(10, tracebacks=2)
+    for task_id in (1, 2, 3):
+        cache.put(task_id, _meta())
+        cache.saw(task_id, "running", 10, 1)
+        cache.failed_with(task_id, 1, f"trace {task_id}" + "x" * TRACEBACK_KEPT)
+    kept = [cache.get(task_id).attempts[0][5] for task_id in (1, 2, 3)]
+    assert kept[0] == "" and all(len(text) == TRACEBACK_KEPT and text.startswith("\u2026") for text in kept[1:])
+
+
+def test_the_preview_is_the_payloads_first_bytes():
+    meta = _meta(b"abcdef", preview=4)
+    assert (meta.payload_preview, meta.payload_size, meta.payload_type) == (b"abcd", 6, "text/plain")
+    assert _meta(b"abcdef", preview=0).payload_preview is None

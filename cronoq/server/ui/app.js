@@ -33,8 +33,8 @@ const app = {
 };
 
 // What the feature modules register: a hook runs on each stream event of its
-// name (hello, status, snapshot, lagged...) after the shell handled it ("drawer":
-// with the task's Get answer, each time the drawer is filled); a page
+// name (hello, status, snapshot, lagged...) after the shell handled it ("drawer-open":
+// with the task's id; "drawer": with its Get answer, each time the drawer is filled); a page
 // is a section of index.html whose refresh() runs when it is shown or re-read.
 const hooks = new Map();
 const pages = new Map();
@@ -650,6 +650,7 @@ async function openDrawer(id) {
   $("#drawer-deps").replaceChildren();
   showStages([], []);
   showExplanation(null);
+  runHooks("drawer-open", id);   // drawer.js: the previous task's details go
   await fillDrawer(id);
 }
 

@@ -144,6 +144,15 @@ function attemptTracebacks(task) {
   }
 }
 
+on("drawer-open", () => {
+  for (const holder of [$("#drawer-payload"), $("#drawer-output")]) {
+    delete holder.dataset.state;
+    holder.querySelector(".preview-note").textContent = "";
+    holder.querySelector("pre").textContent = "";
+  }
+  $("#drawer-traceback").hidden = true;
+});
+
 on("drawer", (task) => {
   showPayload(task);
   attemptTracebacks(task);

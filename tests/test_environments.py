@@ -306,3 +306,29 @@ def test_cronoq_environments_prints_the_catalog(tmp_path, capsys):
     assert [e["name"] for e in answer["environments"]] == ["prod", "web-only"]
     assert answer["environments"][1] == {"name": "web-only", "region": "", "http": "https://web.example", "grpc": "",
                                          "description": ""}
+
+
+def test_each_shard_answers_the_merged_snapshot_with_its_own_identity(servers, tmp_path):
+    import socket
+
+    from serverkit import shards_toml
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    ports = {"a": free_port(), "b": free_port()}
+    layout = shards_toml({"a": (["default"], f"http://127.0.0.1:{ports['a']}"),
+                          "b": (["gpu"], f"http://127.0.0.1:{ports['b']}")})
+    started = {}
+    for shard, region in (("a", "eu-west-1a"), ("b", "eu-west-1b")):
+        config = (f'[server]\ngrpc_addr = "127.0.0.1:{ports[shard]}"\nhttp_addr = "127.0.0.1:0"\n'
+                  f'shutdown_grace_s = 2\nenvironment = "prod"\nregion = "{region}"\n' + AUTH +
+                  f'[store]\nkind = "sqlite"\npath = "{tmp_path}/shard-{{shard}}.db"\nfull_sync = false\n' + layout)
+        started[shard] = servers(config, args=("--shard", shard), name=f"shard-{shard}")
+    for shard, region in (("a", "eu-west-1a"), ("b", "eu-west-1b")):
+        with _http(started[shard], METRICS) as http:
+            snap = http.get("/v1/snapshot").json()
+        assert [p["name"] for p in snap["pools"]] == ["default", "gpu"]   # (merged from both shards)
+        assert (snap["environment"], snap["region"]) == ("prod", region)   # (this server's: its answer comes first)

@@ -577,8 +577,6 @@ class ShardedService(Service):
         response.pools.extend(pools)
         del response.unavailable_shards[:]
         response.unavailable_shards.extend(missing)
-        response.environment = self.config.server.environment or ""   # (this server's, whichever answered first)
-        response.region = self.config.server.region or ""
         return response
 
     async def pool_snapshot(self, caller: Principal, name: str) -> pb.PoolSnapshot:

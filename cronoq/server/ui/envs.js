@@ -51,8 +51,7 @@ async function loadCatalog() {
   if (!answer.environments.some((env) => env.current)) {
     const here = document.createElement("option");
     here.value = "";
-    here.textContent = answer.environment ? `${answer.environment} (this server, not in the catalog)` :
-      "this server";
+    here.textContent = "this server";   // (an unnamed one: a named server is in its catalog)
     here.selected = true;
     options.push(here);
   }

@@ -156,7 +156,7 @@ def test_every_text_colour_meets_wcag_aa_and_chart_lines_3_to_1(theme):
     pairs = [(text, ground) for text in texts for ground in ("--bg", "--card", "--card-2")]
     pairs += [(text, ground) for text in ["--fg", *(f"--status-{s}" for s in statuses())]
               for ground in ("--hover", "--selected")]
-    pairs += [("--ok", "--ok-bg"), ("--warn", "--warn-bg"), ("--bad", "--bad-bg"), ("--fg", "--neutral-bg"),
+    pairs += [("--accent", "--selected"), ("--ok", "--ok-bg"), ("--warn", "--warn-bg"), ("--bad", "--bad-bg"), ("--fg", "--neutral-bg"),
               ("--accent-fg", "--accent")]
     poor = [(text, ground, round(contrast(tokens[text], tokens[ground]), 2)) for text, ground in pairs
             if contrast(tokens[text], tokens[ground]) < 4.5]

@@ -100,7 +100,8 @@ class Service:
         self.tasks = TaskReader(config.limits, self.pool_sections, self.default_pool)
         self.scheduler: Scheduler | None = None
         self.state = "standby"           # standby, leader, stopping
-        self.info = InfoCache(config.outputs.info_entries)
+        self.info = InfoCache(config.outputs.info_entries, preview_bytes=config.outputs.payload_preview_bytes)
+        hub.tracebacks = self._traceback
         self.watchers = 0
         self.recent = RecentEvents()
         self._events: asyncio.Task[None] | None = None
@@ -135,6 +136,10 @@ class Service:
             if self._events is not None:
                 self._events.cancel()
                 self._events = None
+
+    def _traceback(self, task_id: int, attempt: int, traceback: str) -> None:
+        """A worker's traceback of a failed attempt, for Get (the leader's memory only)."""
+        self.info.failed_with(task_id, attempt, traceback)
 
     async def _follow(self, sched: Scheduler) -> None:
         """Keep the info cache's times up to date from the status events."""
@@ -226,7 +231,7 @@ class Service:
         else:
             section = self.pool_sections[pool].retry
             max_attempts = section.max_attempts if section is not None else 3
-        self.info.put(task_id, TaskMeta(spec, pool, max_attempts, now))
+        self.info.put(task_id, TaskMeta(spec, pool, max_attempts, now, self.info.preview_bytes))
 
     # -- Tasks
 
@@ -334,7 +339,7 @@ class Service:
         caller.require("client")
         sched = self.serving()
         info = await self._lookup(caller, sched, task_ref(request.task))
-        return info_message(info, self.info.get(info.id))
+        return info_message(info, self.info.get(info.id), details=True)
 
     async def explain(self, caller: Principal, request: pb.ExplainRequest) -> pb.Explanation:
         caller.require("client")
@@ -689,7 +694,9 @@ class Service:
         for conn in self.hub.workers.values():
             workers[conn.pool] = workers.get(conn.pool, 0) + 1
         response = pb.SnapshotResponse(live_tasks=snap.live_tasks, running=snap.running, pending=snap.pending,
-                                       at_unix_ns=int(round(snap.at * NS)), metrics_window_s=snap.window)
+                                       at_unix_ns=int(round(snap.at * NS)), metrics_window_s=snap.window,
+                                       environment=self.config.server.environment or "",
+                                       region=self.config.server.region or "")
         for view in snap.pools:
             pool = view.as_dict()
             name = pool["name"]

@@ -318,18 +318,22 @@ class TaskInfo(_message.Message):
     def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., message: _Optional[str] = ..., output_available: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., stages: _Optional[_Iterable[str]] = ..., checkpoints: _Optional[_Iterable[_Union[StageCheckpoint, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("attempt", "status", "message", "started_unix_ns", "ended_unix_ns")
+    __slots__ = ("attempt", "status", "message", "started_unix_ns", "ended_unix_ns", "worker_id", "worker_name")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     ENDED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     status: TaskStatus
     message: str
     started_unix_ns: int
     ended_unix_ns: int
-    def __init__(self, attempt: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., message: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ...) -> None: ...
+    worker_id: int
+    worker_name: str
+    def __init__(self, attempt: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., message: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ..., worker_id: _Optional[int] = ..., worker_name: _Optional[str] = ...) -> None: ...
 
 class StageCheckpoint(_message.Message):
     __slots__ = ("stage", "data", "content_type", "attempt", "saved_unix_ns")

@@ -89,6 +89,9 @@ def _attempt_json(attempt: pb.Attempt) -> dict[str, Any]:
         out["message"] = attempt.message
     out["started_unix_ns"] = str(attempt.started_unix_ns)
     _optional_ns(attempt, "ended_unix_ns", out)
+    if attempt.worker_id:
+        out["worker_id"] = str(attempt.worker_id)
+        out["worker_name"] = attempt.worker_name
     return out
 
 

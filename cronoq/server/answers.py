@@ -63,6 +63,8 @@ ATTEMPT = Obj("Attempt", {
     "message": Text("Why it failed, when it did."),
     "started_unix_ns": UnixNs("When it started."),
     "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
+    "worker_id": Id("The worker that got its lease (an id of /v1/workers); absent when not known."),
+    "worker_name": Text("That worker's registered name (with worker_id)."),
 }, "One attempt of a task.", required=("attempt", "started_unix_ns"))
 
 STAGE_CHECKPOINT = Obj("StageCheckpoint", {

@@ -26,7 +26,7 @@ class TaskMeta:
     """What the serving leader remembers of a task beyond the engine's record."""
 
     __slots__ = ("pool", "key", "kind", "priority", "tenant", "tags", "max_attempts", "created_ns",
-                 "started_ns", "finished_ns", "spec", "edges", "attempts", "labels")
+                 "started_ns", "finished_ns", "spec", "edges", "attempts", "labels", "deadline_ns", "worker")
 
     def __init__(self, spec: TaskSpec, pool: str, max_attempts: int, created_ns: int) -> None:
         # The submitted task (the engine holds the same object while the task
@@ -44,8 +44,14 @@ class TaskMeta:
         self.finished_ns: int | None = None
         self.edges = spec.edges
         self.labels = spec.labels
-        # [attempt, how it ended (None while it runs), message, started_ns, ended_ns], oldest first
+        # Kept apart from the spec, which is let go when the task ends.
+        self.deadline_ns: int | None = spec.deadline_at_ns if spec.deadline_at_ns is not None else (
+            created_ns + spec.deadline_in_ns if spec.deadline_in_ns is not None else None)
+        # [attempt, how it ended (None while it runs), message, started_ns, ended_ns, worker id, worker name]
+        # (the worker None until its lease is sent, and for attempts not run by a remote worker), oldest first
         self.attempts: list[list[Any]] | None = None
+        # (attempt, worker id, worker name) of the latest lease sent: its attempt may not be recorded yet
+        self.worker: tuple[int, int, str] | None = None
 
 
 # Tasks whose events arrived before their record was made (see InfoCache.early).
@@ -69,6 +75,7 @@ class InfoCache:
         self.dead_letters = dead_letters
         self.dead: deque[int] = deque()     # dead-lettered tasks whose spec is kept, oldest first
         self.early: OrderedDict[int, list[tuple[str, int, int, str | None]]] = OrderedDict()
+        self.early_workers: OrderedDict[int, tuple[int, int, str]] = OrderedDict()   # leases sent before the record
 
     def put(self, task_id: int, meta: TaskMeta) -> None:
         if not self.limit:
@@ -77,6 +84,9 @@ class InfoCache:
         entries[task_id] = meta
         if len(entries) > self.limit:
             entries.popitem(last=False)
+        worker = self.early_workers.pop(task_id, None)
+        if worker is not None:
+            meta.worker = worker
         seen = self.early.pop(task_id, None)
         if seen is not None:
             for status, at_ns, attempt, message in seen:
@@ -85,9 +95,28 @@ class InfoCache:
     def clear(self) -> None:
         self.entries.clear()
         self.early.clear()
+        self.early_workers.clear()
 
     def get(self, task_id: int) -> TaskMeta | None:
         return self.entries.get(task_id)
+
+    def leased(self, task_id: int, attempt: int, worker_id: int, worker_name: str) -> None:
+        """Attempt ``attempt`` of the task was leased to that worker (again, to
+        another one, when a worker gave it back): before or after its running
+        event arrives."""
+        meta = self.entries.get(task_id)
+        if meta is None:
+            if self.limit:
+                self.early_workers[task_id] = (attempt, worker_id, worker_name)
+                self.early_workers.move_to_end(task_id)
+                if len(self.early_workers) > EARLY_KEPT:
+                    self.early_workers.popitem(last=False)
+            return
+        meta.worker = (attempt, worker_id, worker_name)
+        attempts = meta.attempts
+        if attempts and attempts[-1][0] == attempt and attempts[-1][4] is None:
+            attempts[-1][5] = worker_id
+            attempts[-1][6] = worker_name
 
     def saw(self, task_id: int, status: str, at_ns: int, attempt: int = 0, message: str | None = None) -> None:
         meta = self.entries.get(task_id)
@@ -112,7 +141,11 @@ class InfoCache:
             meta.started_ns = at_ns
             if attempts is None:
                 attempts = meta.attempts = []
-            attempts.append([attempt, None, "", at_ns, None])
+            worker = meta.worker
+            if worker is not None and worker[0] == attempt:
+                attempts.append([attempt, None, "", at_ns, None, worker[1], worker[2]])
+            else:
+                attempts.append([attempt, None, "", at_ns, None, None, None])
             if len(attempts) > ATTEMPTS_KEPT:
                 del attempts[0]
         elif status in TERMINAL:

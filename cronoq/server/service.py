@@ -101,9 +101,13 @@ class Service:
         self.scheduler: Scheduler | None = None
         self.state = "standby"           # standby, leader, stopping
         self.info = InfoCache(config.outputs.info_entries)
+        hub.on_lease = self._leased
         self.watchers = 0
         self.recent = RecentEvents()
         self._events: asyncio.Task[None] | None = None
+
+    def _leased(self, task_id: int, attempt: int, worker_id: int, worker_name: str) -> None:
+        self.info.leased(task_id, attempt, worker_id, worker_name)
 
     # -- serving
 

@@ -76,6 +76,10 @@ class InfoCache:
         self.dead: deque[int] = deque()     # dead-lettered tasks whose spec is kept, oldest first
         self.early: OrderedDict[int, list[tuple[str, int, int, str | None]]] = OrderedDict()
         self.early_workers: OrderedDict[int, tuple[int, int, str]] = OrderedDict()   # leases sent before the record
+        # The timeline's index: tasks by their latest attempt start or end (the latest last), and the tasks
+        # with an attempt running, so that a window's attempts are found without reading every entry.
+        self.touched: OrderedDict[int, int] = OrderedDict()
+        self.running: set[int] = set()
 
     def put(self, task_id: int, meta: TaskMeta) -> None:
         if not self.limit:
@@ -96,9 +100,44 @@ class InfoCache:
         self.entries.clear()
         self.early.clear()
         self.early_workers.clear()
+        self.touched.clear()
+        self.running.clear()
 
     def get(self, task_id: int) -> TaskMeta | None:
         return self.entries.get(task_id)
+
+    def _touch(self, task_id: int, at_ns: int) -> None:
+        touched = self.touched
+        touched[task_id] = at_ns
+        touched.move_to_end(task_id)
+        if len(touched) > self.limit:
+            touched.popitem(last=False)
+
+    def active_since(self, since_ns: int, most: int) -> list[tuple[int, TaskMeta]]:
+        """Up to ``most`` tasks with an attempt running now or one that
+        started or ended at or after ``since_ns`` (the latest first), read
+        from the index, not from every entry."""
+        out: list[tuple[int, TaskMeta]] = []
+        entries = self.entries
+        seen: set[int] = set()
+        for task_id in list(self.running):
+            meta = entries.get(task_id)
+            if meta is None:
+                self.running.discard(task_id)   # forgotten by the cache
+                continue
+            seen.add(task_id)
+            out.append((task_id, meta))
+        for task_id in reversed(self.touched):
+            if len(out) >= most:
+                break
+            if self.touched[task_id] < since_ns:
+                break
+            if task_id in seen:
+                continue
+            meta = entries.get(task_id)
+            if meta is not None:
+                out.append((task_id, meta))
+        return out[:most]
 
     def leased(self, task_id: int, attempt: int, worker_id: int, worker_name: str) -> None:
         """Attempt ``attempt`` of the task was leased to that worker (again, to
@@ -137,7 +176,11 @@ class InfoCache:
             if status != "running":
                 last[1] = status
                 last[2] = message or ""
+            self._touch(task_id, at_ns)
+            self.running.discard(task_id)
         if status == "running":
+            self._touch(task_id, at_ns)
+            self.running.add(task_id)
             meta.started_ns = at_ns
             if attempts is None:
                 attempts = meta.attempts = []

@@ -197,3 +197,75 @@ async def test_who_may_read_the_timeline(server, workers):
         assert {w["pool"] for w in answer["workers"]} == {"fixed"}
         assert all(a["pool"] == "fixed" for a in answer["attempts"])
         assert error_of(await http.get("/v1/timeline", params={"pool": "default"}))[0] == 403
+
+
+async def test_a_shard_answers_for_its_own_pools_and_names_the_others(servers, tmp_path):
+    import socket
+
+    from serverkit import shards_toml
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    ports = {"a": free_port(), "b": free_port()}
+    config = f"""
+[server]
+grpc_addr = "127.0.0.1:{ports['a']}"
+http_addr = "127.0.0.1:0"
+{AUTH}
+[store]
+kind = "sqlite"
+path = "{tmp_path}/shard-{{shard}}.db"
+full_sync = false
+""" + shards_toml({"a": (["default"], f"http://127.0.0.1:{ports['a']}"),
+                   "b": (["gpu"], f"http://127.0.0.1:{ports['b']}")})
+    a = servers(config, args=("--shard", "a"), name="a")   # b never starts: the timeline does not ask it
+    async with client(a, CLIENT) as http:
+        task = await submit(http, {"payload": {"n": 5}, "start_in_s": 60})
+        everything = (await http.get("/v1/timeline")).json()
+        assert everything["unavailable_shards"] == ["b"]
+        assert [r["id"] for r in everything["reservations"]] == [task["id"]]
+        assert (await http.get("/v1/timeline", params={"pool": "default"})).json()["unavailable_shards"] == []
+        other = (await http.get("/v1/timeline", params={"pool": "gpu"})).json()
+        assert other["unavailable_shards"] == ["b"] and other["reservations"] == [] and other["workers"] == []
+        assert error_of(await http.get("/v1/timeline", params={"pool": "nope"}))[0] == 404
+
+
+# ---------------------------------------------------------------- the info cache's records behind it
+
+async def test_the_worker_is_recorded_whether_the_lease_comes_before_or_after_the_running_event():
+    from cronoq.core.types import TaskSpec
+    from cronoq.server.info import InfoCache, TaskMeta
+
+    cache = InfoCache(10)
+    cache.put(1, TaskMeta(TaskSpec(None), "default", 3, 0))
+    cache.leased(1, 1, 7, "w7")                        # the lease first (the usual order)
+    cache.saw(1, "running", 10, attempt=1)
+    cache.saw(1, "retrying", 20, attempt=1, message="boom")
+    cache.saw(1, "running", 30, attempt=2)             # the event first
+    cache.leased(1, 2, 8, "w8")
+    cache.leased(1, 2, 9, "w9")                        # given back by w8, leased to w9
+    assert [(a[0], a[5], a[6]) for a in cache.get(1).attempts] == [(1, 7, "w7"), (2, 9, "w9")]
+    cache.leased(2, 1, 7, "w7")                        # before the task's record exists
+    cache.put(2, TaskMeta(TaskSpec(None, deadline_at=5.0), "default", 3, 0))
+    cache.saw(2, "running", 40, attempt=1)
+    assert cache.get(2).attempts[0][5:] == [7, "w7"] and cache.get(2).deadline_ns == 5 * 10 ** 9
+
+
+async def test_the_window_index_finds_running_and_recent_attempts_only():
+    from cronoq.core.types import TaskSpec
+    from cronoq.server.info import InfoCache, TaskMeta
+
+    cache = InfoCache(100)
+    for task_id in range(1, 6):
+        cache.put(task_id, TaskMeta(TaskSpec(None), "default", 3, 0))
+    cache.saw(1, "running", 10, attempt=1)            # still running: always in the window
+    cache.saw(2, "running", 11, attempt=1)
+    cache.saw(2, "succeeded", 12, attempt=1)          # ended long ago
+    cache.saw(3, "running", 90, attempt=1)
+    cache.saw(3, "succeeded", 95, attempt=1)
+    cache.saw(4, "ready", 96)                         # never ran
+    assert sorted(task_id for task_id, _ in cache.active_since(50, 100)) == [1, 3]
+    assert len(cache.active_since(0, 1)) == 1

@@ -1,7 +1,18 @@
-"""Core.reservations: the fixed starts not started yet, as the timeline draws them."""
+"""Core.reservations: the fixed starts not started yet, as the timeline draws
+them; and Scheduler.reservations, on the leader and through it."""
 
+import json
+
+import pytest
+
+import cronoq
 from cronoq.core import PoolConfig, TaskSpec
+from cronoq.core.snapshot import Reservation
+from cronoq.runtime import operations as ops
+from cronoq.runtime.durability import EncodedPayloads
+from cronoq.store.codec import JsonCodec
 from enginekit import S, dispatches, drain, make_core, run_to
+from storekit import Work, pool, sqlite_backend  # noqa: F401  (sqlite_backend is a fixture)
 
 
 def two_pools():
@@ -47,3 +58,34 @@ def test_a_cancelled_fixed_start_leaves_the_list():
     core.cancel(0, tid)
     drain(core)
     assert core.reservations(0, 300 * S) == []
+
+
+# ---------------------------------------------------------------- through the runtime
+
+
+def test_the_leader_operation_carries_its_arguments_and_answer_as_json():
+    payloads = EncodedPayloads(JsonCodec())
+    body, data = ops.RESERVATIONS.encode_args(ops.ReservationsArgs(60 * S, ["a", "b"]), payloads)
+    body = json.loads(json.dumps({**body, "v": 1}))
+    assert ops.find("reservations", body).decode_args(body, data, payloads) == ops.ReservationsArgs(60 * S, ["a", "b"])
+    answer = [Reservation(3, "a", "k", "nightly", 5 * S, S, True, None)]
+    back = ops.RESERVATIONS.decode_answer(json.loads(json.dumps(ops.RESERVATIONS.encode_answer(answer))))
+    assert back == answer
+
+
+@pytest.mark.asyncio
+async def test_a_follower_lists_the_reservations_through_the_leader(sqlite_backend):
+    leader = cronoq.Scheduler([pool(Work(), capacity=1)], store=sqlite_backend.store())
+    await leader.start()
+    follower = cronoq.Scheduler([pool(Work(), capacity=1)], store=sqlite_backend.store())
+    await follower.start()
+    try:
+        assert leader.leading and not follower.leading
+        handle = await follower.submit({"name": "later"}, key="later", start_in=120)
+        [seen] = await follower.reservations(300)
+        assert (seen.id, seen.key, seen.held) == (handle.id, "later", False)
+        assert await leader.reservations(300) == [seen]
+        assert await follower.reservations(60) == []
+    finally:
+        await follower.shutdown()
+        await leader.shutdown()

@@ -2,7 +2,7 @@
 cronoq-server process and worker processes: a fixed start drawn ahead of now
 before it starts, attempts in their worker's lanes, a retry linked to its
 previous attempt, a missed deadline marked, the tooltip, the drawer naming
-the worker, and the pool filter."""
+the worker, a slot held for a fixed start, and the pool filter."""
 
 from __future__ import annotations
 
@@ -27,14 +27,15 @@ def attempt_rect(task_id: str, attempt: int | None = None, status: str | None = 
     return selector
 
 
-def test_the_timeline_draws_reservations_ahead_attempts_per_lane_retries_and_deadlines(browser, servers, workers,
-                                                                                        shots):
+def test_the_timeline_draws_reservations_ahead_attempts_per_lane_retries_and_deadlines(
+        browser, servers, workers, shots):
     server = servers(CONFIG, name="dash-timeline")
     workers(server.target, slots=2)
     workers(server.target, slots=2)
     workers(server.target, pool="fixed", slots=1)
     with api(server, ADMIN) as http:
-        wait_until(lambda: capacity(http) == 4 and capacity(http, "fixed") == 1, what="the workers connecting")
+        wait_until(lambda: capacity(http) == 4 and capacity(http, "fixed") == 1,
+                   what="the workers connecting")
         page = open_page(browser, server, ADMIN, "timeline")
         page.wait_for_selector("#timeline-svg g.worker", timeout=WAIT_MS)
         worker_ids = {w["id"] for w in http.get("/v1/workers", params={"pool": "default"}).json()["workers"]}
@@ -51,6 +52,15 @@ def test_the_timeline_draws_reservations_ahead_attempts_per_lane_retries_and_dea
         assert float(reservation.get_attribute("x")) > now_x
         assert reservation.get_attribute("data-held") == "false"
         assert "dash/nightly" in page.locator('#timeline-svg g.reserved[data-pool="fixed"]').inner_html()
+
+        # A tolerance longer than the wait: the fixed worker's slot is held for it at once, and marked so.
+        held = http.post("/v1/tasks", json={"payload": {}, "pool": "fixed", "key": "dash/held", "start_in_s": 40,
+                                            "tolerance_s": 45}).json()
+        page.wait_for_selector(f'#timeline-svg rect.reservation.held[data-id="{held["id"]}"][data-held="true"]',
+                               timeout=WAIT_MS)
+        page.wait_for_selector('#timeline-svg g.reserved[data-pool="fixed"][data-held="1"]', timeout=WAIT_MS)
+        label = page.locator('#timeline-svg g.reserved[data-pool="fixed"] text.reserved-name')
+        assert "1 held" in label.text_content()
 
         # Three at once over two workers of two slots: each bar in its worker's lanes.
         busy = [http.post("/v1/tasks", json={"payload": {"sleep": 1.5}, "kind": "busy"}).json()["id"]
@@ -87,7 +97,8 @@ def test_the_timeline_draws_reservations_ahead_attempts_per_lane_retries_and_dea
         # Hovering a bar tells its task, worker and outcome; a click opens the drawer naming the worker.
         page.select_option("#timeline-range", "60")    # a minute: the 3 s bar is wide enough to point at
         page.wait_for_function("""(id) => {
-            const bar = document.querySelector(`#timeline-svg rect.attempt[data-id="${id}"][data-attempt="2"]`);
+            const selector = `#timeline-svg rect.attempt[data-id="${id}"][data-attempt="2"]`;
+            const bar = document.querySelector(selector);
             return bar && Number(bar.getAttribute("width")) > 12;
         }""", arg=flaky, timeout=WAIT_MS)
         bar = page.locator(attempt_rect(flaky, 2))
@@ -111,7 +122,9 @@ def test_the_timeline_draws_reservations_ahead_attempts_per_lane_retries_and_dea
             return pools.length > 0 && pools.every((p) => p === 'fixed');
         }""", timeout=WAIT_MS)
         assert page.locator(f'#timeline-svg rect.reservation[data-id="{nightly["id"]}"]').count() == 1
+        assert page.locator(f'#timeline-svg rect.reservation[data-id="{held["id"]}"]').count() == 1
         assert page.locator(attempt_rect(flaky)).count() == 0
+        http.delete(f"/v1/tasks/{held['id']}")
         http.delete(f"/v1/tasks/{nightly['id']}")
         page.wait_for_selector(f'#timeline-svg rect.reservation[data-id="{nightly["id"]}"]', state="detached",
                                timeout=WAIT_MS)

@@ -23,7 +23,8 @@ def two_pools():
 def test_lists_the_fixed_starts_within_the_horizon_by_start_time():
     core = two_pools()
     late = core.submit(0, TaskSpec("late", start_at=200, tolerance=5))[0]
-    soon = core.submit(0, TaskSpec("soon", kind="report", key="k-soon", start_at=50, tolerance=2, deadline_at=80))[0]
+    soon = core.submit(0, TaskSpec("soon", kind="report", key="k-soon", start_at=50, tolerance=2,
+                                   deadline_at=80))[0]
     far = core.submit(0, TaskSpec("far", start_at=5000))[0]
     elsewhere = core.submit(0, TaskSpec("x", pool="other", start_at=60))[0]
     core.submit(0, TaskSpec("plain"))
@@ -67,7 +68,8 @@ def test_the_leader_operation_carries_its_arguments_and_answer_as_json():
     payloads = EncodedPayloads(JsonCodec())
     body, data = ops.RESERVATIONS.encode_args(ops.ReservationsArgs(60 * S, ["a", "b"]), payloads)
     body = json.loads(json.dumps({**body, "v": 1}))
-    assert ops.find("reservations", body).decode_args(body, data, payloads) == ops.ReservationsArgs(60 * S, ["a", "b"])
+    decoded = ops.find("reservations", body).decode_args(body, data, payloads)
+    assert decoded == ops.ReservationsArgs(60 * S, ["a", "b"])
     answer = [Reservation(3, "a", "k", "nightly", 5 * S, S, True, None)]
     back = ops.RESERVATIONS.decode_answer(json.loads(json.dumps(ops.RESERVATIONS.encode_answer(answer))))
     assert back == answer

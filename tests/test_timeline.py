@@ -85,7 +85,8 @@ async def attempts_of(http, task_id, count, **params):
 
 async def test_each_attempt_names_the_worker_that_got_its_lease(server, workers):
     async with client(server, CLIENT) as http:
-        task = await submit(http, {"payload": {"n": 1}, "key": "timeline-plain", "kind": "plain", "wait": True})
+        task = await submit(http, {"payload": {"n": 1}, "key": "timeline-plain", "kind": "plain",
+                                   "wait": True})
         answer, [attempt] = await attempts_of(http, task["id"], 1)
         lanes = {w["name"]: w for w in answer["workers"]}
         assert lanes["lane-worker"]["pool"] == "default" and lanes["lane-worker"]["slots"] == 2

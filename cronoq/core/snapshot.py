@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["GroupSnapshot", "PoolSnapshot", "Snapshot", "TaskInfo", "Checkpoint", "Reservation", "TOTAL_FIELDS",
-           "PoolField", "POOL_FIELDS"]
+__all__ = ["GroupSnapshot", "PoolSnapshot", "Snapshot", "TaskInfo", "Checkpoint", "Reservation",
+           "TOTAL_FIELDS", "PoolField", "POOL_FIELDS"]
 
 TOTAL_FIELDS = ("submitted", "dispatched", "succeeded", "failed", "dead_lettered", "cancelled",
                 "skipped", "missed", "shed", "retries", "timeouts", "lease_expiries",

@@ -233,11 +233,13 @@ class ReservationsArgs:
     pools: list[str] | None
 
 
-def _reservations_args_out(args: ReservationsArgs, payloads: EncodedPayloads) -> tuple[dict[str, Any], list[bytes]]:
+def _reservations_args_out(args: ReservationsArgs, payloads: EncodedPayloads
+                           ) -> tuple[dict[str, Any], list[bytes]]:
     return {"ahead_ns": args.ahead_ns, "pools": args.pools}, []
 
 
-def _reservations_args_in(body: dict[str, Any], data: list[bytes], payloads: EncodedPayloads) -> ReservationsArgs:
+def _reservations_args_in(body: dict[str, Any], data: list[bytes], payloads: EncodedPayloads
+                          ) -> ReservationsArgs:
     pools = body.get("pools")
     return ReservationsArgs(int(body["ahead_ns"]), None if pools is None else [str(p) for p in pools])
 

@@ -226,8 +226,8 @@ TIMELINE_ATTEMPT = Obj("TimelineAttempt", {
     "priority": Choice(PRIORITIES, "Its priority class."),
     "attempt": Integer("The attempt's number, from 1.", maximum=2 ** 32 - 1),
     "max_attempts": Integer("Attempts its retry policy allows.", maximum=2 ** 32 - 1),
-    "status": Choice(STATUSES, "How the attempt ended; absent while it runs, or when it ended without a status "
-                               "of its own (a lease handed to another worker)."),
+    "status": Choice(STATUSES, "How the attempt ended; absent while it runs, or when it ended without a "
+                               "status of its own (a lease handed to another worker)."),
     "message": Text("Why it failed, when it did."),
     "started_unix_ns": UnixNs("When it started."),
     "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
@@ -260,13 +260,13 @@ TIMELINE = Obj("Timeline", {
     "range_s": Seconds("How far back the attempts go (range_s, capped)."),
     "ahead_s": Seconds("How far ahead the reservations go (ahead_s, capped)."),
     "workers": Array(TIMELINE_WORKER, "The connected workers of the pools, in connection order."),
-    "attempts": Array(TIMELINE_ATTEMPT, "The attempts running now or that ran in the window, from the leader's "
-                                        "record of recent tasks, by start time."),
+    "attempts": Array(TIMELINE_ATTEMPT, "The attempts running now or that ran in the window, from the "
+                                        "leader's record of recent tasks, by start time."),
     "reservations": Array(TIMELINE_RESERVATION, "The fixed starts not started yet that start within ahead_s, "
                                                 "or already hold a slot, by start time."),
     "holds": Array(TIMELINE_HOLD, "The pools holding slots now, by name."),
-    "unavailable_shards": Array(Text(), "With shards: the other shards serving the pools asked for (this answer "
-                                        "is the answering shard's alone)."),
+    "unavailable_shards": Array(Text(), "With shards: the other shards serving the pools asked for (this "
+                                        "answer is the answering shard's alone)."),
 }, "The scheduling of a time window: attempts per worker, and the fixed starts ahead.",
     required=("at_unix_ns", "range_s", "ahead_s", "workers", "attempts", "reservations", "holds",
               "unavailable_shards"))

@@ -424,8 +424,9 @@ class Gateway:
     async def timeline(self, call: Call) -> Response:
         assert call.caller is not None
         query = call.query
-        return self.json(await self.service.timeline(call.caller, query.get("pool", ()), query.get("range_s", 300.0),
-                                                     query.get("ahead_s", 300.0)))
+        answer = await self.service.timeline(call.caller, query.get("pool", ()), query.get("range_s", 300.0),
+                                             query.get("ahead_s", 300.0))
+        return self.json(answer)
 
     async def recurring(self, call: Call) -> Response:
         assert call.caller is not None

@@ -75,7 +75,8 @@ class InfoCache:
         self.dead_letters = dead_letters
         self.dead: deque[int] = deque()     # dead-lettered tasks whose spec is kept, oldest first
         self.early: OrderedDict[int, list[tuple[str, int, int, str | None]]] = OrderedDict()
-        self.early_workers: OrderedDict[int, tuple[int, int, str]] = OrderedDict()   # leases sent before the record
+        # Leases sent before the task's record was made: (attempt, worker id, worker name).
+        self.early_workers: OrderedDict[int, tuple[int, int, str]] = OrderedDict()
         # The timeline's index: tasks by their latest attempt start or end (the latest last), and the tasks
         # with an attempt running, so that a window's attempts are found without reading every entry.
         self.touched: OrderedDict[int, int] = OrderedDict()

@@ -643,8 +643,9 @@ class Service:
                 if ended is not None and ended < since:
                     continue
                 item: dict[str, Any] = {
-                    "id": str(task_id), "kind": meta.kind, "pool": meta.pool, "priority": CLASSES[meta.priority],
-                    "attempt": number, "max_attempts": meta.max_attempts, "started_unix_ns": str(started),
+                    "id": str(task_id), "kind": meta.kind, "pool": meta.pool,
+                    "priority": CLASSES[meta.priority], "attempt": number, "max_attempts": meta.max_attempts,
+                    "started_unix_ns": str(started),
                     "missed_deadline": deadline is not None and (now if ended is None else ended) > deadline}
                 if meta.key is not None:
                     item["key"] = meta.key
@@ -682,7 +683,8 @@ class Service:
                 holds.setdefault(r.pool, []).append(str(r.id))
         return {"at_unix_ns": str(now), "range_s": range_ns / NS, "ahead_s": ahead, "workers": workers,
                 "attempts": attempts, "reservations": reservations,
-                "holds": [{"pool": pool, "held": len(ids), "task_ids": ids} for pool, ids in sorted(holds.items())],
+                "holds": [{"pool": pool, "held": len(ids), "task_ids": ids}
+                          for pool, ids in sorted(holds.items())],
                 "unavailable_shards": []}
 
     def worker_health(self, caller: Principal) -> list[tuple[str, int, int, int]]:

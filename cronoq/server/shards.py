@@ -556,9 +556,10 @@ class ShardedService(Service):
         mine = self._pools_of(requested, self.me)
         if mine == []:
             self.serving()
-            answer: dict[str, Any] = {"at_unix_ns": str(time.time_ns()), "range_s": min(range_s, TIMELINE_MAX_S),
-                                      "ahead_s": min(ahead_s, TIMELINE_MAX_S), "workers": [], "attempts": [],
-                                      "reservations": [], "holds": []}
+            answer: dict[str, Any] = {
+                "at_unix_ns": str(time.time_ns()), "range_s": min(range_s, TIMELINE_MAX_S),
+                "ahead_s": min(ahead_s, TIMELINE_MAX_S), "workers": [], "attempts": [], "reservations": [],
+                "holds": []}
         else:
             answer = await super().timeline(caller, mine or (), range_s, ahead_s)
         answer["unavailable_shards"] = sorted(

@@ -246,6 +246,7 @@ function drawAxis(svg, from, to, x, height) {
   for (let t = Math.ceil(from / step) * step; t <= to; t += step) {
     const tx = x(t);
     el("line", {x1: tx, y1: AXIS_H - 4, x2: tx, y2: height, class: "tick"}, g);
+    if (tx > LABEL_W + plotW - 24) continue;   // its label would not fit
     el("text", {x: tx, y: 12, class: "tick-label"}, g).textContent = clock(t);
     const today = day(t);
     if (today !== lastDay) {   // the date under the first tick and wherever the day changes
@@ -323,8 +324,11 @@ function drawReserved(svg, row, x, now, from, to, width) {
     rect.addEventListener("click", () => openDrawer(r.id));
     const at = x(item.at);
     el("line", {x1: at, y1: top - 2, x2: at, y2: top + h + 2, class: "reservation-start"}, g);
-    el("text", {x: Math.min(x2 + 4, width - RIGHT_W - 60), y: top + h / 2, class: "reservation-label"}, g)
-      .textContent = `${r.key || r.kind} ${clock(item.at)}${r.held ? " (held)" : ""}`;
+    const text = `${r.key || r.kind} ${clock(item.at)}${r.held ? " (held)" : ""}`;
+    const room = x2 + 4 + text.length * 6 <= width - RIGHT_W;   // else before the block, or inside it
+    const lx = room ? x2 + 4 : x1 - 4 - text.length * 6 >= LABEL_W ? x1 - 4 : x1 + 4;
+    el("text", {x: lx, y: top + h / 2, class: "reservation-label",
+                "text-anchor": room || lx === x1 + 4 ? "start" : "end"}, g).textContent = text;
     if (r.deadline_unix_ns) {
       const d = ms(r.deadline_unix_ns);
       if (d >= from && d <= to) {

@@ -136,7 +136,7 @@ function pack(items, most) {
 
 // The rows of the chart, pool by pool: each connected worker (its slots as lanes), the workers
 // gone since (or unknown) that ran attempts of the window, then the pool's reserved lanes.
-function layout(data, now) {
+function layout(data) {
   const pools = new Map();
   const poolOf = (name) => {
     if (!pools.has(name)) pools.set(name, {name, workers: new Map(), reservations: [], held: 0});
@@ -208,7 +208,7 @@ function render() {
   const to = now + aheadS * 1000;
   const plotW = width - LABEL_W - RIGHT_W;
   const x = (t) => LABEL_W + Math.max(0, Math.min(1, (t - from) / (to - from))) * plotW;
-  const {rows, height} = layout(data, now);
+  const {rows, height} = layout(data);
   svg.replaceChildren();
   svg.setAttribute("width", width);
   svg.setAttribute("height", height);
@@ -228,7 +228,7 @@ function render() {
     } else if (row.kind === "worker") {
       drawWorker(svg, row, x, now, from, width, bars);
     } else {
-      drawReserved(svg, row, x, now, from, to, width);
+      drawReserved(svg, row, x, from, to, width);
     }
   }
   drawRetryLinks(svg, data.attempts, bars);
@@ -301,7 +301,7 @@ function drawWorker(svg, row, x, now, from, width, bars) {
   }
 }
 
-function drawReserved(svg, row, x, now, from, to, width) {
+function drawReserved(svg, row, x, from, to, width) {
   const {pool, packed, lanes, y} = row;
   const g = el("g", {class: "reserved", "data-pool": pool.name, "data-held": pool.held}, svg);
   for (let lane = 0; lane < lanes; lane++) {

@@ -248,11 +248,11 @@ async def test_the_worker_is_recorded_whether_the_lease_comes_before_or_after_th
     cache.saw(1, "running", 30, attempt=2)             # the event first
     cache.leased(1, 2, 8, "w8")
     cache.leased(1, 2, 9, "w9")                        # given back by w8, leased to w9
-    assert [(a[0], a[5], a[6]) for a in cache.get(1).attempts] == [(1, 7, "w7"), (2, 9, "w9")]
+    assert [(a[0], a[6], a[7]) for a in cache.get(1).attempts] == [(1, 7, "w7"), (2, 9, "w9")]
     cache.leased(2, 1, 7, "w7")                        # before the task's record exists
     cache.put(2, TaskMeta(TaskSpec(None, deadline_at=5.0), "default", 3, 0))
     cache.saw(2, "running", 40, attempt=1)
-    assert cache.get(2).attempts[0][5:] == [7, "w7"] and cache.get(2).deadline_ns == 5 * 10 ** 9
+    assert cache.get(2).attempts[0][6:] == [7, "w7"] and cache.get(2).deadline_ns == 5 * 10 ** 9
 
 
 async def test_the_window_index_finds_running_and_recent_attempts_only():

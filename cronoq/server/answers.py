@@ -32,7 +32,10 @@ RESULT = Obj("TaskResult", {
     "output": AnyJson("The output as JSON, when its content type is JSON (application/json or +json) "
                       "and it parses."),
     "output_text": Text("The output as text, when its content type is text/* and it is UTF-8."),
-    "output_b64": Base64("The output's bytes, base64 (whenever output_available)."),
+    "output_b64": Base64("The output's bytes, base64 (whenever output_available, except a truncated "
+                         "JSON or text output, given as output_text)."),
+    "output_size": Integer("With max_bytes: the whole output's size in bytes."),
+    "output_truncated": Flag("With max_bytes: whether only the output's first max_bytes are given."),
     "message": Text("Why it failed, was cancelled or skipped."),
 }, "The result of a finished task.", required=("id", "status", "output_available"))
 
@@ -63,6 +66,8 @@ ATTEMPT = Obj("Attempt", {
     "message": Text("Why it failed, when it did."),
     "started_unix_ns": UnixNs("When it started."),
     "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
+    "traceback": Text("The traceback the worker sent with its failure (its last 8 KiB; the leader's memory "
+                      "only: the task's lookup, not listings)."),
     "worker_id": Id("The worker that got its lease (an id of /v1/workers); absent when not known."),
     "worker_name": Text("That worker's registered name (with worker_id)."),
 }, "One attempt of a task.", required=("attempt", "started_unix_ns"))
@@ -100,6 +105,12 @@ INFO = Obj("TaskInfo", {
     "stages": Array(Text(), "Its declared stages, in order."),
     "checkpoints": Array(STAGE_CHECKPOINT, "The checkpoints saved so far, in stage order (the task's own "
                                            "lookup only, not listings)."),
+    "payload_content_type": Text("The payload's content type, with the payload preview (the task's lookup "
+                                 "only, while the leader's info cache remembers the task)."),
+    "payload_text": Text("The payload preview as text, when its content type is JSON or text and it is UTF-8."),
+    "payload_b64": Base64("The payload preview's bytes, base64, when it is not given as payload_text."),
+    "payload_size": Integer("The whole payload's size in bytes, with the preview."),
+    "payload_truncated": Flag("Whether the preview holds only the payload's first outputs.payload_preview_bytes."),
 }, "A task's state. id and status are authoritative; the other fields are best effort (the leader's "
    "info cache, or the store).", required=("id", "status", "pool", "attempt", "output_available"))
 

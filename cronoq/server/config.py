@@ -294,6 +294,7 @@ class ResourceSection:
 class OutputsConfig:
     cache_entries: int = key(10_000, "integer", 0, 10_000_000)
     info_entries: int = key(100_000, "integer", 0, 10_000_000)
+    payload_preview_bytes: int = key(1024, "integer", 0, 65_536)
 
 
 @dataclass(frozen=True)

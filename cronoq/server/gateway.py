@@ -391,7 +391,8 @@ class Gateway:
         if "timeout_s" in call.query:
             request.timeout_s = call.query["timeout_s"]
         notes = self._notes()
-        return self.json(_missing(result_json(await self.service.wait(call.caller, request)), _noted(notes)))
+        result = await self.service.wait(call.caller, request)
+        return self.json(_missing(result_json(result, call.query.get("max_bytes")), _noted(notes)))
 
     async def cancel(self, call: Call) -> Response:
         assert call.caller is not None

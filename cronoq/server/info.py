@@ -11,7 +11,7 @@ from typing import Any
 from ..core.types import TERMINAL, TaskSpec
 
 __all__ = ["InfoCache", "TaskMeta", "LiveFeed", "RecentEvents", "DEAD_LETTERS_KEPT", "ATTEMPTS_KEPT",
-           "RECENT_EVENTS_KEPT"]
+           "RECENT_EVENTS_KEPT", "TRACEBACK_KEPT", "TRACEBACKS_KEPT", "last_chars"]
 
 
 # ---------------------------------------------------------------- the info cache
@@ -20,15 +20,28 @@ __all__ = ["InfoCache", "TaskMeta", "LiveFeed", "RecentEvents", "DEAD_LETTERS_KE
 DEAD_LETTERS_KEPT = 1000
 # Attempts of one task that Get reports (the latest ones).
 ATTEMPTS_KEPT = 32
+# A traceback's last characters the leader keeps (its end names the error), and how many
+# tracebacks it keeps in all (the oldest forgotten first): at most about 80 MB.
+TRACEBACK_KEPT = 8192
+TRACEBACKS_KEPT = 10_000
+
+
+def last_chars(text: str, limit: int) -> str:
+    """``text``'s last ``limit`` characters, marked as cut when it is longer."""
+    if len(text) <= limit:
+        return text
+    return "\u2026" + text[len(text) - limit + 1:]
 
 
 class TaskMeta:
     """What the serving leader remembers of a task beyond the engine's record."""
 
     __slots__ = ("pool", "key", "kind", "priority", "tenant", "tags", "max_attempts", "created_ns",
-                 "started_ns", "finished_ns", "spec", "edges", "attempts", "labels", "deadline_ns", "worker")
+                 "started_ns", "finished_ns", "spec", "edges", "attempts", "labels", "payload_preview",
+                 "payload_size", "payload_type", "traceback", "deadline_ns", "worker")
 
-    def __init__(self, spec: TaskSpec, pool: str, max_attempts: int, created_ns: int) -> None:
+    def __init__(self, spec: TaskSpec, pool: str, max_attempts: int, created_ns: int,
+                 preview_bytes: int = 0) -> None:
         # The submitted task (the engine holds the same object while the task
         # lives): kept after it ends only if it was dead-lettered, to submit it again.
         self.spec: TaskSpec | None = spec
@@ -44,14 +57,28 @@ class TaskMeta:
         self.finished_ns: int | None = None
         self.edges = spec.edges
         self.labels = spec.labels
+        # [attempt, how it ended (None while it runs), message, started_ns, ended_ns, traceback, worker id,
+        # worker name] (the worker None until its lease is sent, and for attempts not run by a remote worker),
+        # oldest first
+        self.attempts: list[list[Any]] | None = None
         # Kept apart from the spec, which is let go when the task ends.
         self.deadline_ns: int | None = spec.deadline_at_ns if spec.deadline_at_ns is not None else (
             created_ns + spec.deadline_in_ns if spec.deadline_in_ns is not None else None)
-        # [attempt, how it ended (None while it runs), message, started_ns, ended_ns, worker id, worker name]
-        # (the worker None until its lease is sent, and for attempts not run by a remote worker), oldest first
-        self.attempts: list[list[Any]] | None = None
         # (attempt, worker id, worker name) of the latest lease sent: its attempt may not be recorded yet
         self.worker: tuple[int, int, str] | None = None
+        # The payload's first preview_bytes (kept after the task ended), its size and content type.
+        payload = spec.payload
+        data = getattr(payload, "data", None)
+        if isinstance(data, bytes) and preview_bytes > 0:
+            self.payload_preview: bytes | None = data[:preview_bytes]
+            self.payload_size = len(data)
+            self.payload_type: str = getattr(payload, "content_type", "")
+        else:
+            self.payload_preview = None
+            self.payload_size = 0
+            self.payload_type = ""
+        # (attempt, traceback) a worker sent before the leader saw that attempt start
+        self.traceback: tuple[int, str] | None = None
 
 
 # Tasks whose events arrived before their record was made (see InfoCache.early).
@@ -69,8 +96,12 @@ class InfoCache:
     when the answer arrives. Such events wait in ``early`` (the newest
     ``EARLY_KEPT`` tasks' worth) and are applied when the record is put."""
 
-    def __init__(self, limit: int, dead_letters: int = DEAD_LETTERS_KEPT) -> None:
+    def __init__(self, limit: int, dead_letters: int = DEAD_LETTERS_KEPT, preview_bytes: int = 0,
+                 tracebacks: int = TRACEBACKS_KEPT) -> None:
         self.limit = limit
+        self.preview_bytes = preview_bytes   # outputs.payload_preview_bytes
+        self.tracebacks = tracebacks
+        self.with_traceback: deque[list[Any]] = deque()   # attempt entries holding a traceback, oldest first
         self.entries: OrderedDict[int, TaskMeta] = OrderedDict()
         self.dead_letters = dead_letters
         self.dead: deque[int] = deque()     # dead-lettered tasks whose spec is kept, oldest first
@@ -103,6 +134,27 @@ class InfoCache:
         self.early_workers.clear()
         self.touched.clear()
         self.running.clear()
+        self.with_traceback.clear()
+
+    def failed_with(self, task_id: int, attempt: int, traceback: str) -> None:
+        """A worker's traceback of the failure of ``attempt`` (sent with its Fail,
+        before the engine's event of the attempt's end)."""
+        meta = self.entries.get(task_id)
+        if meta is None or not traceback:
+            return
+        traceback = last_chars(traceback, TRACEBACK_KEPT)
+        for entry in reversed(meta.attempts or ()):
+            if entry[0] == attempt:
+                self._keep_traceback(entry, traceback)
+                return
+        meta.traceback = (attempt, traceback)   # its start is not seen yet
+
+    def _keep_traceback(self, entry: list[Any], traceback: str) -> None:
+        if not entry[5]:
+            self.with_traceback.append(entry)
+        entry[5] = traceback
+        while len(self.with_traceback) > self.tracebacks:
+            self.with_traceback.popleft()[5] = ""
 
     def get(self, task_id: int) -> TaskMeta | None:
         return self.entries.get(task_id)
@@ -155,8 +207,8 @@ class InfoCache:
         meta.worker = (attempt, worker_id, worker_name)
         attempts = meta.attempts
         if attempts and attempts[-1][0] == attempt and attempts[-1][4] is None:
-            attempts[-1][5] = worker_id
-            attempts[-1][6] = worker_name
+            attempts[-1][6] = worker_id
+            attempts[-1][7] = worker_name
 
     def saw(self, task_id: int, status: str, at_ns: int, attempt: int = 0, message: str | None = None) -> None:
         meta = self.entries.get(task_id)
@@ -187,9 +239,13 @@ class InfoCache:
                 attempts = meta.attempts = []
             worker = meta.worker
             if worker is not None and worker[0] == attempt:
-                attempts.append([attempt, None, "", at_ns, None, worker[1], worker[2]])
+                entry = [attempt, None, "", at_ns, None, "", worker[1], worker[2]]
             else:
-                attempts.append([attempt, None, "", at_ns, None, None, None])
+                entry = [attempt, None, "", at_ns, None, "", None, None]
+            attempts.append(entry)
+            if meta.traceback is not None and meta.traceback[0] == attempt:
+                self._keep_traceback(entry, meta.traceback[1])
+                meta.traceback = None
             if len(attempts) > ATTEMPTS_KEPT:
                 del attempts[0]
         elif status in TERMINAL:

@@ -53,6 +53,12 @@ _POOLS = CommaList(Text(empty=False), "Only these pools (repeated, or comma-sepa
                                       "caller may use.")
 _TASK_ERRORS = (400, 401, 403, 404, 503)
 _BY_ID = "/v1/tasks/{id}"
+_RESULT_QUERY = (
+    ("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),
+    ("max_bytes", IntegerField("Return at most this many bytes of the output (as output_text when JSON or "
+                               "text, else output_b64), with output_size and output_truncated.",
+                               minimum=0, maximum=2 ** 32 - 1)),
+)
 _BY_KEY = "/v1/tasks/by-key/{key}"
 
 ROUTES: tuple[Route, ...] = (
@@ -92,12 +98,11 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", _BY_KEY, "cancel_task_by_key", "Cancel a task by key", "cancel", role="client",
           response=CANCEL_OUT, statuses=_TASK_ERRORS),
     Route("GET", _BY_ID + "/result", "task_result", "Wait for a task's result", "result", role="client",
-          response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True,
-          query=(("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),),
-          description="504 while the task is still running after timeout_s: ask again."),
+          response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True, query=_RESULT_QUERY,
+          description="504 while the task is still running after timeout_s: ask again. With max_bytes, the "
+                      "output's first max_bytes only, with output_size and output_truncated."),
     Route("GET", _BY_KEY + "/result", "task_result_by_key", "Wait for a task's result, by key", "result",
-          role="client", response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True,
-          query=(("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),)),
+          role="client", response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True, query=_RESULT_QUERY),
     Route("POST", _BY_ID + ":resubmit", "resubmit_task", "Submit a dead-lettered task again", "resubmit",
           role="admin", response=SUBMIT_OUT, statuses=(400, 401, 403, 404, 409, 429, 503),
           description="A new task with the dead letter's payload and options, without its key, dependencies or "

@@ -104,7 +104,8 @@ class Service:
         self.tasks = TaskReader(config.limits, self.pool_sections, self.default_pool)
         self.scheduler: Scheduler | None = None
         self.state = "standby"           # standby, leader, stopping
-        self.info = InfoCache(config.outputs.info_entries)
+        self.info = InfoCache(config.outputs.info_entries, preview_bytes=config.outputs.payload_preview_bytes)
+        hub.tracebacks = self._traceback
         hub.on_lease = self._leased
         self.watchers = 0
         self.recent = RecentEvents()
@@ -143,6 +144,10 @@ class Service:
             if self._events is not None:
                 self._events.cancel()
                 self._events = None
+
+    def _traceback(self, task_id: int, attempt: int, traceback: str) -> None:
+        """A worker's traceback of a failed attempt, for Get (the leader's memory only)."""
+        self.info.failed_with(task_id, attempt, traceback)
 
     async def _follow(self, sched: Scheduler) -> None:
         """Keep the info cache's times up to date from the status events."""
@@ -234,7 +239,7 @@ class Service:
         else:
             section = self.pool_sections[pool].retry
             max_attempts = section.max_attempts if section is not None else 3
-        self.info.put(task_id, TaskMeta(spec, pool, max_attempts, now))
+        self.info.put(task_id, TaskMeta(spec, pool, max_attempts, now, self.info.preview_bytes))
 
     # -- Tasks
 
@@ -342,7 +347,7 @@ class Service:
         caller.require("client")
         sched = self.serving()
         info = await self._lookup(caller, sched, task_ref(request.task))
-        return info_message(info, self.info.get(info.id))
+        return info_message(info, self.info.get(info.id), details=True)
 
     async def explain(self, caller: Principal, request: pb.ExplainRequest) -> pb.Explanation:
         caller.require("client")
@@ -639,7 +644,7 @@ class Service:
             if meta.pool not in wanted or not caller.owns(meta.tenant):
                 continue
             deadline = meta.deadline_ns
-            for number, status, message, started, ended, worker_id, worker_name in meta.attempts or ():
+            for number, status, message, started, ended, _, worker_id, worker_name in meta.attempts or ():
                 if ended is not None and ended < since:
                     continue
                 item: dict[str, Any] = {

@@ -33,7 +33,8 @@ const app = {
 };
 
 // What the feature modules register: a hook runs on each stream event of its
-// name (hello, status, snapshot, lagged...) after the shell handled it; a page
+// name (hello, status, snapshot, lagged...) after the shell handled it ("drawer-open":
+// with the task's id; "drawer": with its Get answer, each time the drawer is filled); a page
 // is a section of index.html whose refresh() runs when it is shown or re-read.
 const hooks = new Map();
 const pages = new Map();
@@ -296,10 +297,10 @@ function cell(text, className) {
   return td;
 }
 
+// A moment with its date and milliseconds, in UTC as dateTime: "2026-12-02 18:31:05.123Z".
 function time(ns) {
   if (!ns) return "";
-  const d = new Date(Number(BigInt(ns) / 1000000n));
-  return d.toLocaleTimeString([], {hour12: false}) + "." + String(d.getMilliseconds()).padStart(3, "0");
+  return new Date(Number(BigInt(ns) / 1000000n)).toISOString().replace("T", " ");
 }
 
 function dateTime(ns) {
@@ -649,6 +650,7 @@ async function openDrawer(id) {
   $("#drawer-deps").replaceChildren();
   showStages([], []);
   showExplanation(null);
+  runHooks("drawer-open", id);   // drawer.js: the previous task's details go
   await fillDrawer(id);
 }
 
@@ -676,17 +678,7 @@ async function fillDrawer(id) {
     drawDeps(id, task.deps || []);
     showStages(task.stages || [], task.checkpoints || []);
     explainTask(id, task.status);
-    const result = $("#drawer-result");
-    if (TERMINAL.has(task.status)) {
-      const r = await api(`/v1/tasks/${id}/result?timeout_s=0`);
-      if (app.drawerId !== id) return;
-      if ("output" in r) result.textContent = JSON.stringify(r.output, null, 2);
-      else if ("output_text" in r) result.textContent = r.output_text;
-      else if ("output_b64" in r) result.textContent = `${r.content_type}, base64: ${r.output_b64}`;
-      else result.textContent = r.message || (r.output_available ? "" : "(no output kept)");
-    } else {
-      result.textContent = "(not finished)";
-    }
+    runHooks("drawer", task);   // drawer.js: the payload, the output or error, the tracebacks
   } catch (err) {
     $("#drawer-message").textContent = describe(err);
   }

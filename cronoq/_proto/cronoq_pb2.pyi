@@ -897,7 +897,7 @@ class PoolSnapshot(_message.Message):
     def __init__(self, name: _Optional[str] = ..., capacity: _Optional[int] = ..., busy: _Optional[int] = ..., held: _Optional[int] = ..., desired: _Optional[int] = ..., pending: _Optional[int] = ..., pending_by_class: _Optional[_Iterable[int]] = ..., reservations: _Optional[int] = ..., dispatched: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., priority_adherence: _Optional[float] = ..., fixed_start_hit_rate: _Optional[float] = ..., utilization: _Optional[float] = ..., schedule_efficiency: _Optional[float] = ..., wait_p50_s: _Optional[float] = ..., wait_p90_s: _Optional[float] = ..., wait_p99_s: _Optional[float] = ..., cost: _Optional[float] = ..., workers_connected: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[WorkerGroup, _Mapping]]] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
-    __slots__ = ("pools", "live_tasks", "running", "pending", "workers_connected", "unavailable_shards", "totals", "at_unix_ns", "metrics_window_s")
+    __slots__ = ("pools", "live_tasks", "running", "pending", "workers_connected", "unavailable_shards", "totals", "at_unix_ns", "metrics_window_s", "environment", "region")
     class TotalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -914,6 +914,8 @@ class SnapshotResponse(_message.Message):
     TOTALS_FIELD_NUMBER: _ClassVar[int]
     AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     METRICS_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolSnapshot]
     live_tasks: int
     running: int
@@ -923,4 +925,6 @@ class SnapshotResponse(_message.Message):
     totals: _containers.ScalarMap[str, int]
     at_unix_ns: int
     metrics_window_s: float
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSnapshot, _Mapping]]] = ..., live_tasks: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., workers_connected: _Optional[int] = ..., unavailable_shards: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, int]] = ..., at_unix_ns: _Optional[int] = ..., metrics_window_s: _Optional[float] = ...) -> None: ...
+    environment: str
+    region: str
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSnapshot, _Mapping]]] = ..., live_tasks: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., workers_connected: _Optional[int] = ..., unavailable_shards: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, int]] = ..., at_unix_ns: _Optional[int] = ..., metrics_window_s: _Optional[float] = ..., environment: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...

@@ -221,7 +221,8 @@ def snapshot_json(snap: pb.SnapshotResponse) -> dict[str, Any]:
     return {"pools": [_pool_json(p) for p in snap.pools], "live_tasks": snap.live_tasks, "running": snap.running,
             "pending": snap.pending, "workers_connected": snap.workers_connected,
             "totals": ordered_totals(snap.totals), "at_unix_ns": str(snap.at_unix_ns),
-            "metrics_window_s": snap.metrics_window_s, "unavailable_shards": list(snap.unavailable_shards)}
+            "metrics_window_s": snap.metrics_window_s, "unavailable_shards": list(snap.unavailable_shards),
+            "environment": snap.environment, "region": snap.region}
 
 
 __all__ = ["STATUS_NAMES", "PRIORITY_NAMES", "OVERLAP_NAMES", "CONDITION_NAMES", "JSON_DECODER", "is_json", "is_text", "utf8_text",

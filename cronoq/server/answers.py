@@ -16,7 +16,7 @@ from .schema import (
 
 __all__ = ["STATUSES", "TERMINAL_STATUSES", "RESULT", "SUBMITTED", "SUBMIT_OUT", "BATCH_OUT", "INFO", "TASKS_OUT",
            "CANCEL_OUT", "REMOVED_OUT", "EXPLANATION", "WORKER", "WORKERS_OUT", "SCHEDULE", "SCHEDULES_OUT", "POOL", "SNAPSHOT",
-           "TIMELINE", "ERROR"]
+           "ENVIRONMENT", "ENVIRONMENTS_OUT", "TIMELINE", "ERROR"]
 
 STATUSES = tuple(str(status) for status in _ALL_STATUSES)
 TERMINAL_STATUSES = tuple(status for status in STATUSES if status in TERMINAL)
@@ -219,8 +219,26 @@ SNAPSHOT = Obj("Snapshot", {
     "metrics_window_s": Seconds("The metrics window: the span the pools' attempt counts, waits and rates cover."),
     "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (empty when all "
                                         "answered, and without shards)."),
+    "environment": Text("This server's deployment ([server] environment); empty when unnamed."),
+    "region": Text("Its region ([server] region, or the catalog's); empty when unsaid."),
 }, "The scheduler's state.", required=("pools", "live_tasks", "running", "pending", "workers_connected", "totals",
-                                       "at_unix_ns", "metrics_window_s", "unavailable_shards"))
+                                       "at_unix_ns", "metrics_window_s", "unavailable_shards", "environment",
+                                       "region"))
+
+ENVIRONMENT = Obj("Environment", {
+    "name": Text("Its name in the catalog.", empty=False),
+    "region": Text("Its region; empty when the catalog gives none."),
+    "http": Text("Its HTTP URL (the dashboard is at /ui/ of it); empty when the catalog gives none."),
+    "grpc": Text("Its gRPC target, as cronoq --server takes it; empty when the catalog gives none."),
+    "description": Text("What the catalog says of it; may be empty."),
+    "current": Flag("Whether it is this server's environment."),
+}, "A deployment of the catalog.", required=("name", "region", "http", "grpc", "description", "current"))
+
+ENVIRONMENTS_OUT = Obj("Environments", {
+    "environment": Text("This server's deployment ([server] environment); empty when unnamed."),
+    "region": Text("Its region; empty when unsaid."),
+    "environments": Array(ENVIRONMENT, "The catalog ([environments]), in its order; empty without one."),
+}, "This server's identity and the catalog of environments.", required=("environment", "region", "environments"))
 
 TIMELINE_WORKER = Obj("TimelineWorker", {
     "id": Id("Assigned by the server, per connection (as in /v1/workers)."),

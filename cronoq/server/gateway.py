@@ -449,6 +449,19 @@ class Gateway:
         assert call.caller is not None
         return self.json(snapshot_json(await self.service.snapshot(call.caller, pb.SnapshotRequest())))
 
+    async def environments(self, call: Call) -> Response:
+        """This server's identity and the catalog ([environments]): no
+        credential is in it, and a standby answers too (it is configuration)."""
+        caller = call.caller
+        assert caller is not None
+        if caller.role not in ("client", "metrics", "admin"):
+            raise ServiceError(Code.PERMISSION_DENIED, f"the environments need the client or the metrics role; the "
+                                                       f"credential has the {caller.role} role")
+        server = self.service.config.server
+        return self.json({"environment": server.environment or "", "region": server.region or "",
+                          "environments": [e.as_json(server.environment)
+                                           for e in self.service.config.environments]})
+
     async def resubmit(self, call: Call) -> Response:
         assert call.caller is not None
         response = await self.service.resubmit(call.caller, call.params["id"])
@@ -484,7 +497,9 @@ class Gateway:
         try:
             hello = {"state": service.state, "role": caller.role, "snapshot_s": every,
                      "status_events": caller.role in ("client", "admin"),
-                     "pools": caller.visible(service.every_pool), "version": __version__}
+                     "pools": caller.visible(service.every_pool), "version": __version__,
+                     "environment": service.config.server.environment or "",
+                     "region": service.config.server.region or ""}
             yield _sse("hello", hello) + b"retry: 1000\n\n"
             next_snapshot = loop.time()
             next_ping = loop.time() + _PING_S

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .answers import (
-    BATCH_OUT, CANCEL_OUT, EXPLANATION, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT,
-    REMOVED_OUT, TIMELINE,
+    BATCH_OUT, CANCEL_OUT, ENVIRONMENTS_OUT, EXPLANATION, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT,
+    TASKS_OUT, WORKERS_OUT, REMOVED_OUT, TIMELINE,
 )
 from .schema import BATCH, PRIORITIES, SUBMIT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text
 from .schema import Integer as IntegerField
@@ -134,7 +134,7 @@ ROUTES: tuple[Route, ...] = (
                                       minimum=0, maximum=2 ** 32 - 1))),
           statuses=(400, 401, 403, 404, 429, 503),
           description="Needs the client role (status events) or the metrics role (snapshots); admin gets both. "
-                      "A text/event-stream: hello (state, role, visible pools), status (a JSON array of status "
+                      "A text/event-stream: hello (state, role, visible pools, the environment and region), status (a JSON array of status "
                       "events, every transition, batched), snapshot (as /v1/snapshot), "
                       "lagged (events were dropped: reconcile with the task routes), state (this server stopped "
                       "serving; the stream ends). With recent, the first status message holds up to that many of the "
@@ -142,6 +142,12 @@ ROUTES: tuple[Route, ...] = (
                       "you show."),
     Route("GET", "/v1/snapshot", "snapshot", "The scheduler's state", "snapshot", role="metrics",
           response=SNAPSHOT, statuses=(401, 403, 503)),
+    Route("GET", "/v1/environments", "list_environments", "The catalog of environments", "environments",
+          role="client", also=("metrics",), response=ENVIRONMENTS_OUT, statuses=(401, 403),
+          description="Needs the client, metrics or admin role. This server's identity ([server] environment and "
+                      "region) and the catalog of deployments ([environments]): name, region, HTTP URL, gRPC "
+                      "target, description, and whether it is this one. Never a credential. Answered by a "
+                      "standby too."),
     Route("GET", "/metrics", "metrics", "Prometheus metrics", "metrics", role="metrics",
           media="text/plain", statuses=(401, 403, 503), metrics_listener=True,
           description="Prometheus text (the series of docs/metrics.md), of the pools the caller may use. On "

@@ -773,7 +773,9 @@ class Service:
         for conn in self.hub.workers.values():
             workers[conn.pool] = workers.get(conn.pool, 0) + 1
         response = pb.SnapshotResponse(live_tasks=snap.live_tasks, running=snap.running, pending=snap.pending,
-                                       at_unix_ns=int(round(snap.at * NS)), metrics_window_s=snap.window)
+                                       at_unix_ns=int(round(snap.at * NS)), metrics_window_s=snap.window,
+                                       environment=self.config.server.environment or "",
+                                       region=self.config.server.region or "")
         for view in snap.pools:
             pool = view.as_dict()
             name = pool["name"]

@@ -188,8 +188,9 @@ function tickStep(spanS, width) {
   return STEPS_S.find((step) => spanS / step <= wanted) || STEPS_S[STEPS_S.length - 1];
 }
 
+// Times of day in UTC, as the rest of the dashboard shows them.
 function clock(msValue) {
-  return new Date(msValue).toLocaleTimeString([], {hour12: false});
+  return new Date(msValue).toISOString().slice(11, 19);
 }
 
 function day(msValue) {
@@ -399,7 +400,7 @@ function attemptTip(a, status) {
   const lines = [["task", `${a.id}${a.key ? " (" + a.key + ")" : ""}, ${a.kind}, ${a.priority}`],
                  ["attempt", `${a.attempt} of ${a.max_attempts}`],
                  ["worker", a.worker_name ? `${a.worker_name} (id ${a.worker_id})` : "not recorded"],
-                 ["started", `${dateTime(a.started_unix_ns)} (${time(a.started_unix_ns)})`]];
+                 ["started", time(a.started_unix_ns)]];
   if (a.ended_unix_ns) {
     lines.push(["ended", `${time(a.ended_unix_ns)}, after ${seconds(a.started_unix_ns, a.ended_unix_ns)}`]);
   }
@@ -413,7 +414,7 @@ function attemptTip(a, status) {
 
 function reservationTip(r) {
   const lines = [["task", `${r.id}${r.key ? " (" + r.key + ")" : ""}, ${r.kind}`], ["pool", r.pool],
-                 ["starts", `${dateTime(r.start_unix_ns)} (${time(r.start_unix_ns)}), tolerance ${r.tolerance_s} s`],
+                 ["starts", `${dateTime(r.start_unix_ns)}, tolerance ${r.tolerance_s} s`],
                  ["slot", r.held ? "held for it now" : "not held yet"]];
   if (r.deadline_unix_ns) lines.push(["deadline", time(r.deadline_unix_ns)]);
   return lines;

@@ -324,20 +324,24 @@ class TaskInfo(_message.Message):
     def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., message: _Optional[str] = ..., output_available: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., stages: _Optional[_Iterable[str]] = ..., checkpoints: _Optional[_Iterable[_Union[StageCheckpoint, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., payload_preview: _Optional[bytes] = ..., payload_size: _Optional[int] = ..., content_type: _Optional[str] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("attempt", "status", "message", "started_unix_ns", "ended_unix_ns", "traceback")
+    __slots__ = ("attempt", "status", "message", "started_unix_ns", "ended_unix_ns", "worker_id", "worker_name", "traceback")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     ENDED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     status: TaskStatus
     message: str
     started_unix_ns: int
     ended_unix_ns: int
+    worker_id: int
+    worker_name: str
     traceback: str
-    def __init__(self, attempt: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., message: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ..., traceback: _Optional[str] = ...) -> None: ...
+    def __init__(self, attempt: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., message: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ..., worker_id: _Optional[int] = ..., worker_name: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class StageCheckpoint(_message.Message):
     __slots__ = ("stage", "data", "content_type", "attempt", "saved_unix_ns")

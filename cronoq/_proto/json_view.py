@@ -132,6 +132,9 @@ def _attempt_json(attempt: pb.Attempt) -> dict[str, Any]:
     _optional_ns(attempt, "ended_unix_ns", out)
     if attempt.traceback:
         out["traceback"] = attempt.traceback
+    if attempt.worker_id:
+        out["worker_id"] = str(attempt.worker_id)
+        out["worker_name"] = attempt.worker_name
     return out
 
 

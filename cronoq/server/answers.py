@@ -16,7 +16,7 @@ from .schema import (
 
 __all__ = ["STATUSES", "TERMINAL_STATUSES", "RESULT", "SUBMITTED", "SUBMIT_OUT", "BATCH_OUT", "INFO", "TASKS_OUT",
            "CANCEL_OUT", "REMOVED_OUT", "EXPLANATION", "WORKER", "WORKERS_OUT", "SCHEDULE", "SCHEDULES_OUT", "POOL", "SNAPSHOT",
-           "ENVIRONMENT", "ENVIRONMENTS_OUT", "ERROR"]
+           "ENVIRONMENT", "ENVIRONMENTS_OUT", "TIMELINE", "ERROR"]
 
 STATUSES = tuple(str(status) for status in _ALL_STATUSES)
 TERMINAL_STATUSES = tuple(status for status in STATUSES if status in TERMINAL)
@@ -68,6 +68,8 @@ ATTEMPT = Obj("Attempt", {
     "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
     "traceback": Text("The traceback the worker sent with its failure (its last 8 KiB; the leader's memory "
                       "only: the task's lookup, not listings)."),
+    "worker_id": Id("The worker that got its lease (an id of /v1/workers); absent when not known."),
+    "worker_name": Text("That worker's registered name (with worker_id)."),
 }, "One attempt of a task.", required=("attempt", "started_unix_ns"))
 
 STAGE_CHECKPOINT = Obj("StageCheckpoint", {
@@ -237,6 +239,66 @@ ENVIRONMENTS_OUT = Obj("Environments", {
     "region": Text("Its region; empty when unsaid."),
     "environments": Array(ENVIRONMENT, "The catalog ([environments]), in its order; empty without one."),
 }, "This server's identity and the catalog of environments.", required=("environment", "region", "environments"))
+
+TIMELINE_WORKER = Obj("TimelineWorker", {
+    "id": Id("Assigned by the server, per connection (as in /v1/workers)."),
+    "name": Text("What the worker registered as."),
+    "pool": Text("The pool it serves."),
+    "slots": Integer("Slots granted.", maximum=2 ** 32 - 1),
+}, "A connected worker: the lanes of the timeline.", required=("id", "name", "pool", "slots"))
+
+TIMELINE_ATTEMPT = Obj("TimelineAttempt", {
+    "id": Id("The task."),
+    "key": Text("Its key, if any."),
+    "kind": Text("Its kind."),
+    "pool": Text("Its pool."),
+    "priority": Choice(PRIORITIES, "Its priority class."),
+    "attempt": Integer("The attempt's number, from 1.", maximum=2 ** 32 - 1),
+    "max_attempts": Integer("Attempts its retry policy allows.", maximum=2 ** 32 - 1),
+    "status": Choice(STATUSES, "How the attempt ended; absent while it runs, or when it ended without a "
+                               "status of its own (a lease handed to another worker)."),
+    "message": Text("Why it failed, when it did."),
+    "started_unix_ns": UnixNs("When it started."),
+    "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
+    "worker_id": Id("The worker that got its lease; absent when not known."),
+    "worker_name": Text("That worker's registered name (with worker_id)."),
+    "deadline_unix_ns": UnixNs("The task's deadline; absent when it has none."),
+    "missed_deadline": Flag("The attempt ended after the deadline, or runs past it now."),
+}, "One attempt of the window.", required=("id", "kind", "pool", "priority", "attempt", "max_attempts",
+                                           "started_unix_ns", "missed_deadline"))
+
+TIMELINE_RESERVATION = Obj("TimelineReservation", {
+    "id": Id("The fixed-start task."),
+    "key": Text("Its key, if any."),
+    "kind": Text("Its kind."),
+    "pool": Text("Its pool."),
+    "start_unix_ns": UnixNs("Its fixed start time."),
+    "tolerance_s": Seconds("How late it may start (its tolerance)."),
+    "held": Flag("The engine already holds a free slot of the pool for it."),
+    "deadline_unix_ns": UnixNs("Its deadline; absent when it has none."),
+}, "A fixed start not started yet.", required=("id", "kind", "pool", "start_unix_ns", "tolerance_s", "held"))
+
+TIMELINE_HOLD = Obj("TimelineHold", {
+    "pool": Text("The pool."),
+    "held": Integer("Its slots held now for fixed starts about to begin.", maximum=2 ** 32 - 1),
+    "task_ids": Array(Id(), "The tasks they are held for."),
+}, "The slots a pool holds now.", required=("pool", "held", "task_ids"))
+
+TIMELINE = Obj("Timeline", {
+    "at_unix_ns": UnixNs("The leader's time of this answer: the timeline's now."),
+    "range_s": Seconds("How far back the attempts go (range_s, capped)."),
+    "ahead_s": Seconds("How far ahead the reservations go (ahead_s, capped)."),
+    "workers": Array(TIMELINE_WORKER, "The connected workers of the pools, in connection order."),
+    "attempts": Array(TIMELINE_ATTEMPT, "The attempts running now or that ran in the window, from the "
+                                        "leader's record of recent tasks, by start time."),
+    "reservations": Array(TIMELINE_RESERVATION, "The fixed starts not started yet that start within ahead_s, "
+                                                "or already hold a slot, by start time."),
+    "holds": Array(TIMELINE_HOLD, "The pools holding slots now, by name."),
+    "unavailable_shards": Array(Text(), "With shards: the other shards serving the pools asked for (this "
+                                        "answer is the answering shard's alone)."),
+}, "The scheduling of a time window: attempts per worker, and the fixed starts ahead.",
+    required=("at_unix_ns", "range_s", "ahead_s", "workers", "attempts", "reservations", "holds",
+              "unavailable_shards"))
 
 ERROR = Obj("Error", {
     "error": Text("What went wrong, naming the field or the limit."),

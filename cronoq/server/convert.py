@@ -395,8 +395,12 @@ def info_message(info: Any, meta: TaskMeta | None, details: bool = False) -> pb.
         for ref, cond in meta.edges:
             target = pb.TaskRef(id=ref) if isinstance(ref, int) else pb.TaskRef(key=ref)
             out.deps.add(ref=target, cond=EDGE_OUT[cond])
-        for number, ended, message, started_ns, ended_ns, traceback in meta.attempts or ():
+        for number, ended, message, started_ns, ended_ns, traceback, worker_id, worker_name in (
+                meta.attempts or ()):
             item = out.attempts.add(attempt=number, message=message, started_unix_ns=started_ns)
+            if worker_id is not None:
+                item.worker_id = worker_id
+                item.worker_name = worker_name
             if ended is not None:
                 item.status = status_enum(ended)
             if ended_ns is not None:

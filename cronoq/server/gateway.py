@@ -422,6 +422,13 @@ class Gateway:
              "lease_expiries": w.lease_expiries, "last_seen_unix_ns": str(w.last_seen_unix_ns)}
             for w in response.workers]}, response.unavailable_shards))
 
+    async def timeline(self, call: Call) -> Response:
+        assert call.caller is not None
+        query = call.query
+        answer = await self.service.timeline(call.caller, query.get("pool", ()), query.get("range_s", 300.0),
+                                             query.get("ahead_s", 300.0))
+        return self.json(answer)
+
     async def recurring(self, call: Call) -> Response:
         assert call.caller is not None
         response = await self.service.list_recurring(call.caller, pb.ListRecurringRequest())

@@ -38,7 +38,7 @@ class TaskMeta:
 
     __slots__ = ("pool", "key", "kind", "priority", "tenant", "tags", "max_attempts", "created_ns",
                  "started_ns", "finished_ns", "spec", "edges", "attempts", "labels", "payload_preview",
-                 "payload_size", "payload_type", "traceback")
+                 "payload_size", "payload_type", "traceback", "deadline_ns", "worker")
 
     def __init__(self, spec: TaskSpec, pool: str, max_attempts: int, created_ns: int,
                  preview_bytes: int = 0) -> None:
@@ -57,8 +57,15 @@ class TaskMeta:
         self.finished_ns: int | None = None
         self.edges = spec.edges
         self.labels = spec.labels
-        # [attempt, how it ended (None while it runs), message, started_ns, ended_ns, traceback], oldest first
+        # [attempt, how it ended (None while it runs), message, started_ns, ended_ns, traceback, worker id,
+        # worker name] (the worker None until its lease is sent, and for attempts not run by a remote worker),
+        # oldest first
         self.attempts: list[list[Any]] | None = None
+        # Kept apart from the spec, which is let go when the task ends.
+        self.deadline_ns: int | None = spec.deadline_at_ns if spec.deadline_at_ns is not None else (
+            created_ns + spec.deadline_in_ns if spec.deadline_in_ns is not None else None)
+        # (attempt, worker id, worker name) of the latest lease sent: its attempt may not be recorded yet
+        self.worker: tuple[int, int, str] | None = None
         # The payload's first preview_bytes (kept after the task ended), its size and content type.
         payload = spec.payload
         data = getattr(payload, "data", None)
@@ -99,6 +106,12 @@ class InfoCache:
         self.dead_letters = dead_letters
         self.dead: deque[int] = deque()     # dead-lettered tasks whose spec is kept, oldest first
         self.early: OrderedDict[int, list[tuple[str, int, int, str | None]]] = OrderedDict()
+        # Leases sent before the task's record was made: (attempt, worker id, worker name).
+        self.early_workers: OrderedDict[int, tuple[int, int, str]] = OrderedDict()
+        # The timeline's index: tasks by their latest attempt start or end (the latest last), and the tasks
+        # with an attempt running, so that a window's attempts are found without reading every entry.
+        self.touched: OrderedDict[int, int] = OrderedDict()
+        self.running: set[int] = set()
 
     def put(self, task_id: int, meta: TaskMeta) -> None:
         if not self.limit:
@@ -107,6 +120,9 @@ class InfoCache:
         entries[task_id] = meta
         if len(entries) > self.limit:
             entries.popitem(last=False)
+        worker = self.early_workers.pop(task_id, None)
+        if worker is not None:
+            meta.worker = worker
         seen = self.early.pop(task_id, None)
         if seen is not None:
             for status, at_ns, attempt, message in seen:
@@ -115,6 +131,9 @@ class InfoCache:
     def clear(self) -> None:
         self.entries.clear()
         self.early.clear()
+        self.early_workers.clear()
+        self.touched.clear()
+        self.running.clear()
         self.with_traceback.clear()
 
     def failed_with(self, task_id: int, attempt: int, traceback: str) -> None:
@@ -140,6 +159,57 @@ class InfoCache:
     def get(self, task_id: int) -> TaskMeta | None:
         return self.entries.get(task_id)
 
+    def _touch(self, task_id: int, at_ns: int) -> None:
+        touched = self.touched
+        touched[task_id] = at_ns
+        touched.move_to_end(task_id)
+        if len(touched) > self.limit:
+            touched.popitem(last=False)
+
+    def active_since(self, since_ns: int, most: int) -> list[tuple[int, TaskMeta]]:
+        """Up to ``most`` tasks with an attempt running now or one that
+        started or ended at or after ``since_ns`` (the latest first), read
+        from the index, not from every entry."""
+        out: list[tuple[int, TaskMeta]] = []
+        entries = self.entries
+        seen: set[int] = set()
+        for task_id in list(self.running):
+            meta = entries.get(task_id)
+            if meta is None:
+                self.running.discard(task_id)   # forgotten by the cache
+                continue
+            seen.add(task_id)
+            out.append((task_id, meta))
+        for task_id in reversed(self.touched):
+            if len(out) >= most:
+                break
+            if self.touched[task_id] < since_ns:
+                break
+            if task_id in seen:
+                continue
+            meta = entries.get(task_id)
+            if meta is not None:
+                out.append((task_id, meta))
+        return out[:most]
+
+    def leased(self, task_id: int, attempt: int, worker_id: int, worker_name: str) -> None:
+        """Attempt ``attempt`` of the task was leased to that worker (again, to
+        another one, when a worker gave it back): before or after its running
+        event arrives."""
+        meta = self.entries.get(task_id)
+        if meta is None:
+            if self.limit:
+                self.early_workers[task_id] = (attempt, worker_id, worker_name)
+                self.early_workers.move_to_end(task_id)
+                if len(self.early_workers) > EARLY_KEPT:
+                    self.early_workers.popitem(last=False)
+            return
+        meta.worker = (attempt, worker_id, worker_name)
+        attempts = meta.attempts
+        if attempts and attempts[-1][0] == attempt and attempts[-1][4] is None:
+            attempts[-1][6] = worker_id
+            attempts[-1][7] = worker_name
+
     def saw(self, task_id: int, status: str, at_ns: int, attempt: int = 0, message: str | None = None) -> None:
         meta = self.entries.get(task_id)
         if meta is None:
@@ -159,11 +229,19 @@ class InfoCache:
             if status != "running":
                 last[1] = status
                 last[2] = message or ""
+            self._touch(task_id, at_ns)
+            self.running.discard(task_id)
         if status == "running":
+            self._touch(task_id, at_ns)
+            self.running.add(task_id)
             meta.started_ns = at_ns
             if attempts is None:
                 attempts = meta.attempts = []
-            entry = [attempt, None, "", at_ns, None, ""]
+            worker = meta.worker
+            if worker is not None and worker[0] == attempt:
+                entry = [attempt, None, "", at_ns, None, "", worker[1], worker[2]]
+            else:
+                entry = [attempt, None, "", at_ns, None, "", None, None]
             attempts.append(entry)
             if meta.traceback is not None and meta.traceback[0] == attempt:
                 self._keep_traceback(entry, meta.traceback[1])

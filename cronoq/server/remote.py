@@ -162,6 +162,8 @@ class WorkerHub:
         self.waiting = {True: 0, False: 0}   # streams waiting for their first message, by caller valid or not
         # Where a worker's traceback of a failed attempt goes: (task id, attempt, traceback), the service's info cache.
         self.tracebacks: Callable[[int, int, str], None] | None = None
+        # Told of every lease sent: (task id, attempt, worker id, worker name); the service's info cache.
+        self.on_lease: Callable[[int, int, int, str], None] | None = None
 
     def factory(self, section: PoolSection) -> Callable[[RunnerLink], RemotePool]:
         def make(link: RunnerLink) -> RemotePool:
@@ -351,6 +353,9 @@ class RemotePool:
     def _lease(self, conn: WorkerConn, attempt: Attempt) -> None:
         conn.hold(attempt)
         self.where[attempt.lease] = conn
+        told = self.hub.on_lease
+        if told is not None:
+            told(attempt.id, attempt.attempt, conn.id, conn.name)
         message = lease_message(attempt)
         book = self.link.checkpoints
         if conn.checkpoints and book is not None:   # only to workers that understand them

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .answers import (
-    BATCH_OUT, CANCEL_OUT, ENVIRONMENTS_OUT, EXPLANATION, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT,
-    REMOVED_OUT,
+    BATCH_OUT, CANCEL_OUT, ENVIRONMENTS_OUT, EXPLANATION, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT,
+    TASKS_OUT, WORKERS_OUT, REMOVED_OUT, TIMELINE,
 )
 from .schema import BATCH, PRIORITIES, SUBMIT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text
 from .schema import Integer as IntegerField
@@ -110,6 +110,16 @@ ROUTES: tuple[Route, ...] = (
                       "leader no longer holds its payload (it keeps those of the last 1000 dead letters it saw)."),
     Route("GET", "/v1/workers", "list_workers", "Connected workers", "workers", role="metrics",
           response=WORKERS_OUT, query=(("pool", _POOLS),), statuses=_TASK_ERRORS),
+    Route("GET", "/v1/timeline", "timeline", "Attempts per worker, and the fixed starts ahead", "timeline",
+          role="client", response=TIMELINE, statuses=_TASK_ERRORS,
+          query=(("pool", _POOLS),
+                 ("range_s", Seconds("How far back attempts are drawn: default 300, at most 3600.")),
+                 ("ahead_s", Seconds("How far ahead fixed starts are drawn: default 300, at most 3600 "
+                                     "(those holding a slot are drawn whenever they start)."))),
+          description="The dashboard's Timeline. Attempts come from the leader's record of recent tasks "
+                      "(outputs.info_entries), with the worker that got each lease; reservations from the "
+                      "engine's reservation calendars. With shards, the answering shard's alone (the others "
+                      "in unavailable_shards)."),
     Route("GET", "/v1/recurring", "list_recurring", "Recurring schedules", "recurring", role="metrics",
           response=SCHEDULES_OUT, statuses=(401, 403, 503)),
     Route("DELETE", "/v1/recurring/{name}", "remove_recurring", "Remove a recurring schedule",

@@ -744,8 +744,9 @@ function attemptItem(a) {
   li.value = a.attempt;
   li.dataset.status = a.status || (a.ended_unix_ns ? "" : "running");
   const took = a.ended_unix_ns ? ` (${seconds(a.started_unix_ns, a.ended_unix_ns)})` : "";
+  if (a.worker_id) li.dataset.worker = a.worker_name;
   li.textContent = `${time(a.started_unix_ns)} ${a.status || (a.ended_unix_ns ? "handed over" : "running")}` +
-    `${took}${a.message ? " — " + a.message : ""}`;
+    `${took}${a.worker_id ? " on " + a.worker_name : ""}${a.message ? " — " + a.message : ""}`;
   return li;
 }
 

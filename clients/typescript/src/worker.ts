@@ -248,26 +248,46 @@ class Session {
     }
   }
 
-  /** What queued up since the last write goes as one batch (at most 512,
-   * within half of max_message_bytes). */
+  /** Write what queued up as one batch (at most 512, within half of
+   * max_message_bytes); what queues while that write is under way goes in
+   * the next one, as the Python worker does. */
   private flush(): void {
-    this.flushing = false;
-    const limit = this.maxBytes / 2;
-    while (this.out.length && !this.ended && !this.sendClosed) {
-      const messages: WorkerMessage[] = [];
-      let size = 0;
-      while (this.out.length && messages.length < BATCH_LIMIT) {
-        const next = this.out[0]!;
-        const bytes = 32 + (next.complete?.output.length ?? 0) + (next.checkpoint?.data.length ?? 0)
-          + (next.fail?.message.length ?? 0) * 3;
-        if (messages.length && size + bytes > limit) {
-          break;
-        }
-        messages.push(this.out.shift()!);
-        size += bytes;
-      }
-      this.call.write(messages.length === 1 ? messages[0]! : { batch: { messages } });
+    if (!this.out.length || this.ended || this.sendClosed) {
+      this.flushing = false;
+      this.flushed();
+      return;
     }
+    const limit = this.maxBytes / 2;
+    const messages: WorkerMessage[] = [];
+    let size = 0;
+    while (this.out.length && messages.length < BATCH_LIMIT) {
+      const next = this.out[0]!;
+      const bytes = 32 + (next.complete?.output.length ?? 0) + (next.checkpoint?.data.length ?? 0)
+        + (next.fail?.message.length ?? 0) * 3;
+      if (messages.length && size + bytes > limit) {
+        break;
+      }
+      messages.push(this.out.shift()!);
+      size += bytes;
+    }
+    this.call.write(messages.length === 1 ? messages[0]! : { batch: { messages } }, () => this.flush());
+  }
+
+  private readonly written = new Set<() => void>();
+
+  /** Resolves once everything queued so far was handed to the stream. */
+  whenFlushed(): Promise<void> {
+    if (!this.flushing) {
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => this.written.add(resolve));
+  }
+
+  private flushed(): void {
+    for (const resolve of this.written) {
+      resolve();
+    }
+    this.written.clear();
   }
 
   saveCheckpoint(lease: Int64, stage: string, data: Buffer, contentType: string): Promise<string> {
@@ -311,6 +331,7 @@ class Session {
   end(): void {
     this.ended = true;
     this.out.length = 0;
+    this.flushed();
     for (const resolve of this.saving.values()) {
       resolve("the worker's stream ended before the server confirmed the checkpoint");
     }
@@ -608,7 +629,11 @@ class Worker {
     session.maxBytes = m.max_message_bytes || session.maxBytes;
     session.checkpoints = m.checkpoints;
     this.logger.info(`connected to ${target}: worker ${m.worker_id} of pool ${this.options.pool} with ${m.slots} slots`);
-    this.options.onConnect?.({ workerId: m.worker_id, slots: m.slots, leaseTtl: session.leaseTtl, target });
+    try {
+      this.options.onConnect?.({ workerId: m.worker_id, slots: m.slots, leaseTtl: session.leaseTtl, target });
+    } catch (error) {
+      this.logger.warn(`onConnect threw: ${(error as Error).stack ?? String(error)}`);
+    }
   }
 
   /** Act on one message from the server; true at Shutdown. */
@@ -723,8 +748,7 @@ class Worker {
         permanent: false } });
     }
     // Half-close once the queued reports are written; the server then ends the stream with OK.
-    await new Promise<void>((resolve) => setImmediate(resolve));
-    await new Promise<void>((resolve) => setImmediate(resolve));
+    await session.whenFlushed();
     if (!session.ended) {
       session.sendClosed = true;
       session.call.end();

@@ -174,7 +174,7 @@ def main() -> None:
     counts = [int(part) for part in args.workers.split(",") if part]
     figures = asyncio.run(run(args.tasks, args.batch, counts, args.slots, args.rounds))
     print(f"no-op tasks through cronoq-server, {args.tasks} tasks a setup, median (min-max) of {args.rounds} rounds")
-    print(f"{'setup':<34} {'tasks/s':>28}")
+    print(f"{'setup':<34} tasks/s: median (min-max)")
     for name, values in figures.items():
         print(f"{name:<34} {statistics.median(values):>10,.0f} ({min(values):,.0f}-{max(values):,.0f})")
 

@@ -59,10 +59,13 @@ test("cancel and watch: the stream sees every transition as it happens", async (
   const stop = new AbortController();
   const events: StatusEvent[] = [];
   const watching = (async () => {
-    for await (const event of client.watch({ signal: stop.signal })) {
+    // recent: what happened before the stream opened comes first, so nothing is missed.
+    for await (const event of client.watch({ signal: stop.signal, recent: 100 })) {
       events.push(event);
     }
   })();
+  const marker = await client.submit({}, { kind: "marker" });
+  await until(() => events.some((e) => e.id === marker.id), "the watch shows the marker task");
   const started = deferred();
   const worker = workerFor(t, server, async (lease) => {
     if (lease.kind === "hold") {
@@ -72,8 +75,6 @@ test("cancel and watch: the stream sees every transition as it happens", async (
     return "done";
   });
   await worker.connected;
-  // Watch sends its headers at once; a task submitted now is seen from the start.
-  await until(() => true, "the watch is open");
   const held = await client.submit({}, { kind: "hold" });
   await started.promise;
   assert.equal(await client.cancel(held.id), true);
@@ -89,10 +90,12 @@ test("cancel and watch: the stream sees every transition as it happens", async (
   const terminal: StatusEvent[] = [];
   for await (const event of client.watch({ terminalOnly: true, recent: 10 })) {
     terminal.push(event);
-    if (terminal.length === 2) break;
+    if (terminal.length === 3) break;
   }
-  assert.deepEqual(terminal.map((e) => [e.id, e.status]), [[held.id, "cancelled"], [quick.id, "succeeded"]]);
-  assert.ok(terminal[1]!.at instanceof Date);
+  // One slot: the marker ran first, then the held task, then the quick one.
+  assert.deepEqual(terminal.map((e) => [e.id, e.status]),
+    [[marker.id, "succeeded"], [held.id, "cancelled"], [quick.id, "succeeded"]]);
+  assert.ok(terminal[2]!.at instanceof Date);
 });
 
 test("ids are strings or BigInt, never Numbers", async (t) => {

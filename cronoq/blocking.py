@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 from .core.actions import StatusEvent
 from .core.errors import AdmissionError, SchedulerError
 from .core.explain import Explanation
-from .core.snapshot import Snapshot, TaskInfo
+from .core.snapshot import Reservation, Snapshot, TaskInfo
 from .core.types import CoreConfig, ResourceConfig, TaskSpec
 from .runtime.checkpoints import DEFAULT_MAX_CHECKPOINT_BYTES
 from .runtime.clock import Clock
@@ -483,6 +483,9 @@ class BlockingScheduler:
 
     def explain(self, ref: int | str) -> Explanation:
         return self._portal_here().call(self._sched.explain, ref)
+
+    def reservations(self, ahead: float, pools: Iterable[str] | None = None) -> list[Reservation]:
+        return self._portal_here().call(self._sched.reservations, ahead, None if pools is None else list(pools))
 
     def set_capacity(self, pool: str, capacity: int) -> None:
         self._portal_here().call(self._sched.set_capacity, pool, capacity)

@@ -827,3 +827,14 @@ def test_a_submit_from_a_thread_does_not_wait_for_the_loop():
         assert again.duplicate and again.id == handles[0].id
         hold.set()
         assert [h.result(timeout=30) for h in handles] == list(range(100))
+
+
+def test_reservations_lists_a_fixed_start_from_a_plain_thread():
+    with cronoq.BlockingScheduler([fixed("default", double)]) as bs:
+        later = bs.enqueue(1, start_in=3600, key="hourly")
+        soon = bs.submit(2)
+        assert soon.result(timeout=10) == 4
+        listed = bs.reservations(7200)
+        assert [(r.id, r.key, r.held) for r in listed] == [(later, "hourly", False)]
+        assert bs.reservations(60) == []
+        assert bs.reservations(7200, pools=["elsewhere"]) == []

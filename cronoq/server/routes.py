@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .answers import (
-    BATCH_OUT, CANCEL_OUT, EXPLANATION, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT,
+    BATCH_OUT, CANCEL_OUT, EXPLANATION, HISTORY, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT,
     REMOVED_OUT,
 )
 from .schema import BATCH, PRIORITIES, SUBMIT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text
@@ -115,8 +115,8 @@ ROUTES: tuple[Route, ...] = (
           media="text/event-stream", also=("metrics",), query=(("pool", _POOLS), ("snapshot_s", Seconds(
               "How often a snapshot event comes (metrics role): default 1, at least 0.2; 0 for none.")),
               ("recent", IntegerField("First, up to this many of the latest status events the leader kept "
-                                      "(it keeps the last 200) for the pools asked for, oldest first: default 0.",
-                                      minimum=0, maximum=2 ** 32 - 1))),
+                                      "(history.events: the last 1000 by default) for the pools asked "
+                                      "for, oldest first: default 0.", minimum=0, maximum=2 ** 32 - 1))),
           statuses=(400, 401, 403, 404, 429, 503),
           description="Needs the client role (status events) or the metrics role (snapshots); admin gets both. "
                       "A text/event-stream: hello (state, role, visible pools), status (a JSON array of status "
@@ -127,6 +127,16 @@ ROUTES: tuple[Route, ...] = (
                       "you show."),
     Route("GET", "/v1/snapshot", "snapshot", "The scheduler's state", "snapshot", role="metrics",
           response=SNAPSHOT, statuses=(401, 403, 503)),
+    Route("GET", "/v1/history", "history", "The pools' recent history", "history", role="metrics",
+          response=HISTORY, statuses=(400, 401, 403, 404, 503),
+          query=(("pool", _POOLS),
+                 ("range_s", Seconds("Only the latest range_s seconds: default everything kept (history.kept_s).")),
+                 ("points", IntegerField("At most this many points per series: default 720. More samples than "
+                                         "that are averaged in fixed buckets (busy, held and pending take the "
+                                         "bucket's max, cost its last sample).", minimum=1, maximum=100_000))),
+          description="One sample per pool every history.interval_s since this leader began (kept for "
+                      "history.kept_s): capacity, desired, busy, held, pending (and by class), throughput and "
+                      "failure rate, waits p50 and p99 (and by class), cost. With shards, every shard's pools."),
     Route("GET", "/metrics", "metrics", "Prometheus metrics", "metrics", role="metrics",
           media="text/plain", statuses=(401, 403, 503), metrics_listener=True,
           description="Prometheus text (the series of docs/metrics.md), of the pools the caller may use. On "

@@ -272,3 +272,57 @@ def test_a_sharded_servers_history_holds_every_shards_pools(servers):
         assert answer["unavailable_shards"] == ["down"]
         only_b = _history(http, pool="gpu", points=2)
         assert [p["name"] for p in only_b["pools"]] == ["gpu"] and len(only_b["pools"][0]["t_unix_ms"]) <= 2
+
+
+class _FakeScheduler:
+    """What Service.lead uses of a scheduler: sinks and a snapshot."""
+
+    running = True
+
+    def __init__(self, core):
+        self.core = core
+        self.sinks: list = []
+
+    def subscribe(self, sink):
+        self.sinks.append(sink)
+
+    def unsubscribe(self, sink):
+        self.sinks.remove(sink)
+
+    async def snapshot(self):
+        return self.core.snapshot(0)
+
+    def events(self):   # (Service._follow's stream: none here)
+        class _Empty:
+            async def __aenter__(self):
+                return self
+
+            async def __aexit__(self, *exc):
+                return False
+
+            def __aiter__(self):
+                return self
+
+            async def __anext__(self):
+                raise StopAsyncIteration
+        return _Empty()
+
+
+@pytest.mark.asyncio
+async def test_a_server_that_becomes_the_leader_starts_an_empty_history():
+    import asyncio
+    from cronoq.server.service import Service
+
+    service = Service(parse("[history]\ninterval_s = 0.1\nkept_s = 10\n"), hub=None)   # type: ignore[arg-type]
+    first = _FakeScheduler(make_core(PoolConfig("default", max=1, initial=1, autoscale=False)))
+    service.lead(first)   # type: ignore[arg-type]
+    history = service.history
+    assert history is not None and history in first.sinks
+    while len(history.rings["default"]) < 2:
+        await asyncio.sleep(0.05)
+    service.step_down()
+    assert service.history is None and history not in first.sinks
+    second = _FakeScheduler(make_core(PoolConfig("default", max=1, initial=1, autoscale=False)))
+    service.lead(second)   # type: ignore[arg-type]
+    assert service.history is not history and len(service.history.rings["default"]) == 0
+    service.step_down()

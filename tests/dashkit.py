@@ -61,8 +61,15 @@ from cronoq.client import Worker
 
 target, pool, token, slots = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 
+def explode(text):
+    raise ValueError(text)
+
 async def handle(lease):
     order = lease.json() if lease.payload else {}
+    if "raise" in order:
+        explode(order["raise"])
+    if "output_size" in order:
+        return "x" * order["output_size"]
     for stage in order.get("checkpoint", []):
         if stage not in lease.checkpoints:
             await lease.checkpoint(stage, {"stage": stage})
@@ -81,7 +88,9 @@ class DashWorker:
     """A worker process serving ``pool`` with ``slots`` slots: a payload
     ``{"sleep": s}`` sleeps s seconds, ``{"fail": true}`` fails (retryable),
     ``{"fail_until": n}`` fails the attempts before the n-th, ``{"checkpoint":
-    [stages]}`` first checkpoints those of the stages not yet saved."""
+    [stages]}`` first checkpoints those of the stages not yet saved, ``{"raise":
+    text}`` raises ValueError(text) from a nested function (a traceback of two
+    frames), ``{"output_size": n}`` returns n bytes of text."""
 
     def __init__(self, target: str, pool: str = "default", slots: int = 1, token: str = WORKER) -> None:
         self.process = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, target, pool, token, str(slots)],

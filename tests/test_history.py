@@ -60,7 +60,7 @@ def test_the_history_section_refuses_what_is_wrong_naming_the_key(text, error):
 
 def test_the_leaders_recent_events_follow_history_events():
     from cronoq.server.service import Service
-    service = Service(parse("[history]\nevents = 7\n"), hub=None)   # type: ignore[arg-type]
+    service = Service(parse("[history]\nevents = 7\n"), hub=SimpleNamespace())   # type: ignore[arg-type]
     assert service.recent.events.maxlen == 7
 
 
@@ -313,7 +313,8 @@ async def test_a_server_that_becomes_the_leader_starts_an_empty_history():
     import asyncio
     from cronoq.server.service import Service
 
-    service = Service(parse("[history]\ninterval_s = 0.1\nkept_s = 10\n"), hub=None)   # type: ignore[arg-type]
+    service = Service(parse("[history]\ninterval_s = 0.1\nkept_s = 10\n"),
+                      hub=SimpleNamespace())   # type: ignore[arg-type]
     first = _FakeScheduler(make_core(PoolConfig("default", max=1, initial=1, autoscale=False)))
     service.lead(first)   # type: ignore[arg-type]
     history = service.history

@@ -41,7 +41,7 @@ def answer_trip(op, answer):
 def test_every_operation_is_in_the_table_once_with_a_version():
     names = [name for name, _ in ops.OPERATIONS]
     assert sorted(names) == sorted({"submit", "cancel", "info", "explain", "snapshot", "set_capacity", "set_group_capacity",
-                                    "add_recurring", "remove_recurring", "checkpoint"})
+                                    "add_recurring", "remove_recurring", "checkpoint", "reservations"})
     assert all(version == 1 for _, version in ops.OPERATIONS)
 
 

@@ -320,7 +320,8 @@ def test_an_attempt_ends_with_the_next_status_and_only_the_latest_are_kept():
     cache.saw(1, "running", 2, attempt=1)
     cache.saw(1, "running", 3, attempt=1)             # handed to another worker: the first ends without a status
     cache.saw(1, "retrying", 4, attempt=1, message="boom")
-    assert cache.get(1).attempts == [[1, None, "", 2, 3], [1, "retrying", "boom", 3, 4]]
+    assert cache.get(1).attempts == [[1, None, "", 2, 3, "", None, None],
+                                      [1, "retrying", "boom", 3, 4, "", None, None]]
     for n in range(2, 50):
         cache.saw(1, "running", 10 * n, attempt=n)
     assert len(cache.get(1).attempts) == 32 and cache.get(1).attempts[-1][0] == 49

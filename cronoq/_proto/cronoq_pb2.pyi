@@ -260,7 +260,7 @@ class GetRequest(_message.Message):
     def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "max_attempts", "message", "output_available", "created_unix_ns", "started_unix_ns", "finished_unix_ns", "priority", "tenant", "tags", "deps", "attempts", "stages", "checkpoints", "labels")
+    __slots__ = ("id", "status", "pool", "key", "kind", "attempt", "max_attempts", "message", "output_available", "created_unix_ns", "started_unix_ns", "finished_unix_ns", "priority", "tenant", "tags", "deps", "attempts", "stages", "checkpoints", "labels", "payload_preview", "payload_size", "content_type")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -295,6 +295,9 @@ class TaskInfo(_message.Message):
     STAGES_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_PREVIEW_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     id: int
     status: TaskStatus
     pool: str
@@ -315,21 +318,30 @@ class TaskInfo(_message.Message):
     stages: _containers.RepeatedScalarFieldContainer[str]
     checkpoints: _containers.RepeatedCompositeFieldContainer[StageCheckpoint]
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., message: _Optional[str] = ..., output_available: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., stages: _Optional[_Iterable[str]] = ..., checkpoints: _Optional[_Iterable[_Union[StageCheckpoint, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    payload_preview: bytes
+    payload_size: int
+    content_type: str
+    def __init__(self, id: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., message: _Optional[str] = ..., output_available: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., priority: _Optional[_Union[Priority, str]] = ..., tenant: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., stages: _Optional[_Iterable[str]] = ..., checkpoints: _Optional[_Iterable[_Union[StageCheckpoint, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., payload_preview: _Optional[bytes] = ..., payload_size: _Optional[int] = ..., content_type: _Optional[str] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("attempt", "status", "message", "started_unix_ns", "ended_unix_ns")
+    __slots__ = ("attempt", "status", "message", "started_unix_ns", "ended_unix_ns", "worker_id", "worker_name", "traceback")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     ENDED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     status: TaskStatus
     message: str
     started_unix_ns: int
     ended_unix_ns: int
-    def __init__(self, attempt: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., message: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ...) -> None: ...
+    worker_id: int
+    worker_name: str
+    traceback: str
+    def __init__(self, attempt: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., message: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., ended_unix_ns: _Optional[int] = ..., worker_id: _Optional[int] = ..., worker_name: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class StageCheckpoint(_message.Message):
     __slots__ = ("stage", "data", "content_type", "attempt", "saved_unix_ns")
@@ -505,16 +517,18 @@ class Complete(_message.Message):
     def __init__(self, lease: _Optional[int] = ..., output: _Optional[bytes] = ..., content_type: _Optional[str] = ...) -> None: ...
 
 class Fail(_message.Message):
-    __slots__ = ("lease", "message", "permanent", "retry_after_s")
+    __slots__ = ("lease", "message", "permanent", "retry_after_s", "traceback")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PERMANENT_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     lease: int
     message: str
     permanent: bool
     retry_after_s: float
-    def __init__(self, lease: _Optional[int] = ..., message: _Optional[str] = ..., permanent: _Optional[bool] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+    traceback: str
+    def __init__(self, lease: _Optional[int] = ..., message: _Optional[str] = ..., permanent: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class Nack(_message.Message):
     __slots__ = ("lease", "reason")
@@ -883,7 +897,7 @@ class PoolSnapshot(_message.Message):
     def __init__(self, name: _Optional[str] = ..., capacity: _Optional[int] = ..., busy: _Optional[int] = ..., held: _Optional[int] = ..., desired: _Optional[int] = ..., pending: _Optional[int] = ..., pending_by_class: _Optional[_Iterable[int]] = ..., reservations: _Optional[int] = ..., dispatched: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., priority_adherence: _Optional[float] = ..., fixed_start_hit_rate: _Optional[float] = ..., utilization: _Optional[float] = ..., schedule_efficiency: _Optional[float] = ..., wait_p50_s: _Optional[float] = ..., wait_p90_s: _Optional[float] = ..., wait_p99_s: _Optional[float] = ..., cost: _Optional[float] = ..., workers_connected: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[WorkerGroup, _Mapping]]] = ...) -> None: ...
 
 class SnapshotResponse(_message.Message):
-    __slots__ = ("pools", "live_tasks", "running", "pending", "workers_connected", "unavailable_shards", "totals", "at_unix_ns", "metrics_window_s")
+    __slots__ = ("pools", "live_tasks", "running", "pending", "workers_connected", "unavailable_shards", "totals", "at_unix_ns", "metrics_window_s", "environment", "region")
     class TotalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -900,6 +914,8 @@ class SnapshotResponse(_message.Message):
     TOTALS_FIELD_NUMBER: _ClassVar[int]
     AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     METRICS_WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolSnapshot]
     live_tasks: int
     running: int
@@ -909,7 +925,9 @@ class SnapshotResponse(_message.Message):
     totals: _containers.ScalarMap[str, int]
     at_unix_ns: int
     metrics_window_s: float
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSnapshot, _Mapping]]] = ..., live_tasks: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., workers_connected: _Optional[int] = ..., unavailable_shards: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, int]] = ..., at_unix_ns: _Optional[int] = ..., metrics_window_s: _Optional[float] = ...) -> None: ...
+    environment: str
+    region: str
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSnapshot, _Mapping]]] = ..., live_tasks: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., workers_connected: _Optional[int] = ..., unavailable_shards: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, int]] = ..., at_unix_ns: _Optional[int] = ..., metrics_window_s: _Optional[float] = ..., environment: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...
 
 class HistoryRequest(_message.Message):
     __slots__ = ("pools", "range_s", "points")

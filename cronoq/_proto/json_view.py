@@ -55,18 +55,59 @@ def _bytes_fields(out: dict[str, Any], data: bytes, content_type: str, name: str
     out[name + "_b64"] = base64.b64encode(data).decode("ascii")
 
 
+def is_text(content_type: str) -> bool:
+    """JSON or text/*: content shown as text."""
+    return is_json(content_type) or content_type.lower().startswith("text/")
+
+
+def utf8_text(data: bytes, cut: bool) -> str | None:
+    """``data`` as UTF-8 text, or None; when ``cut`` (the first bytes of
+    something longer), a character cut in two at the end is left out."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if cut and exc.start >= len(data) - 3 and exc.reason == "unexpected end of data":
+            try:
+                return data[:exc.start].decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        return None
+
+
+def _cut_fields(out: dict[str, Any], data: bytes, size: int, content_type: str, name: str) -> None:
+    """The first bytes of a payload or output: ``name_text`` when JSON or text
+    and UTF-8, else ``name_b64``; with ``name_size`` and ``name_truncated``."""
+    text = utf8_text(data, len(data) < size) if is_text(content_type) else None
+    if text is not None:
+        out[name + "_text"] = text
+    else:
+        out[name + "_b64"] = base64.b64encode(data).decode("ascii")
+    out[name + "_size"] = size
+    out[name + "_truncated"] = len(data) < size
+
+
 def _optional_ns(message: Any, field: str, out: dict[str, Any]) -> None:
     if message.HasField(field):
         out[field] = str(getattr(message, field))
 
 
-def result_json(result: pb.TaskResult) -> dict[str, Any]:
+def result_json(result: pb.TaskResult, max_bytes: int | None = None) -> dict[str, Any]:
+    """The result's document; with ``max_bytes``, its output's first
+    ``max_bytes`` only (as text when JSON or text, else base64), with
+    ``output_size`` and ``output_truncated``."""
     out: dict[str, Any] = {"id": str(result.id), "status": STATUS_NAMES[result.status],
                            "output_available": result.output_available}
     if result.output_available:
         content_type = result.content_type or "application/octet-stream"
         out["content_type"] = content_type
-        _bytes_fields(out, result.output, content_type, "output")
+        if max_bytes is None:
+            _bytes_fields(out, result.output, content_type, "output")
+        elif len(result.output) <= max_bytes:
+            _bytes_fields(out, result.output, content_type, "output")
+            out["output_size"] = len(result.output)
+            out["output_truncated"] = False
+        else:
+            _cut_fields(out, result.output[:max_bytes], len(result.output), content_type, "output")
     if result.message:
         out["message"] = result.message
     return out
@@ -89,6 +130,11 @@ def _attempt_json(attempt: pb.Attempt) -> dict[str, Any]:
         out["message"] = attempt.message
     out["started_unix_ns"] = str(attempt.started_unix_ns)
     _optional_ns(attempt, "ended_unix_ns", out)
+    if attempt.traceback:
+        out["traceback"] = attempt.traceback
+    if attempt.worker_id:
+        out["worker_id"] = str(attempt.worker_id)
+        out["worker_name"] = attempt.worker_name
     return out
 
 
@@ -125,6 +171,9 @@ def info_json(info: pb.TaskInfo) -> dict[str, Any]:
         out["stages"] = list(info.stages)
     if info.checkpoints:
         out["checkpoints"] = [checkpoint_json(c) for c in info.checkpoints]
+    if info.content_type:   # a payload preview (Get)
+        out["payload_content_type"] = info.content_type
+        _cut_fields(out, info.payload_preview, info.payload_size, info.content_type, "payload")
     return out
 
 
@@ -172,8 +221,9 @@ def snapshot_json(snap: pb.SnapshotResponse) -> dict[str, Any]:
     return {"pools": [_pool_json(p) for p in snap.pools], "live_tasks": snap.live_tasks, "running": snap.running,
             "pending": snap.pending, "workers_connected": snap.workers_connected,
             "totals": ordered_totals(snap.totals), "at_unix_ns": str(snap.at_unix_ns),
-            "metrics_window_s": snap.metrics_window_s, "unavailable_shards": list(snap.unavailable_shards)}
+            "metrics_window_s": snap.metrics_window_s, "unavailable_shards": list(snap.unavailable_shards),
+            "environment": snap.environment, "region": snap.region}
 
 
-__all__ = ["STATUS_NAMES", "PRIORITY_NAMES", "OVERLAP_NAMES", "CONDITION_NAMES", "JSON_DECODER", "is_json",
+__all__ = ["STATUS_NAMES", "PRIORITY_NAMES", "OVERLAP_NAMES", "CONDITION_NAMES", "JSON_DECODER", "is_json", "is_text", "utf8_text",
            "result_json", "checkpoint_json", "info_json", "explanation_json", "ordered_totals", "snapshot_json"]

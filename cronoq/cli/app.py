@@ -90,6 +90,23 @@ def _server_command(name: str) -> Callable[[argparse.Namespace], int]:
     return handler
 
 
+def _list_environments(args: argparse.Namespace) -> int:
+    """``cronoq environments``: the catalog, read here (no server is asked)."""
+    import os
+
+    from .connection import read_catalog
+
+    out = Output()
+    path, catalog = read_catalog(args, os.environ)
+    if getattr(args, "output", "text") == "json":
+        out.json({"catalog": path, "environments": [
+            {key: value for key, value in e.as_json().items() if key != "current"} for e in catalog]})
+        return ExitCode.OK
+    out.table(("NAME", "REGION", "HTTP", "GRPC", "DESCRIPTION"),
+              [(e.name, e.region or "-", e.http or "-", e.grpc or "-", e.description) for e in catalog])
+    return ExitCode.OK
+
+
 def _describe(exc: BaseException, code: ExitCode, settings: Settings) -> str:
     text = str(exc) or type(exc).__name__
     if code == ExitCode.UNAVAILABLE:
@@ -120,7 +137,8 @@ def _quiet_stdout() -> None:
 def _command_of(argv: Sequence[str]) -> str | None:
     """The subcommand named in ``argv`` (the first word that is not a global
     option or its value), so that only its plugin module gets imported."""
-    with_value = {"-o", "--output", "--server", "--tls-ca", "--tls-cert", "--tls-key", "--retry-for"}
+    with_value = {"-o", "--output", "--server", "--env", "--environments", "--tls-ca", "--tls-cert", "--tls-key",
+                  "--retry-for"}
     skip = False
     for i, word in enumerate(argv):
         if skip:
@@ -222,6 +240,12 @@ def build_parser(chosen: str | None = None, prog: str = "cronoq") -> argparse.Ar
     remove.add_argument("name", metavar="NAME")
 
     command("snapshot", "pools, waits, utilization and totals (metrics role)")
+
+    p = sub.add_parser("environments", parents=[common], help="list the catalog of environments (no server needed)",
+                       description="List the environments of the catalog (--environments FILE, "
+                                   "$CRONOQ_ENVIRONMENTS, or ~/.config/cronoq/environments.toml): the names "
+                                   "--env takes, with their region, HTTP URL and gRPC target.")
+    p.set_defaults(handler=_list_environments)
 
     p = command("watch", "print status changes as they happen, until Ctrl-C",
                 "Print tasks' status changes as they happen (terminal ones only, unless --all), until "

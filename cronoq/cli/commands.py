@@ -363,6 +363,8 @@ async def snapshot(conn: Connection, args: argparse.Namespace, out: Output) -> i
         out.json(snapshot_json(snap))   # (which always has unavailable_shards, like the HTTP snapshot)
         return ExitCode.OK
     _missing(out, snap.unavailable_shards, "their pools are not shown and the counts leave them out")
+    if snap.environment or snap.region:
+        out.line(f"environment {snap.environment or '-'}   region {snap.region or '-'}")
     out.line(f"live tasks {snap.live_tasks}   running {snap.running}   pending {snap.pending}   "
              f"workers {snap.workers_connected}   at {iso_ns(snap.at_unix_ns)}")
     out.line()

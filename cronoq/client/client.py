@@ -87,18 +87,23 @@ class Submission:
 @dataclass(frozen=True)
 class AttemptInfo:
     """One attempt of a task, as the serving leader saw it: ``status`` how
-    it ended (None while it runs), ``message`` why; times in Unix seconds."""
+    it ended (None while it runs), ``message`` why; times in Unix seconds;
+    ``worker_id`` and ``worker_name`` the worker that got its lease (None
+    when the server did not record it)."""
 
     attempt: int
     status: str | None
     message: str | None
     started: float | None
     ended: float | None
+    worker_id: int | None = None
+    worker_name: str | None = None
 
     @classmethod
     def _from(cls, m: pb.Attempt) -> AttemptInfo:
         return cls(m.attempt, _status(m.status) if m.status else None, m.message or None,
-                   m.started_unix_ns / NS if m.started_unix_ns else None, _seconds(m, "ended_unix_ns"))
+                   m.started_unix_ns / NS if m.started_unix_ns else None, _seconds(m, "ended_unix_ns"),
+                   m.worker_id or None, m.worker_name if m.worker_id else None)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ any other exception is a retryable failure.
 from __future__ import annotations
 
 import asyncio
+import asyncio.threads
+import concurrent.futures.thread
 import inspect
 import json
 import logging
@@ -27,6 +29,7 @@ import random
 import signal
 import threading
 import time
+import traceback
 import urllib.parse
 from typing import Any, Callable, Iterable, Mapping
 
@@ -54,6 +57,29 @@ _PRIORITIES = {pb.PRIORITY_CRITICAL: "critical", pb.PRIORITY_HIGH: "high", pb.PR
 _ABORT_REASONS = {pb.ABORT_REASON_CANCELLED: "cancelled", pb.ABORT_REASON_TIMEOUT: "timeout",
                   pb.ABORT_REASON_LEASE_EXPIRED: "lease expired", pb.ABORT_REASON_SHUTDOWN: "shutdown"}
 _MAX_REDIRECTS = 3   # shard redirects followed in a row
+# The end of a failed handler's traceback sent with its Fail (the end names the error).
+TRACEBACK_SENT = 8192
+
+
+# Frames a handler's traceback starts with that are the worker's, not the handler's.
+_OWN_FILES = frozenset({__file__, asyncio.threads.__file__, concurrent.futures.thread.__file__})
+
+
+def traceback_text(exc: BaseException) -> str:
+    """``exc``'s formatted traceback from the handler's frame on, its last
+    TRACEBACK_SENT characters (every exception's, Retryable and Permanent too:
+    an operator reads where it came from)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
+        tb = tb.tb_next
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+    except Exception:  # a broken __str__ must not keep the attempt from ending
+        return ""
+    text = text.replace("\x00", "\ufffd")
+    if len(text) > TRACEBACK_SENT:
+        text = "\u2026" + text[len(text) - TRACEBACK_SENT + 1:]
+    return text
 # Status codes that retrying cannot fix: run() raises them.
 _FATAL = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND,
           grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
@@ -613,7 +639,8 @@ class Worker:
             message = pb.WorkerMessage(cancelled=pb.Cancelled(lease=lease.id, message=clean_message(exc.message)))
         except Exception as exc:
             outcome, text, retry_after_ns = outcome_of(exc)
-            fail = pb.Fail(lease=lease.id, permanent=outcome == "permanent", message=text or "")
+            fail = pb.Fail(lease=lease.id, permanent=outcome == "permanent", message=text or "",
+                           traceback=traceback_text(exc))
             if retry_after_ns is not None:
                 fail.retry_after_s = retry_after_ns / NS
             message = pb.WorkerMessage(fail=fail)

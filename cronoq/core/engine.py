@@ -36,7 +36,7 @@ from .mutations import (
 from .persist import SPEC_PAYLOAD, RestoredSchedule, RestoredTask
 from .recurring import OVERLAP_POLICIES, CronSchedule, Recurring, rfc3339
 from .resources import ResourceState
-from .snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo, TOTAL_FIELDS
+from .snapshot import GroupSnapshot, PoolSnapshot, Reservation, Snapshot, TaskInfo, TOTAL_FIELDS
 from .timers import TimerHeap
 from .options import MISS_POLICIES
 from .types import (
@@ -2097,6 +2097,28 @@ class Core:
         pools = [self._pool_snapshot(p, now) for p in self.pools.values()]
         return Snapshot(pools, self.totals, len(self.tasks), len(self.running), self.pending,
                         now / NS, window=self.config.metrics_window_ns / NS)
+
+    def reservations(self, now: int, ahead_ns: int, pools: Iterable[str] | None = None) -> list[Reservation]:
+        """The fixed-start tasks of ``pools`` (None: every pool) that have not
+        started yet and start before ``now + ahead_ns`` or already hold a slot,
+        by start time (read-only). Only each pool's calendar is read, up to
+        the bookings that begin past that horizon (a hold begins at most
+        max_hold before its start): not the other tasks."""
+        chosen = self.pools.values() if pools is None else [self.pools[n] for n in pools if n in self.pools]
+        until = now + ahead_ns
+        scan = now + max(ahead_ns, self.config.max_hold_ns)
+        out = []
+        for p in chosen:
+            for _, _, task_id in p.calendar.booked_before(scan):
+                e = self.tasks.get(task_id)
+                if e is None or e.attempt > 0 or e.status is RUNNING or e.status in TERMINAL:
+                    continue
+                x = e.x
+                if x is None or x.start is None or not (x.start < until or x.hold):
+                    continue
+                out.append(Reservation(e.id, p.name, e.key, e.kind, x.start, x.tolerance, x.hold, e.deadline))
+        out.sort(key=lambda r: (r.start, r.id))
+        return out
 
     def _pool_snapshot(self, p: PoolState, now: int) -> PoolSnapshot:
         w = p.window

@@ -55,6 +55,11 @@ class Calendar:
         index = bisect.bisect_right(self._items, (now, float("inf")))
         return self._items[index][0] if index < len(self._items) else None
 
+    def booked_before(self, hi: int) -> list[tuple[int, int, int]]:
+        """The bookings that begin before ``hi``, earliest first."""
+        items = self._items
+        return items[:bisect.bisect_left(items, (hi,))]
+
     def add(self, lo: int, hi: int, task_id: int) -> None:
         item = (lo, hi, task_id)
         bisect.insort(self._items, item)

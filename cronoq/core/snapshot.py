@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["GroupSnapshot", "PoolSnapshot", "Snapshot", "TaskInfo", "Checkpoint", "TOTAL_FIELDS", "PoolField",
-           "POOL_FIELDS"]
+__all__ = ["GroupSnapshot", "PoolSnapshot", "Snapshot", "TaskInfo", "Checkpoint", "Reservation",
+           "TOTAL_FIELDS", "PoolField", "POOL_FIELDS"]
 
 TOTAL_FIELDS = ("submitted", "dispatched", "succeeded", "failed", "dead_lettered", "cancelled",
                 "skipped", "missed", "shed", "retries", "timeouts", "lease_expiries",
@@ -223,3 +223,27 @@ class TaskInfo(_View):
         self.checkpoints: list[Checkpoint] = checkpoints if checkpoints is not None else []
         self.tenant = tenant
         self.max_attempts = max_attempts
+
+
+class Reservation(_View):
+    """A fixed-start task that has not started yet: its pool's booking for it,
+    ``start`` its start time and ``deadline`` its deadline (Unix nanoseconds,
+    None: none), ``tolerance`` how late it may start (ns), ``held`` whether
+    the engine already holds a free slot for it."""
+
+    __slots__ = ("id", "pool", "key", "kind", "start", "tolerance", "held", "deadline")
+
+    def __init__(self, id: int, pool: str, key: str | None, kind: str, start: int, tolerance: int, held: bool,
+                 deadline: int | None) -> None:
+        self.id = id
+        self.pool = pool
+        self.key = key
+        self.kind = kind
+        self.start = start
+        self.tolerance = tolerance
+        self.held = held
+        self.deadline = deadline
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Reservation:
+        return cls(**data)

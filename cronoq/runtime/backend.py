@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from ..core.engine import Core
 from ..core.explain import Explanation
-from ..core.snapshot import Snapshot, TaskInfo
+from ..core.snapshot import Reservation, Snapshot, TaskInfo
 from ..core.types import TaskSpec
 from .handle import TaskHandle
 from .operations import RecurringArgs
@@ -52,6 +52,9 @@ class Backend(Protocol):
         ...
 
     async def snapshot(self) -> Snapshot:
+        ...
+
+    async def reservations(self, ahead_ns: int, pools: list[str] | None) -> list[Reservation]:
         ...
 
     def snapshot_from_thread(self, timeout: float | None) -> Snapshot:

@@ -16,7 +16,7 @@ from .. import realtime
 from ..core.engine import Core
 from ..core.explain import Explanation
 from ..core.errors import InvalidTask, SchedulerError, TaskFailed
-from ..core.snapshot import Snapshot, TaskInfo
+from ..core.snapshot import Reservation, Snapshot, TaskInfo
 from ..core.types import TERMINAL, TaskSpec
 from . import listing as _listing
 from . import process as _process
@@ -210,6 +210,11 @@ class EngineBackend:
         driver = self.driver
         with driver.lock:
             return self.check().explain(ref, driver.clock.now_ns())
+
+    async def reservations(self, ahead_ns: int, pools: list[str] | None) -> list[Reservation]:
+        driver = self.driver
+        with driver.lock:
+            return self.check().reservations(driver.clock.now_ns(), ahead_ns, pools)
 
     async def snapshot(self) -> Snapshot:
         with self.driver.lock:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 from ..core.engine import Core
 from ..core.errors import SchedulerError, TaskFailed
 from ..core.explain import Explanation
-from ..core.snapshot import Snapshot, TaskInfo
+from ..core.snapshot import Reservation, Snapshot, TaskInfo
 from ..core.types import TERMINAL, TaskSpec
 from . import operations as ops
 from .backend import Wrap
@@ -104,6 +104,9 @@ class FollowerBackend:
 
     async def snapshot(self) -> Snapshot:
         return await self._send(ops.SNAPSHOT, None)
+
+    async def reservations(self, ahead_ns: int, pools: list[str] | None) -> list[Reservation]:
+        return await self._send(ops.RESERVATIONS, ops.ReservationsArgs(ahead_ns, pools))
 
     def snapshot_from_thread(self, timeout: float | None) -> Snapshot:
         """The leader's snapshot, through the store."""

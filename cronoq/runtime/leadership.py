@@ -69,6 +69,7 @@ class Leadership:
             ops.INFO.key: lambda ref: self.backend.info(ref),
             ops.EXPLAIN.key: lambda ref: self.backend.explain(ref),
             ops.SNAPSHOT.key: lambda _: self.backend.snapshot(),
+            ops.RESERVATIONS.key: lambda args: self.backend.reservations(args.ahead_ns, args.pools),
             ops.SET_CAPACITY.key: lambda args: self.backend.set_capacity(*args),
             ops.SET_GROUP_CAPACITY.key: lambda args: self.backend.set_group_capacity(*args),
             ops.ADD_RECURRING.key: lambda args: self.engine.add_recurring(args),

@@ -24,12 +24,13 @@ from typing import Any, Awaitable, Callable, Generic, Mapping, Sequence, TypeVar
 from ..core.errors import InvalidTask, SchedulerError
 from ..core.explain import Explanation
 from ..core.persist import spec_from_record, spec_record
-from ..core.snapshot import GroupSnapshot, PoolSnapshot, Snapshot, TaskInfo
+from ..core.snapshot import GroupSnapshot, PoolSnapshot, Reservation, Snapshot, TaskInfo
 from ..core.types import TaskSpec
 from .durability import EncodedPayloads
 
 __all__ = ["Operation", "OPERATIONS", "send", "serve", "SUBMIT", "CANCEL", "INFO", "EXPLAIN", "SNAPSHOT",
            "SET_CAPACITY", "SET_GROUP_CAPACITY", "ADD_RECURRING", "REMOVE_RECURRING", "CHECKPOINT",
+           "RESERVATIONS", "ReservationsArgs",
            "SubmitArgs", "RecurringArgs", "CheckpointArgs", "info_from_dict", "snapshot_from_dict"]
 
 _A = TypeVar("_A")
@@ -224,6 +225,33 @@ def _checkpoint_in(body: dict[str, Any], data: list[bytes], payloads: EncodedPay
                           str(body["member"]))
 
 
+@dataclass(frozen=True, slots=True)
+class ReservationsArgs:
+    """``Scheduler.reservations``: how far ahead (ns), and of which pools (None: every pool)."""
+
+    ahead_ns: int
+    pools: list[str] | None
+
+
+def _reservations_args_out(args: ReservationsArgs, payloads: EncodedPayloads
+                           ) -> tuple[dict[str, Any], list[bytes]]:
+    return {"ahead_ns": args.ahead_ns, "pools": args.pools}, []
+
+
+def _reservations_args_in(body: dict[str, Any], data: list[bytes], payloads: EncodedPayloads
+                          ) -> ReservationsArgs:
+    pools = body.get("pools")
+    return ReservationsArgs(int(body["ahead_ns"]), None if pools is None else [str(p) for p in pools])
+
+
+def _reservations_out(answer: list[Reservation]) -> list[dict[str, Any]]:
+    return [r.as_dict() for r in answer]
+
+
+def _reservations_in(answer: Any) -> list[Reservation]:
+    return [Reservation.from_dict(item) for item in answer]
+
+
 def _at_out(at: float) -> dict[str, Any]:
     return {"at": at}
 
@@ -253,10 +281,12 @@ ADD_RECURRING: Operation[RecurringArgs, None] = Operation(
 REMOVE_RECURRING: Operation[str, bool] = Operation("remove_recurring", 1, _name_out, _name_in, _same, _flag)
 CHECKPOINT: Operation[CheckpointArgs, float] = Operation(
     "checkpoint", 1, _checkpoint_out, _checkpoint_in, _at_out, _at_in)
+RESERVATIONS: Operation[ReservationsArgs, list[Reservation]] = Operation(
+    "reservations", 1, _reservations_args_out, _reservations_args_in, _reservations_out, _reservations_in)
 
 OPERATIONS: dict[tuple[str, int], Operation[Any, Any]] = {
     op.key: op for op in (SUBMIT, CANCEL, INFO, EXPLAIN, SNAPSHOT, SET_CAPACITY, SET_GROUP_CAPACITY, ADD_RECURRING,
-                          REMOVE_RECURRING, CHECKPOINT)}
+                          REMOVE_RECURRING, CHECKPOINT, RESERVATIONS)}
 
 
 async def send(request: Request, op: Operation[_A, _R], args: _A, payloads: EncodedPayloads) -> _R:

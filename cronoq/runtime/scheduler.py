@@ -27,8 +27,8 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 from ..core import actions as act
 from ..core.errors import SchedulerError
 from ..core.explain import Explanation
-from ..core.snapshot import Checkpoint, Snapshot, TaskInfo
-from ..core.types import RUNNING as TASK_RUNNING, CoreConfig, ResourceConfig, TaskSpec, check_name
+from ..core.snapshot import Checkpoint, Reservation, Snapshot, TaskInfo
+from ..core.types import NS, RUNNING as TASK_RUNNING, CoreConfig, ResourceConfig, TaskSpec, check_name
 from ..store.base import STORE_MEMBERS, Store
 from ..store.codec import Codec, JsonCodec
 from . import listing as _listing
@@ -305,6 +305,12 @@ class Scheduler:
     async def snapshot(self) -> Snapshot:
         """Pools, quality metrics over the window, and totals since start."""
         return await self._backend.snapshot()
+
+    async def reservations(self, ahead: float, pools: Iterable[str] | None = None) -> list[Reservation]:
+        """The fixed-start tasks not started yet that start within ``ahead``
+        seconds, or already hold a slot, by start time (of ``pools``; None:
+        every pool). See ``cronoq.core.Reservation``."""
+        return await self._backend.reservations(int(ahead * NS), None if pools is None else list(pools))
 
     def snapshot_from_thread(self, timeout: float | None = None) -> Snapshot:
         """``snapshot()`` from any thread, at once (metrics scrapes, the

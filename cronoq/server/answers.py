@@ -16,7 +16,7 @@ from .schema import (
 
 __all__ = ["STATUSES", "TERMINAL_STATUSES", "RESULT", "SUBMITTED", "SUBMIT_OUT", "BATCH_OUT", "INFO", "TASKS_OUT",
            "CANCEL_OUT", "REMOVED_OUT", "EXPLANATION", "WORKER", "WORKERS_OUT", "SCHEDULE", "SCHEDULES_OUT", "POOL", "SNAPSHOT",
-           "HISTORY", "ERROR"]
+           "ENVIRONMENT", "ENVIRONMENTS_OUT", "TIMELINE", "HISTORY", "ERROR"]
 
 STATUSES = tuple(str(status) for status in _ALL_STATUSES)
 TERMINAL_STATUSES = tuple(status for status in STATUSES if status in TERMINAL)
@@ -32,7 +32,10 @@ RESULT = Obj("TaskResult", {
     "output": AnyJson("The output as JSON, when its content type is JSON (application/json or +json) "
                       "and it parses."),
     "output_text": Text("The output as text, when its content type is text/* and it is UTF-8."),
-    "output_b64": Base64("The output's bytes, base64 (whenever output_available)."),
+    "output_b64": Base64("The output's bytes, base64 (whenever output_available, except a truncated "
+                         "JSON or text output, given as output_text)."),
+    "output_size": Integer("With max_bytes: the whole output's size in bytes."),
+    "output_truncated": Flag("With max_bytes: whether only the output's first max_bytes are given."),
     "message": Text("Why it failed, was cancelled or skipped."),
 }, "The result of a finished task.", required=("id", "status", "output_available"))
 
@@ -63,6 +66,10 @@ ATTEMPT = Obj("Attempt", {
     "message": Text("Why it failed, when it did."),
     "started_unix_ns": UnixNs("When it started."),
     "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
+    "traceback": Text("The traceback the worker sent with its failure (its last 8 KiB; the leader's memory "
+                      "only: the task's lookup, not listings)."),
+    "worker_id": Id("The worker that got its lease (an id of /v1/workers); absent when not known."),
+    "worker_name": Text("That worker's registered name (with worker_id)."),
 }, "One attempt of a task.", required=("attempt", "started_unix_ns"))
 
 STAGE_CHECKPOINT = Obj("StageCheckpoint", {
@@ -98,6 +105,12 @@ INFO = Obj("TaskInfo", {
     "stages": Array(Text(), "Its declared stages, in order."),
     "checkpoints": Array(STAGE_CHECKPOINT, "The checkpoints saved so far, in stage order (the task's own "
                                            "lookup only, not listings)."),
+    "payload_content_type": Text("The payload's content type, with the payload preview (the task's lookup "
+                                 "only, while the leader's info cache remembers the task)."),
+    "payload_text": Text("The payload preview as text, when its content type is JSON or text and it is UTF-8."),
+    "payload_b64": Base64("The payload preview's bytes, base64, when it is not given as payload_text."),
+    "payload_size": Integer("The whole payload's size in bytes, with the preview."),
+    "payload_truncated": Flag("Whether the preview holds only the payload's first outputs.payload_preview_bytes."),
 }, "A task's state. id and status are authoritative; the other fields are best effort (the leader's "
    "info cache, or the store).", required=("id", "status", "pool", "attempt", "output_available"))
 
@@ -206,8 +219,86 @@ SNAPSHOT = Obj("Snapshot", {
     "metrics_window_s": Seconds("The metrics window: the span the pools' attempt counts, waits and rates cover."),
     "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (empty when all "
                                         "answered, and without shards)."),
+    "environment": Text("This server's deployment ([server] environment); empty when unnamed."),
+    "region": Text("Its region ([server] region, or the catalog's); empty when unsaid."),
 }, "The scheduler's state.", required=("pools", "live_tasks", "running", "pending", "workers_connected", "totals",
-                                       "at_unix_ns", "metrics_window_s", "unavailable_shards"))
+                                       "at_unix_ns", "metrics_window_s", "unavailable_shards", "environment",
+                                       "region"))
+
+ENVIRONMENT = Obj("Environment", {
+    "name": Text("Its name in the catalog.", empty=False),
+    "region": Text("Its region; empty when the catalog gives none."),
+    "http": Text("Its HTTP URL (the dashboard is at /ui/ of it); empty when the catalog gives none."),
+    "grpc": Text("Its gRPC target, as cronoq --server takes it; empty when the catalog gives none."),
+    "description": Text("What the catalog says of it; may be empty."),
+    "current": Flag("Whether it is this server's environment."),
+}, "A deployment of the catalog.", required=("name", "region", "http", "grpc", "description", "current"))
+
+ENVIRONMENTS_OUT = Obj("Environments", {
+    "environment": Text("This server's deployment ([server] environment); empty when unnamed."),
+    "region": Text("Its region; empty when unsaid."),
+    "environments": Array(ENVIRONMENT, "The catalog ([environments]), in its order; empty without one."),
+}, "This server's identity and the catalog of environments.", required=("environment", "region", "environments"))
+
+TIMELINE_WORKER = Obj("TimelineWorker", {
+    "id": Id("Assigned by the server, per connection (as in /v1/workers)."),
+    "name": Text("What the worker registered as."),
+    "pool": Text("The pool it serves."),
+    "slots": Integer("Slots granted.", maximum=2 ** 32 - 1),
+}, "A connected worker: the lanes of the timeline.", required=("id", "name", "pool", "slots"))
+
+TIMELINE_ATTEMPT = Obj("TimelineAttempt", {
+    "id": Id("The task."),
+    "key": Text("Its key, if any."),
+    "kind": Text("Its kind."),
+    "pool": Text("Its pool."),
+    "priority": Choice(PRIORITIES, "Its priority class."),
+    "attempt": Integer("The attempt's number, from 1.", maximum=2 ** 32 - 1),
+    "max_attempts": Integer("Attempts its retry policy allows.", maximum=2 ** 32 - 1),
+    "status": Choice(STATUSES, "How the attempt ended; absent while it runs, or when it ended without a "
+                               "status of its own (a lease handed to another worker)."),
+    "message": Text("Why it failed, when it did."),
+    "started_unix_ns": UnixNs("When it started."),
+    "ended_unix_ns": UnixNs("When it ended; absent while it runs."),
+    "worker_id": Id("The worker that got its lease; absent when not known."),
+    "worker_name": Text("That worker's registered name (with worker_id)."),
+    "deadline_unix_ns": UnixNs("The task's deadline; absent when it has none."),
+    "missed_deadline": Flag("The attempt ended after the deadline, or runs past it now."),
+}, "One attempt of the window.", required=("id", "kind", "pool", "priority", "attempt", "max_attempts",
+                                           "started_unix_ns", "missed_deadline"))
+
+TIMELINE_RESERVATION = Obj("TimelineReservation", {
+    "id": Id("The fixed-start task."),
+    "key": Text("Its key, if any."),
+    "kind": Text("Its kind."),
+    "pool": Text("Its pool."),
+    "start_unix_ns": UnixNs("Its fixed start time."),
+    "tolerance_s": Seconds("How late it may start (its tolerance)."),
+    "held": Flag("The engine already holds a free slot of the pool for it."),
+    "deadline_unix_ns": UnixNs("Its deadline; absent when it has none."),
+}, "A fixed start not started yet.", required=("id", "kind", "pool", "start_unix_ns", "tolerance_s", "held"))
+
+TIMELINE_HOLD = Obj("TimelineHold", {
+    "pool": Text("The pool."),
+    "held": Integer("Its slots held now for fixed starts about to begin.", maximum=2 ** 32 - 1),
+    "task_ids": Array(Id(), "The tasks they are held for."),
+}, "The slots a pool holds now.", required=("pool", "held", "task_ids"))
+
+TIMELINE = Obj("Timeline", {
+    "at_unix_ns": UnixNs("The leader's time of this answer: the timeline's now."),
+    "range_s": Seconds("How far back the attempts go (range_s, capped)."),
+    "ahead_s": Seconds("How far ahead the reservations go (ahead_s, capped)."),
+    "workers": Array(TIMELINE_WORKER, "The connected workers of the pools, in connection order."),
+    "attempts": Array(TIMELINE_ATTEMPT, "The attempts running now or that ran in the window, from the "
+                                        "leader's record of recent tasks, by start time."),
+    "reservations": Array(TIMELINE_RESERVATION, "The fixed starts not started yet that start within ahead_s, "
+                                                "or already hold a slot, by start time."),
+    "holds": Array(TIMELINE_HOLD, "The pools holding slots now, by name."),
+    "unavailable_shards": Array(Text(), "With shards: the other shards serving the pools asked for (this "
+                                        "answer is the answering shard's alone)."),
+}, "The scheduling of a time window: attempts per worker, and the fixed starts ahead.",
+    required=("at_unix_ns", "range_s", "ahead_s", "workers", "attempts", "reservations", "holds",
+              "unavailable_shards"))
 
 _CLASS_NAMES = ("critical", "high", "normal", "low")
 

@@ -23,6 +23,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import tomllib
 import urllib.parse
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,7 @@ from ..core.options import (
 )
 from ..core.recurring import CronSchedule
 from ..core.types import AutoscaleConfig
+from ..environments import NAME_PATTERN, CatalogError, Environment, load_catalog, read_catalog
 from ..loopback import is_loopback
 from .tomlkeys import YEAR, Rule, Table, describe_value, key, rules
 
@@ -109,6 +111,8 @@ class ServerSection:
     shard: str | None = None            # with [[shards]]: the one this server runs
     insecure_peer_http: bool = key(False, "flag")   # forward tokens over http:// to other hosts
     peer_tls: PeerTlsConfig | None = None
+    environment: str | None = key(None, "string", limit=63)   # this deployment's name (the catalog's)
+    region: str | None = key(None, "string", limit=64)
 
     @property
     def grpc_addr(self) -> str:
@@ -295,6 +299,7 @@ class ResourceSection:
 class OutputsConfig:
     cache_entries: int = key(10_000, "integer", 0, 10_000_000)
     info_entries: int = key(100_000, "integer", 0, 10_000_000)
+    payload_preview_bytes: int = key(1024, "integer", 0, 65_536)
 
 
 @dataclass(frozen=True)
@@ -351,6 +356,7 @@ class ServerConfig:
     shards: tuple[ShardSection, ...] = ()
     all_pools: tuple[PoolSection, ...] = ()   # with shards: every shard's pools (``pools``: this shard's)
     history: HistorySection = field(default_factory=HistorySection)
+    environments: tuple[Environment, ...] = ()   # the catalog of deployments ([environments])
 
     @property
     def auth_enabled(self) -> bool:
@@ -472,8 +478,58 @@ def _server(t: Table | None) -> ServerSection:
         for other in ("grpc", "http"):
             if (values["metrics_host"], values["metrics_port"]) == (values[f"{other}_host"], values[f"{other}_port"]):
                 t.error("metrics_addr", f"must differ from {other}_addr")
+    environment = values.get("environment")
+    if environment is not None and not re.match(NAME_PATTERN + r"\Z", environment):
+        t.error("environment", f"must match {NAME_PATTERN} (lower-case letters, digits, - and _), "
+                               f"got {environment!r}")
+        values["environment"] = None
     t.done(_NOT_HERE_SERVER)
     return ServerSection(**values)
+
+
+def _environments(root: Table, source: str | None, server: ServerSection
+                  ) -> tuple[ServerSection, tuple[Environment, ...]]:
+    """[environments]: the catalog, inline ([environments.NAME] tables) or in
+    the file of ``path`` (relative to the configuration file's directory);
+    and this server's identity checked against it: server.environment, if
+    the catalog is given, is one of its names, and server.region, if both
+    give one, is the catalog's (without it, the catalog's is taken)."""
+    t = root.table("environments")
+    if t is None:
+        return server, ()
+    catalog: list[Environment] = []
+    if t.has("path"):
+        path = t.string("path", limit=4096)
+        others = [name for name in t.data if name != "path"]
+        if others:
+            t.errors.append(f"{t.where}: give path (a catalog file) or [environments.NAME] tables, not both "
+                            f"(found {', '.join(others)})")
+            t.used.update(others)
+        elif path is not None:
+            if not os.path.isabs(path) and source is not None:
+                path = os.path.join(os.path.dirname(os.path.abspath(source)), path)
+            try:
+                catalog = list(load_catalog(path))
+            except CatalogError as exc:
+                t.errors.extend(f"{t.path('path')}: {problem}" for problem in exc.errors)
+                return server, ()
+    else:
+        t.used.update(t.data)
+        catalog = read_catalog(t.data, t.where, t.errors)
+        if not t.data:
+            t.errors.append(f"{t.where}: give path (a catalog file) or [environments.NAME] tables")
+    t.done()
+    if server.environment is not None and catalog:
+        mine = next((e for e in catalog if e.name == server.environment), None)
+        if mine is None:
+            root.errors.append(f"server.environment: {server.environment!r} is not in the catalog "
+                               f"(its environments: {', '.join(e.name for e in catalog)})")
+        elif mine.region and server.region is not None and server.region != mine.region:
+            root.errors.append(f"server.region: {server.region!r} differs from the catalog's region of "
+                               f"{mine.name!r} ({mine.region!r})")
+        elif mine.region and server.region is None:
+            server = replace(server, region=mine.region)
+    return server, tuple(catalog)
 
 
 def _credential(t: Table, pool_names: set[str], kind: str) -> Credential | None:
@@ -984,11 +1040,13 @@ def parse(text: str, *, source: str | None = None, shard: str | None = None) -> 
         seen.add(schedule.name)
         recurring.append(schedule)
     shards = _shards(root, pools, resources, recurring, server, store)
+    server, environments = _environments(root, source, server)
     root.done()
     if errors:
         raise ConfigError(errors)
     return ServerConfig(server, tuple(tokens), tuple(certs), store, limits, tuple(pools), tuple(resources),
-                        outputs, tuple(recurring), source, trace, tuple(shards), history=history)
+                        outputs, tuple(recurring), source, trace, tuple(shards), environments=environments,
+                        history=history)
 
 
 def load(path: str | os.PathLike[str], *, shard: str | None = None) -> ServerConfig:

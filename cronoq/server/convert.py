@@ -362,9 +362,10 @@ def explanation_message(explanation: Explanation | None, info: Any, meta: TaskMe
     return out
 
 
-def info_message(info: Any, meta: TaskMeta | None) -> pb.TaskInfo:
+def info_message(info: Any, meta: TaskMeta | None, details: bool = False) -> pb.TaskInfo:
     """The TaskInfo of the engine's (or the store's) record of a task, with
-    what the leader's info cache remembers of it (``meta``)."""
+    what the leader's info cache remembers of it (``meta``); ``details`` (Get's,
+    not a listing's): with the payload preview and the attempts' tracebacks."""
     out = pb.TaskInfo(id=info.id, status=status_enum(info.status), pool=info.pool, kind=info.kind or "",
                       attempt=info.attempt)
     if info.key is not None:
@@ -394,12 +395,22 @@ def info_message(info: Any, meta: TaskMeta | None) -> pb.TaskInfo:
         for ref, cond in meta.edges:
             target = pb.TaskRef(id=ref) if isinstance(ref, int) else pb.TaskRef(key=ref)
             out.deps.add(ref=target, cond=EDGE_OUT[cond])
-        for number, ended, message, started_ns, ended_ns in meta.attempts or ():
+        for number, ended, message, started_ns, ended_ns, traceback, worker_id, worker_name in (
+                meta.attempts or ()):
             item = out.attempts.add(attempt=number, message=message, started_unix_ns=started_ns)
+            if worker_id is not None:
+                item.worker_id = worker_id
+                item.worker_name = worker_name
             if ended is not None:
                 item.status = status_enum(ended)
             if ended_ns is not None:
                 item.ended_unix_ns = ended_ns
+            if traceback and details:
+                item.traceback = traceback
+        if details and meta.payload_preview is not None:
+            out.payload_preview = meta.payload_preview
+            out.payload_size = meta.payload_size
+            out.content_type = meta.payload_type
     elif record is not None:
         out.priority = PRIORITY_OUT[record.priority]
         out.created_unix_ns = record.submitted_ns

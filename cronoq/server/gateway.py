@@ -392,7 +392,8 @@ class Gateway:
         if "timeout_s" in call.query:
             request.timeout_s = call.query["timeout_s"]
         notes = self._notes()
-        return self.json(_missing(result_json(await self.service.wait(call.caller, request)), _noted(notes)))
+        result = await self.service.wait(call.caller, request)
+        return self.json(_missing(result_json(result, call.query.get("max_bytes")), _noted(notes)))
 
     async def cancel(self, call: Call) -> Response:
         assert call.caller is not None
@@ -422,6 +423,13 @@ class Gateway:
              "lease_expiries": w.lease_expiries, "last_seen_unix_ns": str(w.last_seen_unix_ns)}
             for w in response.workers]}, response.unavailable_shards))
 
+    async def timeline(self, call: Call) -> Response:
+        assert call.caller is not None
+        query = call.query
+        answer = await self.service.timeline(call.caller, query.get("pool", ()), query.get("range_s", 300.0),
+                                             query.get("ahead_s", 300.0))
+        return self.json(answer)
+
     async def recurring(self, call: Call) -> Response:
         assert call.caller is not None
         response = await self.service.list_recurring(call.caller, pb.ListRecurringRequest())
@@ -448,6 +456,19 @@ class Gateway:
         request = pb.HistoryRequest(pools=query.get("pool", ()), range_s=query.get("range_s", 0.0),
                                     points=query.get("points", 0))
         return self.json(history_json(await self.service.history_of(call.caller, request)))
+
+    async def environments(self, call: Call) -> Response:
+        """This server's identity and the catalog ([environments]): no
+        credential is in it, and a standby answers too (it is configuration)."""
+        caller = call.caller
+        assert caller is not None
+        if caller.role not in ("client", "metrics", "admin"):
+            raise ServiceError(Code.PERMISSION_DENIED, f"the environments need the client or the metrics role; the "
+                                                       f"credential has the {caller.role} role")
+        server = self.service.config.server
+        return self.json({"environment": server.environment or "", "region": server.region or "",
+                          "environments": [e.as_json(server.environment)
+                                           for e in self.service.config.environments]})
 
     async def resubmit(self, call: Call) -> Response:
         assert call.caller is not None
@@ -484,7 +505,9 @@ class Gateway:
         try:
             hello = {"state": service.state, "role": caller.role, "snapshot_s": every,
                      "status_events": caller.role in ("client", "admin"),
-                     "pools": caller.visible(service.every_pool), "version": __version__}
+                     "pools": caller.visible(service.every_pool), "version": __version__,
+                     "environment": service.config.server.environment or "",
+                     "region": service.config.server.region or ""}
             yield _sse("hello", hello) + b"retry: 1000\n\n"
             next_snapshot = loop.time()
             next_ping = loop.time() + _PING_S

@@ -36,6 +36,7 @@ from ..runtime.runner import (
 from .codec import OCTETS, Blob, check_content_type
 from .convert import checkpoint_message
 from .errors import Code, ServiceError
+from .info import TRACEBACK_KEPT, last_chars
 
 if TYPE_CHECKING:
     from .auth import Principal
@@ -159,6 +160,10 @@ class WorkerHub:
         self._next_id = 1
         self.graceful = False     # a graceful stop (SIGTERM) is under way; else a stop means lost leadership
         self.waiting = {True: 0, False: 0}   # streams waiting for their first message, by caller valid or not
+        # Where a worker's traceback of a failed attempt goes: (task id, attempt, traceback), the service's info cache.
+        self.tracebacks: Callable[[int, int, str], None] | None = None
+        # Told of every lease sent: (task id, attempt, worker id, worker name); the service's info cache.
+        self.on_lease: Callable[[int, int, int, str], None] | None = None
 
     def factory(self, section: PoolSection) -> Callable[[RunnerLink], RemotePool]:
         def make(link: RunnerLink) -> RemotePool:
@@ -348,6 +353,9 @@ class RemotePool:
     def _lease(self, conn: WorkerConn, attempt: Attempt) -> None:
         conn.hold(attempt)
         self.where[attempt.lease] = conn
+        told = self.hub.on_lease
+        if told is not None:
+            told(attempt.id, attempt.attempt, conn.id, conn.name)
         message = lease_message(attempt)
         book = self.link.checkpoints
         if conn.checkpoints and book is not None:   # only to workers that understand them
@@ -397,12 +405,14 @@ class RemotePool:
         return conn.leases.get(lease)
 
     def report(self, conn: WorkerConn, lease: int, outcome: str, output: Any, message: str | None,
-               retry_after_ns: int | None) -> None:
+               retry_after_ns: int | None, traceback: str = "") -> None:
         attempt = conn.drop(lease)
         if attempt is None:
             return   # not held (already aborted, or unknown): ignored
         self.where.pop(lease, None)
         self.nacked.pop(lease, None)
+        if traceback and self.hub.tracebacks is not None:   # before the attempt's end is an event
+            self.hub.tracebacks(attempt.id, attempt.attempt, traceback)
         self.link.report(attempt, outcome, output, message, retry_after_ns)
 
     def heartbeat(self, conn: WorkerConn, lease: int) -> None:
@@ -431,6 +441,11 @@ class RemotePool:
         text = f"worker {conn.name!r} gave the lease back" + (f" ({reason})" if reason else "")
         self.link.report(attempt, RETRYABLE, None,
                          clean_message(f"{text}; no other worker of the pool had a free slot"), None)
+
+
+def clean_traceback(text: str) -> str:
+    """A worker's traceback as the leader keeps it: NUL replaced, its last TRACEBACK_KEPT characters."""
+    return last_chars(text.replace("\x00", "\ufffd"), TRACEBACK_KEPT)
 
 
 def lease_message(attempt: Attempt) -> pb.Lease:
@@ -690,7 +705,8 @@ class WorkerSession:
             if fail.HasField("retry_after_s") and math.isfinite(fail.retry_after_s):
                 retry_after = int(min(max(fail.retry_after_s, 0.0), _MAX_RETRY_AFTER) * NS)
             pool.report(conn, fail.lease, PERMANENT if fail.permanent else RETRYABLE, None,
-                        clean_message(fail.message) if fail.message else None, retry_after)
+                        clean_message(fail.message) if fail.message else None, retry_after,
+                        clean_traceback(fail.traceback) if fail.traceback else "")
         elif kind == "nack":
             pool.nack(conn, message.nack.lease, clean_message(message.nack.reason))
         elif kind == "cancelled":

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .answers import (
-    BATCH_OUT, CANCEL_OUT, EXPLANATION, HISTORY, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT,
-    REMOVED_OUT,
+    BATCH_OUT, CANCEL_OUT, ENVIRONMENTS_OUT, EXPLANATION, HISTORY, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES,
+    SUBMIT_OUT, TASKS_OUT, WORKERS_OUT, REMOVED_OUT, TIMELINE,
 )
 from .schema import BATCH, PRIORITIES, SUBMIT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text
 from .schema import Integer as IntegerField
@@ -53,6 +53,12 @@ _POOLS = CommaList(Text(empty=False), "Only these pools (repeated, or comma-sepa
                                       "caller may use.")
 _TASK_ERRORS = (400, 401, 403, 404, 503)
 _BY_ID = "/v1/tasks/{id}"
+_RESULT_QUERY = (
+    ("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),
+    ("max_bytes", IntegerField("Return at most this many bytes of the output (as output_text when JSON or "
+                               "text, else output_b64), with output_size and output_truncated.",
+                               minimum=0, maximum=2 ** 32 - 1)),
+)
 _BY_KEY = "/v1/tasks/by-key/{key}"
 
 ROUTES: tuple[Route, ...] = (
@@ -92,12 +98,11 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", _BY_KEY, "cancel_task_by_key", "Cancel a task by key", "cancel", role="client",
           response=CANCEL_OUT, statuses=_TASK_ERRORS),
     Route("GET", _BY_ID + "/result", "task_result", "Wait for a task's result", "result", role="client",
-          response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True,
-          query=(("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),),
-          description="504 while the task is still running after timeout_s: ask again."),
+          response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True, query=_RESULT_QUERY,
+          description="504 while the task is still running after timeout_s: ask again. With max_bytes, the "
+                      "output's first max_bytes only, with output_size and output_truncated."),
     Route("GET", _BY_KEY + "/result", "task_result_by_key", "Wait for a task's result, by key", "result",
-          role="client", response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True,
-          query=(("timeout_s", Seconds("How long to wait: default and most limits.max_wait_s; 0 answers at once.")),)),
+          role="client", response=RESULT, statuses=(*_TASK_ERRORS, 504), waits=True, query=_RESULT_QUERY),
     Route("POST", _BY_ID + ":resubmit", "resubmit_task", "Submit a dead-lettered task again", "resubmit",
           role="admin", response=SUBMIT_OUT, statuses=(400, 401, 403, 404, 409, 429, 503),
           description="A new task with the dead letter's payload and options, without its key, dependencies or "
@@ -105,6 +110,16 @@ ROUTES: tuple[Route, ...] = (
                       "leader no longer holds its payload (it keeps those of the last 1000 dead letters it saw)."),
     Route("GET", "/v1/workers", "list_workers", "Connected workers", "workers", role="metrics",
           response=WORKERS_OUT, query=(("pool", _POOLS),), statuses=_TASK_ERRORS),
+    Route("GET", "/v1/timeline", "timeline", "Attempts per worker, and the fixed starts ahead", "timeline",
+          role="client", response=TIMELINE, statuses=_TASK_ERRORS,
+          query=(("pool", _POOLS),
+                 ("range_s", Seconds("How far back attempts are drawn: default 300, at most 3600.")),
+                 ("ahead_s", Seconds("How far ahead fixed starts are drawn: default 300, at most 3600 "
+                                     "(those holding a slot are drawn whenever they start)."))),
+          description="The dashboard's Timeline. Attempts come from the leader's record of recent tasks "
+                      "(outputs.info_entries), with the worker that got each lease; reservations from the "
+                      "engine's reservation calendars. With shards, the answering shard's alone (the others "
+                      "in unavailable_shards)."),
     Route("GET", "/v1/recurring", "list_recurring", "Recurring schedules", "recurring", role="metrics",
           response=SCHEDULES_OUT, statuses=(401, 403, 503)),
     Route("DELETE", "/v1/recurring/{name}", "remove_recurring", "Remove a recurring schedule",
@@ -119,7 +134,7 @@ ROUTES: tuple[Route, ...] = (
                                       "for, oldest first: default 0.", minimum=0, maximum=2 ** 32 - 1))),
           statuses=(400, 401, 403, 404, 429, 503),
           description="Needs the client role (status events) or the metrics role (snapshots); admin gets both. "
-                      "A text/event-stream: hello (state, role, visible pools), status (a JSON array of status "
+                      "A text/event-stream: hello (state, role, visible pools, the environment and region), status (a JSON array of status "
                       "events, every transition, batched), snapshot (as /v1/snapshot), "
                       "lagged (events were dropped: reconcile with the task routes), state (this server stopped "
                       "serving; the stream ends). With recent, the first status message holds up to that many of the "
@@ -137,6 +152,12 @@ ROUTES: tuple[Route, ...] = (
           description="One sample per pool every history.interval_s since this leader began (kept for "
                       "history.kept_s): capacity, desired, busy, held, pending (and by class), throughput and "
                       "failure rate, waits p50 and p99 (and by class), cost. With shards, every shard's pools."),
+    Route("GET", "/v1/environments", "list_environments", "The catalog of environments", "environments",
+          role="client", also=("metrics",), response=ENVIRONMENTS_OUT, statuses=(401, 403),
+          description="Needs the client, metrics or admin role. This server's identity ([server] environment and "
+                      "region) and the catalog of deployments ([environments]): name, region, HTTP URL, gRPC "
+                      "target, description, and whether it is this one. Never a credential. Answered by a "
+                      "standby too."),
     Route("GET", "/metrics", "metrics", "Prometheus metrics", "metrics", role="metrics",
           media="text/plain", statuses=(401, 403, 503), metrics_listener=True,
           description="Prometheus text (the series of docs/metrics.md), of the pools the caller may use. On "

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from ..runtime.scheduler import Scheduler
     from .remote import WorkerHub
 
-__all__ = ["Service", "EventStream", "pool_of"]
+__all__ = ["Service", "EventStream", "pool_of", "TIMELINE_MAX_S"]
 
 log = logging.getLogger("cronoq.server")
 
@@ -69,6 +69,10 @@ class EventStream(Protocol):
 # The snapshot's fields taken from the engine's pools as they are.
 _POOL_NUMBERS = tuple((field.wire, field.attr) for field in POOL_FIELDS
                       if field.attr is not None and field.kind != "classes")
+
+
+# The longest span GET /v1/timeline draws, back and ahead.
+TIMELINE_MAX_S = 3600.0
 
 
 def _now_ns() -> int:
@@ -101,11 +105,16 @@ class Service:
         self.tasks = TaskReader(config.limits, self.pool_sections, self.default_pool)
         self.scheduler: Scheduler | None = None
         self.state = "standby"           # standby, leader, stopping
-        self.info = InfoCache(config.outputs.info_entries)
+        self.info = InfoCache(config.outputs.info_entries, preview_bytes=config.outputs.payload_preview_bytes)
+        hub.tracebacks = self._traceback
+        hub.on_lease = self._leased
         self.watchers = 0
         self.recent = RecentEvents(config.history.events)
         self.history: History | None = None   # the leader's, from the moment it leads
         self._events: asyncio.Task[None] | None = None
+
+    def _leased(self, task_id: int, attempt: int, worker_id: int, worker_name: str) -> None:
+        self.info.leased(task_id, attempt, worker_id, worker_name)
 
     # -- serving
 
@@ -142,6 +151,10 @@ class Service:
             if self._events is not None:
                 self._events.cancel()
                 self._events = None
+
+    def _traceback(self, task_id: int, attempt: int, traceback: str) -> None:
+        """A worker's traceback of a failed attempt, for Get (the leader's memory only)."""
+        self.info.failed_with(task_id, attempt, traceback)
 
     async def _follow(self, sched: Scheduler) -> None:
         """Keep the info cache's times up to date from the status events."""
@@ -233,7 +246,7 @@ class Service:
         else:
             section = self.pool_sections[pool].retry
             max_attempts = section.max_attempts if section is not None else 3
-        self.info.put(task_id, TaskMeta(spec, pool, max_attempts, now))
+        self.info.put(task_id, TaskMeta(spec, pool, max_attempts, now, self.info.preview_bytes))
 
     # -- Tasks
 
@@ -341,7 +354,7 @@ class Service:
         caller.require("client")
         sched = self.serving()
         info = await self._lookup(caller, sched, task_ref(request.task))
-        return info_message(info, self.info.get(info.id))
+        return info_message(info, self.info.get(info.id), details=True)
 
     async def explain(self, caller: Principal, request: pb.ExplainRequest) -> pb.Explanation:
         caller.require("client")
@@ -615,6 +628,77 @@ class Service:
                                  lease_expiries=conn.lease_expiries, last_seen_unix_ns=conn.seen_ns)
         return response
 
+    async def timeline(self, caller: Principal, pools: Iterable[str], range_s: float, ahead_s: float
+                       ) -> dict[str, Any]:
+        """The scheduling of the last ``range_s`` seconds and the next
+        ``ahead_s`` (both capped at TIMELINE_MAX_S), as GET /v1/timeline
+        answers it: the connected workers, the attempts the leader's info
+        cache saw in the window (running ones too; at most limits.max_list
+        tasks', the latest), the fixed starts not started yet from the
+        engine's reservation calendars, and the slots held for them."""
+        caller.require("client")
+        sched = self.serving()
+        chosen = self._pool_filter(caller, pools)
+        wanted = set(self.pools if chosen is None else chosen)
+        range_ns = int(min(range_s, TIMELINE_MAX_S) * NS)
+        ahead = min(ahead_s, TIMELINE_MAX_S)
+        now = _now_ns()
+        since = now - range_ns
+        workers = [{"id": str(conn.id), "name": conn.name, "pool": conn.pool, "slots": conn.slots}
+                   for conn in sorted(self.hub.workers.values(), key=lambda c: c.id) if conn.pool in wanted]
+        attempts: list[dict[str, Any]] = []
+        for task_id, meta in self.info.active_since(since, self.limits.max_list):
+            if meta.pool not in wanted or not caller.owns(meta.tenant):
+                continue
+            deadline = meta.deadline_ns
+            for number, status, message, started, ended, _, worker_id, worker_name in meta.attempts or ():
+                if ended is not None and ended < since:
+                    continue
+                item: dict[str, Any] = {
+                    "id": str(task_id), "kind": meta.kind, "pool": meta.pool,
+                    "priority": CLASSES[meta.priority], "attempt": number, "max_attempts": meta.max_attempts,
+                    "started_unix_ns": str(started),
+                    "missed_deadline": deadline is not None and (now if ended is None else ended) > deadline}
+                if meta.key is not None:
+                    item["key"] = meta.key
+                if status is not None:
+                    item["status"] = status
+                if message:
+                    item["message"] = message
+                if ended is not None:
+                    item["ended_unix_ns"] = str(ended)
+                if worker_id is not None:
+                    item["worker_id"] = str(worker_id)
+                    item["worker_name"] = worker_name
+                if deadline is not None:
+                    item["deadline_unix_ns"] = str(deadline)
+                attempts.append(item)
+        attempts.sort(key=lambda a: (int(a["started_unix_ns"]), int(a["id"]), a["attempt"]))
+        try:
+            booked = await sched.reservations(ahead, sorted(wanted))
+        except Exception as exc:
+            raise from_exception(exc) from None
+        reservations: list[dict[str, Any]] = []
+        holds: dict[str, list[str]] = {}
+        for r in booked:
+            known = self.info.get(r.id)
+            if caller.tenant is not None and (known is None or known.tenant != caller.tenant):
+                continue
+            item = {"id": str(r.id), "kind": r.kind, "pool": r.pool, "start_unix_ns": str(r.start),
+                    "tolerance_s": r.tolerance / NS, "held": r.held}
+            if r.key is not None:
+                item["key"] = r.key
+            if r.deadline is not None:
+                item["deadline_unix_ns"] = str(r.deadline)
+            reservations.append(item)
+            if r.held:
+                holds.setdefault(r.pool, []).append(str(r.id))
+        return {"at_unix_ns": str(now), "range_s": range_ns / NS, "ahead_s": ahead, "workers": workers,
+                "attempts": attempts, "reservations": reservations,
+                "holds": [{"pool": pool, "held": len(ids), "task_ids": ids}
+                          for pool, ids in sorted(holds.items())],
+                "unavailable_shards": []}
+
     def worker_health(self, caller: Principal) -> list[tuple[str, int, int, int]]:
         """Per visible pool, for /metrics: (pool, lease expiries of its workers
         and times one was found silent, both since start, suspect workers now)."""
@@ -696,7 +780,9 @@ class Service:
         for conn in self.hub.workers.values():
             workers[conn.pool] = workers.get(conn.pool, 0) + 1
         response = pb.SnapshotResponse(live_tasks=snap.live_tasks, running=snap.running, pending=snap.pending,
-                                       at_unix_ns=int(round(snap.at * NS)), metrics_window_s=snap.window)
+                                       at_unix_ns=int(round(snap.at * NS)), metrics_window_s=snap.window,
+                                       environment=self.config.server.environment or "",
+                                       region=self.config.server.region or "")
         for view in snap.pools:
             pool = view.as_dict()
             name = pool["name"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Iterable, TypeVar
 from urllib.parse import urlsplit
 
@@ -39,7 +40,7 @@ from .config import ServerConfig, ShardSection
 from .convert import status_name
 from .errors import Code, ServiceError
 from .info import LiveFeed
-from .service import EventStream, Service, pool_of
+from .service import TIMELINE_MAX_S, EventStream, Service, pool_of
 
 if TYPE_CHECKING:
     from .remote import WorkerHub
@@ -544,6 +545,26 @@ class ShardedService(Service):
         for answer in answers:
             response.workers.extend(answer.workers)
         return response
+
+    async def timeline(self, caller: Principal, pools: Iterable[str], range_s: float, ahead_s: float
+                       ) -> dict[str, Any]:
+        """This shard's timeline alone: shards have no call to ask each other
+        for theirs, so the other shards serving a requested pool (every other
+        shard, without pools) are named in unavailable_shards."""
+        caller.require("client")
+        requested = list(pools)
+        mine = self._pools_of(requested, self.me)
+        if mine == []:
+            self.serving()
+            answer: dict[str, Any] = {
+                "at_unix_ns": str(time.time_ns()), "range_s": min(range_s, TIMELINE_MAX_S),
+                "ahead_s": min(ahead_s, TIMELINE_MAX_S), "workers": [], "attempts": [], "reservations": [],
+                "holds": []}
+        else:
+            answer = await super().timeline(caller, mine or (), range_s, ahead_s)
+        answer["unavailable_shards"] = sorted(
+            shard.name for shard in self.others() if self._pools_of(requested, shard) != [])
+        return answer
 
     async def list_recurring(self, caller: Principal, request: pb.ListRecurringRequest
                              ) -> pb.ListRecurringResponse:

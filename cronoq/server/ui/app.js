@@ -31,7 +31,8 @@ const app = {
 };
 
 // What the feature modules register: a hook runs on each stream event of its
-// name (hello, status, snapshot, lagged...) after the shell handled it; a page
+// name (hello, status, snapshot, lagged...) after the shell handled it ("drawer-open":
+// with the task's id; "drawer": with its Get answer, each time the drawer is filled); a page
 // is a section of index.html whose refresh() runs when it is shown or re-read.
 const hooks = new Map();
 const pages = new Map();
@@ -294,10 +295,10 @@ function cell(text, className) {
   return td;
 }
 
+// A moment with its date and milliseconds, in UTC as dateTime: "2026-12-02 18:31:05.123Z".
 function time(ns) {
   if (!ns) return "";
-  const d = new Date(Number(BigInt(ns) / 1000000n));
-  return d.toLocaleTimeString([], {hour12: false}) + "." + String(d.getMilliseconds()).padStart(3, "0");
+  return new Date(Number(BigInt(ns) / 1000000n)).toISOString().replace("T", " ");
 }
 
 function dateTime(ns) {
@@ -533,6 +534,7 @@ function renderTasks(tasks, since) {
 function taskRow(task, since) {
   const row = document.createElement("tr");
   row.dataset.id = task.id;
+  row.tabIndex = 0;   // (Enter opens its drawer: keys.js)
   row.append(cell(task.id), cell(task.pool), cell(task.key), cell(task.kind),
              cell(task.status, "status status-" + task.status), cell(attemptText(task.attempt, task.max_attempts)),
              cell(task.priority || "normal"),
@@ -606,6 +608,7 @@ async function openDrawer(id) {
   $("#drawer-deps").replaceChildren();
   showStages([], []);
   showExplanation(null);
+  runHooks("drawer-open", id);   // drawer.js: the previous task's details go
   await fillDrawer(id);
 }
 
@@ -633,17 +636,7 @@ async function fillDrawer(id) {
     drawDeps(id, task.deps || []);
     showStages(task.stages || [], task.checkpoints || []);
     explainTask(id, task.status);
-    const result = $("#drawer-result");
-    if (TERMINAL.has(task.status)) {
-      const r = await api(`/v1/tasks/${id}/result?timeout_s=0`);
-      if (app.drawerId !== id) return;
-      if ("output" in r) result.textContent = JSON.stringify(r.output, null, 2);
-      else if ("output_text" in r) result.textContent = r.output_text;
-      else if ("output_b64" in r) result.textContent = `${r.content_type}, base64: ${r.output_b64}`;
-      else result.textContent = r.message || (r.output_available ? "" : "(no output kept)");
-    } else {
-      result.textContent = "(not finished)";
-    }
+    runHooks("drawer", task);   // drawer.js: the payload, the output or error, the tracebacks
   } catch (err) {
     $("#drawer-message").textContent = describe(err);
   }
@@ -708,8 +701,9 @@ function attemptItem(a) {
   li.value = a.attempt;
   li.dataset.status = a.status || (a.ended_unix_ns ? "" : "running");
   const took = a.ended_unix_ns ? ` (${seconds(a.started_unix_ns, a.ended_unix_ns)})` : "";
+  if (a.worker_id) li.dataset.worker = a.worker_name;
   li.textContent = `${time(a.started_unix_ns)} ${a.status || (a.ended_unix_ns ? "handed over" : "running")}` +
-    `${took}${a.message ? " — " + a.message : ""}`;
+    `${took}${a.worker_id ? " on " + a.worker_name : ""}${a.message ? " — " + a.message : ""}`;
   return li;
 }
 
@@ -761,7 +755,12 @@ async function drawDeps(id, deps) {
     cond.textContent = d.cond;
     edge.append(cond);
     node.append(box, label);
-    if (state) node.addEventListener("click", () => openDrawer(state.id));
+    if (state) {
+      node.addEventListener("click", () => openDrawer(state.id));
+      node.setAttribute("tabindex", "0");   // (Enter opens it: keys.js)
+      node.setAttribute("role", "link");
+      node.setAttribute("aria-label", `task ${state.id}: ${state.status}`);
+    }
     svg.append(edge, node);
   });
   const self = document.createElementNS(SVG, "g");
@@ -821,6 +820,7 @@ function renderEvents() {
     const e = pending[i];
     const row = document.createElement("tr");
     row.dataset.id = e.id;
+    row.tabIndex = 0;   // (drawer.js opens its task on a click, keys.js on Enter)
     row.append(cell(time(e.at_unix_ns)), cell(e.id), cell(e.pool), cell(e.key),
                cell(e.status, "status status-" + e.status), cell(attemptText(e.attempt, e.max_attempts)),
                cell(e.message, "message"));

@@ -23,14 +23,20 @@ const state = {
   enabled: false,                   // the token has the metrics role
 };
 
-// The series each chart draws: [label, key into the pool's data, options].
-function colors() {
-  const css = getComputedStyle(document.documentElement);
-  return [1, 2, 3, 4].map((i) => css.getPropertyValue(`--c${i}`).trim() || "#2563eb");
+// A colour token of app.css as the page resolves it now (it follows the theme).
+function token(name) {
+  const probe = document.createElement("i");
+  probe.style.color = `var(${name})`;
+  document.body.append(probe);
+  const colour = getComputedStyle(probe).color;
+  probe.remove();
+  return colour;
 }
 
+// The series each chart draws: [label, key into the pool's data, options].
 function chartKinds() {
-  const [c1, c2, c3, c4] = colors();
+  const [c1, c2, c3, c4] = [1, 2, 3, 4].map((i) => token(`--series-${i}`));
+  const bad = token("--bad");
   const byClass = [c3, c2, c1, c4];   // critical, high, normal, low
   return [
     {kind: "capacity", title: "slots and cost", series: [
@@ -43,7 +49,7 @@ function chartKinds() {
       [c, "pending_" + c, {stroke: byClass[i]}])},
     {kind: "throughput", title: "per second", series: [
       ["succeeded/s", "throughput_per_s", {stroke: c1, width: 2}],
-      ["failed/s", "failures_per_s", {stroke: "#b42318"}],
+      ["failed/s", "failures_per_s", {stroke: bad}],
     ]},
     {kind: "waits", title: "waits (s)", series: CLASSES.flatMap((c, i) => [
       [c + " p50", "wait_p50_s_" + c, {stroke: byClass[i]}],
@@ -152,8 +158,10 @@ function makeChart(card, kind, holder) {
                                                                points: {show: false}}))];
   const scales = {x: {time: true}};
   if (kind.series.some(([, , options]) => options.scale === "cost")) scales.cost = {auto: true};
-  const axes = [{space: 70, values: (u, splits) => splits.map(timeLabel)}, {size: 44},
-                ...(kind.axes || []).slice(1).map((axis) => ({size: 50, ...axis}))];
+  const ink = {stroke: token("--muted"), grid: {stroke: token("--border"), width: 1},
+               ticks: {stroke: token("--border"), width: 1}};
+  const axes = [{...ink, space: 70, values: (u, splits) => splits.map(timeLabel)}, {...ink, size: 44},
+                ...(kind.axes || []).slice(1).map((axis) => ({...ink, size: 50, ...axis}))];
   const opts = {
     width: chartWidth(card), height: CHART_HEIGHT, series, scales, axes,
     legend: {live: true},
@@ -187,8 +195,8 @@ function showCursor(u, holder) {
 
 function ensureCharts(card, pool) {
   let entry = state.charts.get(pool);
-  if (entry && entry.card === card) return entry;
-  if (entry) for (const chart of entry.charts) chart.plot.destroy();
+  if (entry && entry.card === card && card.contains(entry.charts[0].holder)) return entry;
+  if (entry) forget(pool);
   const box = document.createElement("div");
   box.className = "history-charts";
   const charts = chartKinds().map((kind) => {
@@ -205,10 +213,21 @@ function ensureCharts(card, pool) {
     return {kind, holder};
   });
   card.append(box);
-  for (const chart of charts) chart.plot = makeChart(card, chart.kind, chart.holder);
+  for (const chart of charts) {
+    chart.plot = makeChart(card, chart.kind, chart.holder);
+    chart.holder.dataset.colors = JSON.stringify(Object.fromEntries(
+      chart.kind.series.map(([label, , options]) => [label, options.stroke])));
+  }
   entry = {card, charts, width: chartWidth(card)};
   state.charts.set(pool, entry);
   return entry;
+}
+
+function forget(pool) {
+  const entry = state.charts.get(pool);
+  for (const chart of entry.charts) chart.plot.destroy();
+  entry.card.querySelector(".history-charts")?.remove();
+  state.charts.delete(pool);
 }
 
 function draw() {
@@ -256,6 +275,11 @@ document.addEventListener("DOMContentLoaded", () => {
     button.addEventListener("click", () => setRange(button.dataset.range));
   }
   window.addEventListener("resize", () => draw());
+  // Canvas lines take their colours when drawn: a new theme draws the charts anew.
+  document.addEventListener("cronoq:theme", () => {
+    for (const pool of [...state.charts.keys()]) forget(pool);
+    draw();
+  });
 });
 
 // ------------------------------------------------------------------ the stream's events

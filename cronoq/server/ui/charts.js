@@ -245,6 +245,8 @@ function draw() {
       if (width !== entry.width) plot.setSize({width, height: CHART_HEIGHT});
       plot.setData([data.t, ...kind.series.map(([, key]) => data[key])], true);
       plot.setScale("x", {min, max});
+      // Away from the cursor, the legend shows the latest values.
+      if (!holder.dataset.cursorT && data.t.length) plot.setLegend({idx: data.t.length - 1});
       holder.dataset.points = String(data.t.length);
       holder.dataset.firstT = data.t.length ? String(Math.round(data.t[0] * 1000)) : "";
       const first = {}, last = {};   // (for a reader of the page: the ends of each series)

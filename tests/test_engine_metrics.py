@@ -267,6 +267,29 @@ def test_wait_percentiles():
     assert p.wait_p99 == pytest.approx(99, rel=0.1)
 
 
+def test_wait_percentiles_by_class():
+    # Critical tasks wait 10 s and low ones 40 s: each class has its own percentiles, the pool's cover both.
+    core = make_core(PoolConfig("default", max=8, initial=0, autoscale=False))
+    t = 100 * S
+    for i in range(4):
+        core.submit(t - 40 * S, TaskSpec(("l", i), priority="low"))
+    for i in range(4):
+        core.submit(t - 10 * S, TaskSpec(("c", i), priority="critical"))
+    core.set_capacity(t, "default", 8)
+    core.check_invariants()
+    assert len(dispatches(drain(core))) == 8
+    p = core.snapshot(t).pool("default")
+    critical, high, normal, low = p.wait_p50_s_by_class
+    assert critical == pytest.approx(10, rel=0.1) and low == pytest.approx(40, rel=0.1)
+    assert (high, normal) == (0.0, 0.0)
+    assert p.wait_p99_s_by_class[0] == pytest.approx(10, rel=0.1)
+    assert p.wait_p99_s_by_class[3] == pytest.approx(40, rel=0.1)
+    assert p.wait_p99 == pytest.approx(40, rel=0.1)
+    assert p.as_dict()["wait_p50_s_by_class"] == p.wait_p50_s_by_class
+    # A fresh pool reports zeros for every class.
+    assert make_core(pool(1)).snapshot(0).pool("default").wait_p99_s_by_class == [0.0] * 4
+
+
 def test_wait_is_measured_from_readiness_not_submission():
     core = make_core(pool(2))
     core.submit(0, TaskSpec("p", key="p"))

@@ -46,7 +46,7 @@ def test_package_services_and_protocol_version():
                                                "ListTasks", "Watch", "Explain"]
     admin = cronoq_pb2.DESCRIPTOR.services_by_name["Admin"]
     assert [m.name for m in admin.methods] == ["ListWorkers", "ListRecurring", "AddRecurring",
-                                               "RemoveRecurring", "Snapshot"]
+                                               "RemoveRecurring", "Snapshot", "History"]
     work = cronoq_pb2.DESCRIPTOR.services_by_name["Workers"].methods_by_name["Work"]
     assert work.client_streaming and work.server_streaming
     assert PROTOCOL_VERSION == 3

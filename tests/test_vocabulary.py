@@ -171,7 +171,8 @@ def config_sections():
     from cronoq.server import config
     return [("### `[server]`", config.ServerSection), ("### `[store]`", config.StoreConfig),
             ("### `[limits]`", config.LimitsConfig), ("### `[[pools]]`", config.PoolSection),
-            ("### `[outputs]`", config.OutputsConfig), ("### `[trace]`", config.TraceSection)]
+            ("### `[outputs]`", config.OutputsConfig), ("### `[trace]`", config.TraceSection),
+            ("### `[history]`", config.HistorySection)]
 
 
 @pytest.mark.parametrize("heading,section", config_sections(), ids=lambda item: str(item))

@@ -928,3 +928,72 @@ class SnapshotResponse(_message.Message):
     environment: str
     region: str
     def __init__(self, pools: _Optional[_Iterable[_Union[PoolSnapshot, _Mapping]]] = ..., live_tasks: _Optional[int] = ..., running: _Optional[int] = ..., pending: _Optional[int] = ..., workers_connected: _Optional[int] = ..., unavailable_shards: _Optional[_Iterable[str]] = ..., totals: _Optional[_Mapping[str, int]] = ..., at_unix_ns: _Optional[int] = ..., metrics_window_s: _Optional[float] = ..., environment: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...
+
+class HistoryRequest(_message.Message):
+    __slots__ = ("pools", "range_s", "points")
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    RANGE_S_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedScalarFieldContainer[str]
+    range_s: float
+    points: int
+    def __init__(self, pools: _Optional[_Iterable[str]] = ..., range_s: _Optional[float] = ..., points: _Optional[int] = ...) -> None: ...
+
+class PoolHistory(_message.Message):
+    __slots__ = ("name", "t_unix_ms", "capacity", "desired", "busy", "held", "pending", "pending_by_class", "throughput_per_s", "failures_per_s", "wait_p50_s", "wait_p99_s", "wait_p50_s_by_class", "wait_p99_s_by_class", "cost")
+    class ByClass(_message.Message):
+        __slots__ = ("critical", "high", "normal", "low")
+        CRITICAL_FIELD_NUMBER: _ClassVar[int]
+        HIGH_FIELD_NUMBER: _ClassVar[int]
+        NORMAL_FIELD_NUMBER: _ClassVar[int]
+        LOW_FIELD_NUMBER: _ClassVar[int]
+        critical: _containers.RepeatedScalarFieldContainer[float]
+        high: _containers.RepeatedScalarFieldContainer[float]
+        normal: _containers.RepeatedScalarFieldContainer[float]
+        low: _containers.RepeatedScalarFieldContainer[float]
+        def __init__(self, critical: _Optional[_Iterable[float]] = ..., high: _Optional[_Iterable[float]] = ..., normal: _Optional[_Iterable[float]] = ..., low: _Optional[_Iterable[float]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    T_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    PENDING_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_PER_S_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_P50_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_P99_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_P50_S_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_P99_S_BY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    t_unix_ms: _containers.RepeatedScalarFieldContainer[int]
+    capacity: _containers.RepeatedScalarFieldContainer[float]
+    desired: _containers.RepeatedScalarFieldContainer[float]
+    busy: _containers.RepeatedScalarFieldContainer[float]
+    held: _containers.RepeatedScalarFieldContainer[float]
+    pending: _containers.RepeatedScalarFieldContainer[float]
+    pending_by_class: PoolHistory.ByClass
+    throughput_per_s: _containers.RepeatedScalarFieldContainer[float]
+    failures_per_s: _containers.RepeatedScalarFieldContainer[float]
+    wait_p50_s: _containers.RepeatedScalarFieldContainer[float]
+    wait_p99_s: _containers.RepeatedScalarFieldContainer[float]
+    wait_p50_s_by_class: PoolHistory.ByClass
+    wait_p99_s_by_class: PoolHistory.ByClass
+    cost: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, name: _Optional[str] = ..., t_unix_ms: _Optional[_Iterable[int]] = ..., capacity: _Optional[_Iterable[float]] = ..., desired: _Optional[_Iterable[float]] = ..., busy: _Optional[_Iterable[float]] = ..., held: _Optional[_Iterable[float]] = ..., pending: _Optional[_Iterable[float]] = ..., pending_by_class: _Optional[_Union[PoolHistory.ByClass, _Mapping]] = ..., throughput_per_s: _Optional[_Iterable[float]] = ..., failures_per_s: _Optional[_Iterable[float]] = ..., wait_p50_s: _Optional[_Iterable[float]] = ..., wait_p99_s: _Optional[_Iterable[float]] = ..., wait_p50_s_by_class: _Optional[_Union[PoolHistory.ByClass, _Mapping]] = ..., wait_p99_s_by_class: _Optional[_Union[PoolHistory.ByClass, _Mapping]] = ..., cost: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class HistoryResponse(_message.Message):
+    __slots__ = ("pools", "interval_s", "kept_s", "at_unix_ns", "unavailable_shards")
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    KEPT_S_FIELD_NUMBER: _ClassVar[int]
+    AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[PoolHistory]
+    interval_s: float
+    kept_s: float
+    at_unix_ns: int
+    unavailable_shards: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolHistory, _Mapping]]] = ..., interval_s: _Optional[float] = ..., kept_s: _Optional[float] = ..., at_unix_ns: _Optional[int] = ..., unavailable_shards: _Optional[_Iterable[str]] = ...) -> None: ...

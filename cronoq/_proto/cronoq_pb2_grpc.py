@@ -504,6 +504,11 @@ class AdminStub:
                 request_serializer=cronoq_dot___proto_dot_cronoq__pb2.SnapshotRequest.SerializeToString,
                 response_deserializer=cronoq_dot___proto_dot_cronoq__pb2.SnapshotResponse.FromString,
                 _registered_method=True)
+        self.History = channel.unary_unary(
+                '/cronoq.v1.Admin/History',
+                request_serializer=cronoq_dot___proto_dot_cronoq__pb2.HistoryRequest.SerializeToString,
+                response_deserializer=cronoq_dot___proto_dot_cronoq__pb2.HistoryResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -539,6 +544,12 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def History(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -566,6 +577,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Snapshot,
                     request_deserializer=cronoq_dot___proto_dot_cronoq__pb2.SnapshotRequest.FromString,
                     response_serializer=cronoq_dot___proto_dot_cronoq__pb2.SnapshotResponse.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
+                    request_deserializer=cronoq_dot___proto_dot_cronoq__pb2.HistoryRequest.FromString,
+                    response_serializer=cronoq_dot___proto_dot_cronoq__pb2.HistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -703,6 +719,33 @@ class Admin:
             '/cronoq.v1.Admin/Snapshot',
             cronoq_dot___proto_dot_cronoq__pb2.SnapshotRequest.SerializeToString,
             cronoq_dot___proto_dot_cronoq__pb2.SnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.Admin/History',
+            cronoq_dot___proto_dot_cronoq__pb2.HistoryRequest.SerializeToString,
+            cronoq_dot___proto_dot_cronoq__pb2.HistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1107,11 +1107,11 @@ class Core:
         w.busy = p.busy
         b = w.current if now < w.current_end else w.bucket(now)
         b.dispatched += 1
-        wait = now - e.ready_at   # into the window's histogram (no wait, the common case: bucket 0)
-        index = bucket_of(wait) if wait else 0
-        counts = b.waits.counts
-        counts[index] = counts.get(index, 0) + 1
         c = e.cls
+        wait = now - e.ready_at   # into the window's histogram of its class (no wait, the common case: bucket 0)
+        index = bucket_of(wait) if wait else 0
+        counts = b.waits[c].counts
+        counts[index] = counts.get(index, 0) + 1
         if c:
             count = p.queues.count   # a more important class is waiting: an inversion
             if count[0] or (c > 1 and (count[1] or (c > 2 and count[2]))):
@@ -2125,7 +2125,7 @@ class Core:
         w.integrate(now)
         dispatched = succeeded = failed = inversions = hits = fixed = 0
         busy_time = capacity_time = good = attempt_time = 0
-        waits = Histogram()
+        by_class = [Histogram() for _ in range(4)]
         for b in w.live(now):
             dispatched += b.dispatched
             succeeded += b.succeeded
@@ -2137,7 +2137,11 @@ class Core:
             capacity_time += b.capacity_time
             good += b.good_time
             attempt_time += b.attempt_time
-            waits.merge(b.waits)
+            for merged, waits_of_class in zip(by_class, b.waits):
+                merged.merge(waits_of_class)
+        waits = Histogram()
+        for merged in by_class:
+            waits.merge(merged)
 
         def seconds(v: float | None) -> float | None:
             return None if v is None else v / NS
@@ -2163,6 +2167,8 @@ class Core:
             wait_p50=seconds(waits.percentile(0.5)) or 0.0,
             wait_p90=seconds(waits.percentile(0.9)) or 0.0,
             wait_p99=seconds(waits.percentile(0.99)) or 0.0,
+            wait_p50_s_by_class=[seconds(h.percentile(0.5)) or 0.0 for h in by_class],
+            wait_p99_s_by_class=[seconds(h.percentile(0.99)) or 0.0 for h in by_class],
             worker_seconds=worker_seconds,
             cost=worker_seconds * cost_rate,
             groups=[GroupSnapshot(dict(g.labels), g.capacity, g.busy)

@@ -181,7 +181,7 @@ class WindowBucket:
         self.capacity_time = 0      # integral of capacity over time (slot-ns)
         self.good_time = 0          # run time of attempts that succeeded
         self.attempt_time = 0       # run time of all attempts that ended
-        self.waits = Histogram()
+        self.waits = [Histogram() for _ in range(4)]   # by class, in CLASSES order
 
 
 class PoolWindow:

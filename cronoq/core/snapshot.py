@@ -101,7 +101,9 @@ class PoolSnapshot(_View):
 
     Counts (dispatched, succeeded, failed) and rates cover the window; rates are
     1.0 when nothing was measured. Waits are seconds from becoming ready to
-    dispatch. ``worker_seconds`` and ``cost`` accumulate since start.
+    dispatch; ``wait_p50_s_by_class`` and ``wait_p99_s_by_class`` are those of
+    each class (critical, high, normal, low; 0.0 for a class that had none).
+    ``worker_seconds`` and ``cost`` accumulate since start.
     ``stray_threads`` counts threads still running a plain function whose
     attempt was given up (filled in by the scheduler; the engine has none).
     """
@@ -109,7 +111,8 @@ class PoolSnapshot(_View):
     __slots__ = ("name", "capacity", "busy", "held", "desired", "pending", "pending_by_class",
                  "reservations", "dispatched", "succeeded", "failed", "priority_adherence",
                  "fixed_start_hit_rate", "utilization", "schedule_efficiency", "wait_p50",
-                 "wait_p90", "wait_p99", "worker_seconds", "cost", "groups", "stray_threads")
+                 "wait_p90", "wait_p99", "wait_p50_s_by_class", "wait_p99_s_by_class", "worker_seconds", "cost",
+                 "groups", "stray_threads")
 
     name: str
     capacity: int
@@ -129,6 +132,8 @@ class PoolSnapshot(_View):
     wait_p50: float
     wait_p90: float
     wait_p99: float
+    wait_p50_s_by_class: list[float]
+    wait_p99_s_by_class: list[float]
     worker_seconds: float
     cost: float
     groups: list[GroupSnapshot]
@@ -136,7 +141,17 @@ class PoolSnapshot(_View):
 
     def __init__(self, **fields: Any) -> None:
         for name in self.__slots__:
-            setattr(self, name, fields.get(name, 0) if name == "stray_threads" else fields[name])
+            if name in fields:
+                setattr(self, name, fields[name])
+            elif name in _OPTIONAL:   # (from a leader of an older version, or filled in later)
+                setattr(self, name, _OPTIONAL[name]())
+            else:
+                raise KeyError(name)
+
+
+# The fields a PoolSnapshot may be built without, and their defaults.
+_OPTIONAL: dict[str, Any] = {"stray_threads": int, "wait_p50_s_by_class": lambda: [0.0] * 4,
+                             "wait_p99_s_by_class": lambda: [0.0] * 4}
 
 
 class Snapshot(_View):

@@ -16,7 +16,7 @@ from .schema import (
 
 __all__ = ["STATUSES", "TERMINAL_STATUSES", "RESULT", "SUBMITTED", "SUBMIT_OUT", "BATCH_OUT", "INFO", "TASKS_OUT",
            "CANCEL_OUT", "REMOVED_OUT", "EXPLANATION", "WORKER", "WORKERS_OUT", "SCHEDULE", "SCHEDULES_OUT", "POOL", "SNAPSHOT",
-           "ENVIRONMENT", "ENVIRONMENTS_OUT", "TIMELINE", "ERROR"]
+           "ENVIRONMENT", "ENVIRONMENTS_OUT", "TIMELINE", "HISTORY", "ERROR"]
 
 STATUSES = tuple(str(status) for status in _ALL_STATUSES)
 TERMINAL_STATUSES = tuple(status for status in STATUSES if status in TERMINAL)
@@ -299,6 +299,50 @@ TIMELINE = Obj("Timeline", {
 }, "The scheduling of a time window: attempts per worker, and the fixed starts ahead.",
     required=("at_unix_ns", "range_s", "ahead_s", "workers", "attempts", "reservations", "holds",
               "unavailable_shards"))
+
+_CLASS_NAMES = ("critical", "high", "normal", "low")
+
+
+def _series(doc: str) -> Array:
+    return Array(Number(), doc)
+
+
+def _by_class(name: str, doc: str) -> Obj:
+    return Obj(name, {c: _series(f"{c.capitalize()} tasks.") for c in _CLASS_NAMES}, doc, required=_CLASS_NAMES)
+
+
+POOL_HISTORY = Obj("PoolHistory", {
+    "name": Text("The pool."),
+    "t_unix_ms": Array(Integer(), "Each point's time, Unix milliseconds: the last sample of its bucket."),
+    "capacity": _series("Slots of its connected workers (bucket mean)."),
+    "desired": _series("The capacity its autoscaler asked for (bucket mean)."),
+    "busy": _series("Slots running an attempt (bucket max)."),
+    "held": _series("Free slots held for fixed starts (bucket max)."),
+    "pending": _series("Tasks waiting to run (bucket max)."),
+    "pending_by_class": _by_class("PendingByClassHistory", "Pending tasks by class (bucket max)."),
+    "throughput_per_s": _series("Tasks succeeded per second between two samples (bucket mean)."),
+    "failures_per_s": _series("Attempts failed per second between two samples: retrying, failed, dead-lettered "
+                              "(bucket mean)."),
+    "wait_p50_s": _series("Median wait over the metrics window at each sample (bucket mean)."),
+    "wait_p99_s": _series("99th percentile wait (bucket mean)."),
+    "wait_p50_s_by_class": _by_class("WaitP50ByClassHistory", "Median wait by class; 0 where a class had no "
+                                                               "dispatch in the window (bucket mean)."),
+    "wait_p99_s_by_class": _by_class("WaitP99ByClassHistory", "99th percentile wait by class (bucket mean)."),
+    "cost": _series("Cost since the leader started (the bucket's last sample)."),
+}, "One pool's history: every series has one value per point of t_unix_ms.",
+    required=("name", "t_unix_ms", "capacity", "desired", "busy", "held", "pending", "pending_by_class",
+              "throughput_per_s", "failures_per_s", "wait_p50_s", "wait_p99_s", "wait_p50_s_by_class",
+              "wait_p99_s_by_class", "cost"))
+
+HISTORY = Obj("History", {
+    "interval_s": Seconds("How often the leader samples its pools (history.interval_s)."),
+    "kept_s": Seconds("How long it keeps samples (history.kept_s)."),
+    "at_unix_ns": UnixNs("When the answer was made."),
+    "pools": Array(POOL_HISTORY, "The pools asked for that the caller may use."),
+    "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (their pools are "
+                                        "missing); empty otherwise."),
+}, "The serving leader's recent history of its pools, since it became the leader (at most kept_s).",
+    required=("interval_s", "kept_s", "at_unix_ns", "pools", "unavailable_shards"))
 
 ERROR = Obj("Error", {
     "error": Text("What went wrong, naming the field or the limit."),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
+import math
 import os
 import re
 import tomllib
@@ -39,7 +40,7 @@ from ..loopback import is_loopback
 from .tomlkeys import YEAR, Rule, Table, describe_value, key, rules
 
 __all__ = ["ConfigError", "ServerConfig", "ServerSection", "ShardSection", "PeerTlsConfig", "TlsConfig", "Credential", "StoreConfig",
-           "LimitsConfig", "PoolSection", "ResourceSection", "OutputsConfig", "RecurringSection", "TraceSection",
+           "LimitsConfig", "PoolSection", "ResourceSection", "OutputsConfig", "HistorySection", "RecurringSection", "TraceSection",
            "RetrySection", "load", "parse", "default_config", "ROLES", "YEAR", "MIN_TOKEN", "GOOD_TOKEN",
            "Rule", "key", "rules", "split_addr", "is_loopback"]
 
@@ -302,6 +303,20 @@ class OutputsConfig:
 
 
 @dataclass(frozen=True)
+class HistorySection:
+    """[history]: what the serving leader keeps of the recent past (docs/server.md)."""
+
+    interval_s: float = key(1.0, "seconds", low=0.1, high=3600.0)
+    kept_s: float = key(3600.0, "seconds", low=1.0, high=7 * 86_400.0)
+    events: int = key(1000, "integer", 0, 1_000_000)
+
+    @property
+    def samples(self) -> int:
+        """Samples kept per pool: ``kept_s`` over ``interval_s``."""
+        return max(1, math.ceil(self.kept_s / self.interval_s - 1e-9))
+
+
+@dataclass(frozen=True)
 class TraceSection:
     """[trace]: record the workload for cronoq.whatif (docs/whatif.md)."""
 
@@ -340,6 +355,7 @@ class ServerConfig:
     trace: TraceSection | None = None
     shards: tuple[ShardSection, ...] = ()
     all_pools: tuple[PoolSection, ...] = ()   # with shards: every shard's pools (``pools``: this shard's)
+    history: HistorySection = field(default_factory=HistorySection)
     environments: tuple[Environment, ...] = ()   # the catalog of deployments ([environments])
 
     @property
@@ -731,6 +747,24 @@ def _outputs(t: Table | None) -> OutputsConfig:
     return OutputsConfig(**v)
 
 
+# At most this many samples per pool (kept_s / interval_s): a million samples take 184 MB a pool (history.py).
+MAX_HISTORY_SAMPLES = 1_000_000
+
+
+def _history(t: Table | None) -> HistorySection:
+    if t is None:
+        return HistorySection()
+    v = t.section(HistorySection)
+    t.done()
+    section = HistorySection(**v)
+    if section.samples > MAX_HISTORY_SAMPLES:
+        t.error("kept_s", f"keeps {section.samples} samples a pool at interval_s = {section.interval_s:g}; at most "
+                          f"{MAX_HISTORY_SAMPLES}: shorten kept_s or lengthen interval_s")
+    if section.kept_s < section.interval_s:
+        t.error("kept_s", f"must be at least interval_s ({section.interval_s:g}), got {section.kept_s:g}")
+    return section
+
+
 def _trace(t: Table | None) -> TraceSection | None:
     if t is None:
         return None
@@ -993,6 +1027,7 @@ def parse(text: str, *, source: str | None = None, shard: str | None = None) -> 
     limits = _limits(root.table("limits"))
     outputs = _outputs(root.table("outputs"))
     trace = _trace(root.table("trace"))
+    history = _history(root.table("history"))
     recurring: list[RecurringSection] = []
     seen = set()
     for t in root.tables("recurring"):
@@ -1010,7 +1045,8 @@ def parse(text: str, *, source: str | None = None, shard: str | None = None) -> 
     if errors:
         raise ConfigError(errors)
     return ServerConfig(server, tuple(tokens), tuple(certs), store, limits, tuple(pools), tuple(resources),
-                        outputs, tuple(recurring), source, trace, tuple(shards), environments=environments)
+                        outputs, tuple(recurring), source, trace, tuple(shards), environments=environments,
+                        history=history)
 
 
 def load(path: str | os.PathLike[str], *, shard: str | None = None) -> ServerConfig:

@@ -30,6 +30,7 @@ from .auth import Authenticator, Principal
 from .bodies import EXACT, Body, Payloads, task_message
 from .counters import ServerCounters
 from .errors import Code, ServiceError
+from .history import history_json
 from .http import Request, Response, loopback_host, reason_code
 from .routes import PATH_PARAMS, ROUTES, Route
 from .schema import Id, Text, invalid
@@ -448,6 +449,13 @@ class Gateway:
     async def snapshot(self, call: Call) -> Response:
         assert call.caller is not None
         return self.json(snapshot_json(await self.service.snapshot(call.caller, pb.SnapshotRequest())))
+
+    async def history(self, call: Call) -> Response:
+        assert call.caller is not None
+        query = call.query
+        request = pb.HistoryRequest(pools=query.get("pool", ()), range_s=query.get("range_s", 0.0),
+                                    points=query.get("points", 0))
+        return self.json(history_json(await self.service.history_of(call.caller, request)))
 
     async def environments(self, call: Call) -> Response:
         """This server's identity and the catalog ([environments]): no

@@ -184,6 +184,9 @@ class AdminServicer(_Base, pb_grpc.AdminServicer):
     async def Snapshot(self, request: pb.SnapshotRequest, context: aio.ServicerContext) -> pb.SnapshotResponse:
         return await self.unary(context, self.service.snapshot, request)
 
+    async def History(self, request: pb.HistoryRequest, context: aio.ServicerContext) -> pb.HistoryResponse:
+        return await self.unary(context, self.service.history_of, request)
+
 
 class WorkersServicer(_Base, pb_grpc.WorkersServicer):
     def __init__(self, service: Service, auth: Authenticator, hub: WorkerHub) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from ..core.types import TERMINAL, TaskSpec
 
 __all__ = ["InfoCache", "TaskMeta", "LiveFeed", "RecentEvents", "DEAD_LETTERS_KEPT", "ATTEMPTS_KEPT",
-           "RECENT_EVENTS_KEPT", "TRACEBACK_KEPT", "TRACEBACKS_KEPT", "last_chars"]
+           "TRACEBACK_KEPT", "TRACEBACKS_KEPT", "last_chars"]
 
 
 # ---------------------------------------------------------------- the info cache
@@ -263,16 +263,13 @@ class InfoCache:
 # ---------------------------------------------------------------- push streams
 
 
-# Status events the leader keeps for new Watch streams to start with (WatchRequest.recent).
-RECENT_EVENTS_KEPT = 200
-
-
 class RecentEvents:
-    """The leader's latest status events, oldest first: a sink of the
+    """The leader's latest status events (the last ``history.events``), for
+    new Watch and event streams to start with (``recent``), oldest first: a sink of the
     scheduler, so that a stream subscribed in the same step as it copies them
     gets each event once, from the copy or live."""
 
-    def __init__(self, limit: int = RECENT_EVENTS_KEPT) -> None:
+    def __init__(self, limit: int) -> None:   # (history.events)
         self.events: deque[Any] = deque(maxlen=limit)
 
     def deliver(self, event: Any) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .answers import (
-    BATCH_OUT, CANCEL_OUT, ENVIRONMENTS_OUT, EXPLANATION, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT,
-    TASKS_OUT, WORKERS_OUT, REMOVED_OUT, TIMELINE,
+    BATCH_OUT, CANCEL_OUT, ENVIRONMENTS_OUT, EXPLANATION, HISTORY, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES,
+    SUBMIT_OUT, TASKS_OUT, WORKERS_OUT, REMOVED_OUT, TIMELINE,
 )
 from .schema import BATCH, PRIORITIES, SUBMIT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text
 from .schema import Integer as IntegerField
@@ -130,8 +130,8 @@ ROUTES: tuple[Route, ...] = (
           media="text/event-stream", also=("metrics",), query=(("pool", _POOLS), ("snapshot_s", Seconds(
               "How often a snapshot event comes (metrics role): default 1, at least 0.2; 0 for none.")),
               ("recent", IntegerField("First, up to this many of the latest status events the leader kept "
-                                      "(it keeps the last 200) for the pools asked for, oldest first: default 0.",
-                                      minimum=0, maximum=2 ** 32 - 1))),
+                                      "(history.events: the last 1000 by default) for the pools asked "
+                                      "for, oldest first: default 0.", minimum=0, maximum=2 ** 32 - 1))),
           statuses=(400, 401, 403, 404, 429, 503),
           description="Needs the client role (status events) or the metrics role (snapshots); admin gets both. "
                       "A text/event-stream: hello (state, role, visible pools, the environment and region), status (a JSON array of status "
@@ -142,6 +142,16 @@ ROUTES: tuple[Route, ...] = (
                       "you show."),
     Route("GET", "/v1/snapshot", "snapshot", "The scheduler's state", "snapshot", role="metrics",
           response=SNAPSHOT, statuses=(401, 403, 503)),
+    Route("GET", "/v1/history", "history", "The pools' recent history", "history", role="metrics",
+          response=HISTORY, statuses=(400, 401, 403, 404, 503),
+          query=(("pool", _POOLS),
+                 ("range_s", Seconds("Only the latest range_s seconds: default everything kept (history.kept_s).")),
+                 ("points", IntegerField("At most this many points per series: default 720. More samples than "
+                                         "that are averaged in fixed buckets (busy, held and pending take the "
+                                         "bucket's max, cost its last sample).", minimum=1, maximum=100_000))),
+          description="One sample per pool every history.interval_s since this leader began (kept for "
+                      "history.kept_s): capacity, desired, busy, held, pending (and by class), throughput and "
+                      "failure rate, waits p50 and p99 (and by class), cost. With shards, every shard's pools."),
     Route("GET", "/v1/environments", "list_environments", "The catalog of environments", "environments",
           role="client", also=("metrics",), response=ENVIRONMENTS_OUT, statuses=(401, 403),
           description="Needs the client, metrics or admin role. This server's identity ([server] environment and "

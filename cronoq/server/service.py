@@ -44,6 +44,7 @@ from .convert import (
     recurring_options, result_message, status_enum, status_name, task_ref,
 )
 from .errors import Code, ServiceError, from_exception
+from .history import DEFAULT_POINTS, MAX_POINTS, History
 from .info import InfoCache, LiveFeed, RecentEvents, TaskMeta
 
 if TYPE_CHECKING:
@@ -108,7 +109,8 @@ class Service:
         hub.tracebacks = self._traceback
         hub.on_lease = self._leased
         self.watchers = 0
-        self.recent = RecentEvents()
+        self.recent = RecentEvents(config.history.events)
+        self.history: History | None = None   # the leader's, from the moment it leads
         self._events: asyncio.Task[None] | None = None
 
     def _leased(self, task_id: int, attempt: int, worker_id: int, worker_name: str) -> None:
@@ -129,8 +131,10 @@ class Service:
     def lead(self, sched: Scheduler) -> None:
         self.scheduler = sched
         self.state = "leader"
-        self.recent = RecentEvents()   # (a new leader's own: its engine's events)
+        self.recent = RecentEvents(self.config.history.events)   # (a new leader's own: its engine's events)
         sched.subscribe(self.recent)
+        self.history = History(self.config.history, self.config.pools)   # (empty: none is handed over)
+        self.history.start(sched)
         self._events = asyncio.get_running_loop().create_task(self._follow(sched))
 
     def step_down(self, state: str = "standby") -> None:
@@ -138,9 +142,12 @@ class Service:
         if state == "standby":
             if self.scheduler is not None:
                 self.scheduler.unsubscribe(self.recent)
+            if self.history is not None:
+                self.history.stop(self.scheduler)
+                self.history = None
             self.scheduler = None
             self.info.clear()
-            self.recent = RecentEvents()
+            self.recent = RecentEvents(self.config.history.events)
             if self._events is not None:
                 self._events.cancel()
                 self._events = None
@@ -792,6 +799,23 @@ class Service:
         for name, value in snap.totals.items():
             response.totals[name] = value
         return response
+
+    async def history_of(self, caller: Principal, request: pb.HistoryRequest) -> pb.HistoryResponse:
+        """The leader's history of the pools asked for (each known and
+        visible; none asked: every visible pool), downsampled (history.py)."""
+        caller.require("metrics")
+        self.serving()
+        history = self.history
+        if history is None:
+            raise ServiceError(Code.UNAVAILABLE, "not the leader (standby or shutting down): retry with backoff")
+        if not math.isfinite(request.range_s) or request.range_s < 0:
+            raise ServiceError(Code.INVALID_ARGUMENT, f"range_s must be a finite number of seconds >= 0, got "
+                                                      f"{request.range_s!r}")
+        if request.points > MAX_POINTS:
+            raise ServiceError(Code.INVALID_ARGUMENT, f"points must be at most {MAX_POINTS}, got {request.points}")
+        pools = self._pool_filter(caller, request.pools)
+        return history.answer(self.pools if pools is None else pools, request.range_s,
+                              request.points or DEFAULT_POINTS)
 
     async def pool_snapshot(self, caller: Principal, name: str) -> pb.PoolSnapshot:
         """One pool's entry of ``snapshot`` (KEDA's external scaler asks for

@@ -210,7 +210,7 @@ class ShardedService(Service):
                     timeout: float | None = None) -> Any:
         """``method`` of Tasks or Admin on ``shard``'s server, as the caller."""
         service = "Admin" if method in ("ListWorkers", "ListRecurring", "AddRecurring", "RemoveRecurring",
-                                        "Snapshot") else "Tasks"
+                                        "Snapshot", "History") else "Tasks"
         stub = getattr(pb_grpc, f"{service}Stub")(self.peers.channel(shard))
         try:
             return await getattr(stub, method)(request, metadata=self._as_forwarded(caller),
@@ -592,6 +592,39 @@ class ShardedService(Service):
             response.workers_connected += other.workers_connected
             for name, value in other.totals.items():
                 response.totals[name] = response.totals.get(name, 0) + value
+        order = {name: i for i, name in enumerate(self.all_pools)}
+        pools = sorted(response.pools, key=lambda p: order.get(p.name, len(order)))
+        del response.pools[:]
+        response.pools.extend(pools)
+        del response.unavailable_shards[:]
+        response.unavailable_shards.extend(missing)
+        return response
+
+    async def history_of(self, caller: Principal, request: pb.HistoryRequest) -> pb.HistoryResponse:
+        """Every shard's history of its pools asked for, in the order of the pools' configuration."""
+        caller.require("metrics")
+
+        def ask(shard: ShardSection) -> pb.HistoryRequest | None:
+            pools = self._pools_of(request.pools, shard)
+            return None if pools == [] else pb.HistoryRequest(pools=pools or (), range_s=request.range_s,
+                                                              points=request.points)
+
+        async def local() -> pb.HistoryResponse:
+            mine = ask(self.me)
+            if mine is None:   # (none of this shard's pools asked: its frame only)
+                self.serving()
+                mine = pb.HistoryRequest(range_s=request.range_s, points=request.points)
+                answer = await super(ShardedService, self).history_of(caller, mine)
+                del answer.pools[:]
+                return answer
+            return await super(ShardedService, self).history_of(caller, mine)
+
+        answers, missing = await self._ask_all(caller, "History", ask, local)
+        response: pb.HistoryResponse = answers[0]
+        if caller.forwarded:
+            return response
+        for other in answers[1:]:
+            response.pools.extend(p for p in other.pools if caller.sees(p.name))
         order = {name: i for i, name in enumerate(self.all_pools)}
         pools = sorted(response.pools, key=lambda p: order.get(p.name, len(order)))
         del response.pools[:]

@@ -10,7 +10,6 @@ const STATUSES = ["blocked", "scheduled", "ready", "running", "retrying", "succe
                   "dead_lettered", "cancelled", "skipped", "missed", "shed"];
 const TERMINAL = new Set(["succeeded", "failed", "dead_lettered", "cancelled", "skipped", "missed", "shed"]);
 const CLASSES = ["critical", "high", "normal", "low"];
-const HISTORY = 180;          // snapshots kept per pool for the charts
 const EVENT_ROWS = 500;       // rows the event page keeps
 const SEEN_TASKS = 5000;      // tasks whose recent events the drawer can show
 
@@ -19,7 +18,6 @@ const $ = (selector) => document.querySelector(selector);
 const app = {
   token: null, role: null, pools: [], page: "overview",
   stream: null, retryTimer: null, retryDelay: 500, watchdog: null,
-  history: new Map(),         // pool -> [{at, capacity, desired, busy, pending}]
   lastSnapshot: null,
   taskRows: new Map(),        // id -> row element of the task table
   seen: new Map(),            // id -> [events], bounded (insertion order)
@@ -312,13 +310,6 @@ function dateTime(ns) {
 
 function onSnapshot(snap) {
   app.lastSnapshot = snap;
-  const at = Number(BigInt(snap.at_unix_ns) / 1000000n);
-  for (const pool of snap.pools) {
-    let series = app.history.get(pool.name);
-    if (!series) app.history.set(pool.name, series = []);
-    series.push({at, capacity: pool.capacity, desired: pool.desired, busy: pool.busy, pending: pool.pending});
-    if (series.length > HISTORY) series.shift();
-  }
   if (app.page === "overview") renderOverview(snap);
   if (app.page === "workers" && workersChanged(snap)) loadWorkers();
 }
@@ -393,6 +384,7 @@ function renderOverview(snap) {
     card.classList.add("unavailable");
     card.querySelector(".window").textContent = "its shard cannot be reached: the last figures seen";
   }
+  runHooks("overview", snap);   // (the cards are drawn: charts.js fills in their charts)
 }
 
 function poolCard(name) {
@@ -404,33 +396,8 @@ function poolCard(name) {
   const span = document.createElement("p");
   span.className = "window note";
   const fields = document.createElement("dl");
-  const legend = document.createElement("div");
-  legend.className = "legend";
-  ["capacity", "desired", "busy", "pending"].forEach((label, i) => {
-    const span = document.createElement("span");
-    const mark = document.createElement("i");
-    mark.className = "s" + i;
-    span.append(mark, label);
-    legend.append(span);
-  });
-  card.append(title, span, fields, chart(), legend);
+  card.append(title, span, fields);
   return card;
-}
-
-const SVG = "http://www.w3.org/2000/svg";
-
-function chart() {
-  const svg = document.createElementNS(SVG, "svg");
-  svg.setAttribute("class", "chart");
-  svg.setAttribute("viewBox", "0 0 400 100");
-  svg.setAttribute("preserveAspectRatio", "none");
-  svg.setAttribute("role", "img");
-  for (let i = 0; i < 4; i++) {
-    const line = document.createElementNS(SVG, "polyline");
-    line.setAttribute("class", "s" + i);
-    svg.append(line);
-  }
-  return svg;
 }
 
 function fillPoolCard(card, pool, span) {
@@ -456,16 +423,6 @@ function fillPoolCard(card, pool, span) {
     dd.textContent = value;
     return [dt, dd];
   }));
-  const series = app.history.get(pool.name) || [];
-  const svg = card.querySelector("svg");
-  svg.dataset.samples = series.length;
-  const top = Math.max(1, ...series.map((s) => Math.max(s.capacity, s.desired, s.busy, s.pending)));
-  const step = 400 / Math.max(1, HISTORY - 1);
-  const offset = HISTORY - series.length;
-  ["capacity", "desired", "busy", "pending"].forEach((name, i) => {
-    const points = series.map((s, j) => `${((offset + j) * step).toFixed(1)},${(100 - 96 * s[name] / top).toFixed(1)}`);
-    svg.children[i].setAttribute("points", points.join(" "));
-  });
 }
 
 // ------------------------------------------------------------------ tasks
@@ -756,6 +713,8 @@ function seconds(fromNs, toNs) {
 }
 
 // Its dependencies as a small graph: each one (with its status) -> this task.
+const SVG = "http://www.w3.org/2000/svg";
+
 async function drawDeps(id, deps) {
   const holder = $("#drawer-deps");
   if (!deps.length) {

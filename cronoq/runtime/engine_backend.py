@@ -211,6 +211,10 @@ class EngineBackend:
         with driver.lock:
             return self.check().explain(ref, driver.clock.now_ns())
 
+    async def dependents(self, ref: int | str) -> list[tuple[int, str]]:
+        with self.driver.lock:
+            return self.check().dependents(ref)
+
     async def snapshot(self) -> Snapshot:
         with self.driver.lock:
             self.check()

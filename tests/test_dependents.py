@@ -18,6 +18,7 @@ from cronoq._proto import cronoq_pb2 as pb
 from cronoq._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq.client import BlockingClient, Client, Worker
 from clikit import cronoq as run_cronoq
+from clikit import err
 from httpkit import client as http_client
 from httpkit import error_of
 from serverkit import AUTH, CLIENT, LISTEN, METRICS, WORKER
@@ -156,3 +157,23 @@ def test_the_blocking_client(server):
         b = client.submit(pool="idle", after=a.id)
         found = client.dependents("blocking-a")
         assert [(d.id, d.depends_on, d.deps) for d in found.dependents] == [(b.id, [a.id], [(a.id, "success")])]
+
+
+def test_the_command_line(server):
+    with BlockingClient(server.target, token=CLIENT) as client:
+        a = client.submit(pool="idle", key="cli-a")
+        b = client.submit(pool="idle", key="cli-b", after="cli-a")
+        c = client.submit(pool="idle", after="cli-b")
+    shown = run_cronoq("dependents", "--key", "cli-a", "--depth", "2", token=CLIENT, server=server.target)
+    assert shown.returncode == 0, err(shown)
+    rows = [line.split() for line in shown.stdout.decode().splitlines()]
+    assert rows == [["ID", "STATUS", "POOL", "KEY", "DEPTH", "DEPENDS", "ON"],
+                    [str(b.id), "blocked", "idle", "cli-b", "1", str(a.id)],
+                    [str(c.id), "blocked", "idle", "-", "2", str(b.id)]]
+    document = run_cronoq("dependents", str(a.id), "-o", "json", token=CLIENT, server=server.target)
+    found = json.loads(document.stdout)
+    assert [(d["id"], d["depends_on"]) for d in found["dependents"]] == [(str(b.id), [str(a.id)])]
+    none = run_cronoq("dependents", str(c.id), token=CLIENT, server=server.target)
+    assert none.returncode == 0 and "no task depends on" in err(none)
+    unknown = run_cronoq("dependents", "999999999999", token=CLIENT, server=server.target)
+    assert unknown.returncode == 3

@@ -177,3 +177,47 @@ def test_the_command_line(server):
     assert none.returncode == 0 and "no task depends on" in err(none)
     unknown = run_cronoq("dependents", "999999999999", token=CLIENT, server=server.target)
     assert unknown.returncode == 3
+
+
+@pytest.mark.asyncio
+async def test_with_shards_the_tasks_own_shard_answers(servers, tmp_path):
+    """A dependency never crosses shards, so the task's shard answers: by id
+    forwarded there, by key located by asking every shard (far, never
+    reachable, is named unavailable)."""
+    from test_server_shards import call, config, free_port, http_call, spec
+
+    ports = {"a": free_port(), "b": free_port()}
+    a = servers(config(tmp_path, ports, "a"), args=("--shard", "a"), name="a")
+    servers(config(tmp_path, ports, "b"), args=("--shard", "b"), name="b")
+    parent = await call(a.target, "Submit", pb.SubmitRequest(task=spec("gpu", key="sharded-parent")))
+    child = await call(a.target, "Submit", pb.SubmitRequest(task=spec("gpu", after=[pb.TaskRef(key="sharded-parent")])))
+    assert parent.id >> 56 == 2   # shard b's, asked of shard a's server
+    by_id = await call(a.target, "Dependents", pb.DependentsRequest(task=pb.TaskRef(id=parent.id)))
+    assert [d.id for d in by_id.dependents] == [child.id] and list(by_id.unavailable_shards) == []
+    by_key = await call(a.target, "Dependents", pb.DependentsRequest(task=pb.TaskRef(key="sharded-parent")))
+    assert [d.id for d in by_key.dependents] == [child.id] and list(by_key.unavailable_shards) == ["far"]
+    status, _, body = http_call(a, "GET", "/v1/tasks/by-key/sharded-parent/dependents")
+    assert status == 200 and [d["id"] for d in body["dependents"]] == [str(child.id)]
+    assert body["unavailable_shards"] == ["far"]
+
+
+def test_the_info_caches_reverse_index_follows_what_it_remembers():
+    from cronoq.server.info import InfoCache, TaskMeta
+
+    cache = InfoCache(limit=3)
+
+    def put(task_id: int, **options) -> None:
+        cache.put(task_id, TaskMeta(cronoq.Task(**options), "default", 3, 0))
+
+    put(1, key="p")
+    put(2, after="p")
+    put(3, deps=[cronoq.Dep(1, on="failure")])
+    assert cache.dependents_of(1, "p") == [(2, "success"), (3, "failure")]
+    assert cache.dependents_of(1, None) == [(3, "failure")]   # by id only: 2 named the key
+    put(4, after=[1, "p"])   # the cache holds 3: task 1 is forgotten, its dependents are not
+    assert cache.dependents_of(1, "p") == [(2, "success"), (3, "failure"), (4, "success")]
+    put(5)   # 2 is forgotten: it no longer counts
+    assert cache.dependents_of(1, "p") == [(3, "failure"), (4, "success")]
+    assert 2 not in {child for ids in cache.dependents.values() for child in ids}
+    cache.clear()
+    assert cache.dependents_of(1, "p") == [] and cache.dependents == {}

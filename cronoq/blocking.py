@@ -484,6 +484,9 @@ class BlockingScheduler:
     def explain(self, ref: int | str) -> Explanation:
         return self._portal_here().call(self._sched.explain, ref)
 
+    def dependents(self, ref: int | str) -> list[tuple[int, str]]:
+        return self._portal_here().call(self._sched.dependents, ref)
+
     def set_capacity(self, pool: str, capacity: int) -> None:
         self._portal_here().call(self._sched.set_capacity, pool, capacity)
 

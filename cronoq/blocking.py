@@ -486,6 +486,8 @@ class BlockingScheduler:
 
     def reservations(self, ahead: float, pools: Iterable[str] | None = None) -> list[Reservation]:
         return self._portal_here().call(self._sched.reservations, ahead, None if pools is None else list(pools))
+    def dependents(self, ref: int | str) -> list[tuple[int, str]]:
+        return self._portal_here().call(self._sched.dependents, ref)
 
     def set_capacity(self, pool: str, capacity: int) -> None:
         self._portal_here().call(self._sched.set_capacity, pool, capacity)

@@ -82,12 +82,15 @@ def test_a_submitted_task_appears_and_finishes_without_a_reload(browser, servers
         # A dependent task's drawer draws its dependency, with the dependency's status.
         after = http.post("/v1/tasks", json={"after": ["dash/visible"], "key": "dash/after"}).json()
         page.locator(f'#task-table tr[data-id="{after["id"]}"]').click()
-        page.wait_for_selector('#drawer-deps g.dep.status-succeeded[data-ref="dash/visible"]', timeout=WAIT_MS)
-        assert "dash/visible: succeeded" in page.locator("#drawer-deps").inner_text()
+        page.wait_for_selector('#drawer-dag g.node.status-succeeded[data-role="dependency"][data-ref="dash/visible"]',
+                               timeout=WAIT_MS)
+        shown = page.locator('#drawer-dag g.node[data-role="dependency"]')
+        assert (shown.locator("text.name").text_content(), shown.locator("text.status").text_content()) == (
+            "dash/visible", "succeeded")
         page.wait_for_selector(f'#task-table tr[data-id="{after["id"]}"][data-status="succeeded"]', timeout=WAIT_MS)
         page.wait_for_selector('#drawer-fields dd[data-field="status"]:text-is("succeeded")', timeout=WAIT_MS)
         shots(page, "task-deps")
-        page.click('#drawer-deps g[data-ref="dash/visible"]')   # opens the dependency's drawer
+        page.click('#drawer-dag g[data-ref="dash/visible"]')   # opens the dependency's drawer
         page.wait_for_selector(f'#drawer-title:text-is("Task {sub["id"]}")', timeout=WAIT_MS)
         page.wait_for_selector("#drawer-result:has-text('slept')", timeout=WAIT_MS)
         shots(page, "task-drawer")

@@ -293,7 +293,7 @@ def test_the_theme_follows_the_system_and_the_toggle_overrides_it_across_reloads
     page.click("nav a[data-page=tasks]")
     row = page.locator(f'#task-table tr[data-id="{dash.ids["look/after"]}"]')
     row.click()
-    node = page.locator('#drawer-deps g.dep.status-succeeded[data-ref="look/first"] rect')
+    node = page.locator('#drawer-dag g.node.status-succeeded[data-ref="look/first"] rect')
     node.wait_for(timeout=WAIT_MS)
     dark_fill = node.evaluate("(r) => getComputedStyle(r).fill")
     node_stroke = lambda: node.evaluate("(r) => getComputedStyle(r).stroke")   # noqa: E731
@@ -448,7 +448,7 @@ def test_the_keyboard_reaches_pages_rows_the_drawer_and_the_help(browser, dash):
     after, first_id = dash.ids["look/after"], dash.ids["look/first"]
     page.locator(f'#task-table tr[data-id="{after}"]').focus()
     page.keyboard.press("Enter")
-    page.wait_for_selector('#drawer-deps g.dep[data-ref="look/first"][tabindex="0"]', timeout=WAIT_MS)
+    page.wait_for_selector('#drawer-dag g.node[data-ref="look/first"][tabindex="0"]', timeout=WAIT_MS)
     for _ in range(12):
         page.keyboard.press("Tab")
         if active(page)["ref"] == "look/first":
@@ -492,7 +492,7 @@ def test_no_csp_violation_on_any_page_and_the_check_sees_one(browser, dash):
         page.wait_for_selector(f'section#{link.get_attribute("data-page")}:not([hidden])', timeout=WAIT_MS)
     page.locator('#nav a[data-page="tasks"]').click()
     page.locator(f'#task-table tr[data-id="{dash.ids["look/after"]}"]').click()
-    page.wait_for_selector('#drawer-deps g.dep[data-ref="look/first"]', timeout=WAIT_MS)
+    page.wait_for_selector('#drawer-dag g.node[data-ref="look/first"]', timeout=WAIT_MS)
     page.keyboard.press("Escape")
     for _ in range(3):
         page.click("#theme-toggle")

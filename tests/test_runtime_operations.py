@@ -40,8 +40,9 @@ def answer_trip(op, answer):
 
 def test_every_operation_is_in_the_table_once_with_a_version():
     names = [name for name, _ in ops.OPERATIONS]
-    assert sorted(names) == sorted({"submit", "cancel", "info", "explain", "snapshot", "set_capacity", "set_group_capacity",
-                                    "add_recurring", "remove_recurring", "checkpoint", "reservations"})
+    assert sorted(names) == sorted({"submit", "cancel", "info", "explain", "dependents", "snapshot", "set_capacity",
+                                    "set_group_capacity", "add_recurring", "remove_recurring", "checkpoint",
+                                    "reservations"})
     assert all(version == 1 for _, version in ops.OPERATIONS)
 
 
@@ -57,6 +58,8 @@ def test_arguments_and_answers_survive_the_trip():
     explanation = Explanation(3, "ready", "default", "high", "k", None, 1.5, "Ready.", 1000.0, 2, 4,
                               (Reason("pool_full", "No free slot.", {"capacity": 1, "busy": 1}),))
     assert trip(ops.EXPLAIN, 3) == 3 and answer_trip(ops.EXPLAIN, explanation) == explanation
+    assert trip(ops.DEPENDENTS, "k") == "k"
+    assert answer_trip(ops.DEPENDENTS, [(4, "success"), (5, "failure")]) == [(4, "success"), (5, "failure")]
     assert trip(ops.SET_CAPACITY, ("default", 3)) == ("default", 3)
     assert trip(ops.SET_GROUP_CAPACITY, ("default", {"gpu": "a"}, 2)) == ("default", {"gpu": "a"}, 2)
     template = cronoq.Task("p", deadline_in=2)

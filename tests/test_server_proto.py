@@ -43,7 +43,7 @@ def test_package_services_and_protocol_version():
     assert names == {"cronoq.v1.Tasks", "cronoq.v1.Workers", "cronoq.v1.Admin"}
     tasks = cronoq_pb2.DESCRIPTOR.services_by_name["Tasks"]
     assert [m.name for m in tasks.methods] == ["Submit", "SubmitBatch", "Get", "Wait", "Cancel",
-                                               "ListTasks", "Watch", "Explain"]
+                                               "ListTasks", "Watch", "Explain", "Dependents"]
     admin = cronoq_pb2.DESCRIPTOR.services_by_name["Admin"]
     assert [m.name for m in admin.methods] == ["ListWorkers", "ListRecurring", "AddRecurring",
                                                "RemoveRecurring", "Snapshot", "History"]

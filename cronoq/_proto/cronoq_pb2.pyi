@@ -475,6 +475,50 @@ class StatusEvent(_message.Message):
     max_attempts: int
     def __init__(self, id: _Optional[int] = ..., pool: _Optional[str] = ..., key: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., attempt: _Optional[int] = ..., at_unix_ns: _Optional[int] = ..., message: _Optional[str] = ..., stage: _Optional[str] = ..., max_attempts: _Optional[int] = ...) -> None: ...
 
+class DependentsRequest(_message.Message):
+    __slots__ = ("task", "depth", "limit")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    task: TaskRef
+    depth: int
+    limit: int
+    def __init__(self, task: _Optional[_Union[TaskRef, _Mapping]] = ..., depth: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class Dependent(_message.Message):
+    __slots__ = ("id", "key", "status", "pool", "depth", "depends_on", "deps")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    DEPENDS_ON_FIELD_NUMBER: _ClassVar[int]
+    DEPS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    key: str
+    status: TaskStatus
+    pool: str
+    depth: int
+    depends_on: _containers.RepeatedScalarFieldContainer[int]
+    deps: _containers.RepeatedCompositeFieldContainer[Dep]
+    def __init__(self, id: _Optional[int] = ..., key: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., pool: _Optional[str] = ..., depth: _Optional[int] = ..., depends_on: _Optional[_Iterable[int]] = ..., deps: _Optional[_Iterable[_Union[Dep, _Mapping]]] = ...) -> None: ...
+
+class DependentsResponse(_message.Message):
+    __slots__ = ("id", "key", "status", "dependents", "truncated", "unavailable_shards")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DEPENDENTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    key: str
+    status: TaskStatus
+    dependents: _containers.RepeatedCompositeFieldContainer[Dependent]
+    truncated: bool
+    unavailable_shards: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[int] = ..., key: _Optional[str] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., dependents: _Optional[_Iterable[_Union[Dependent, _Mapping]]] = ..., truncated: _Optional[bool] = ..., unavailable_shards: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Register(_message.Message):
     __slots__ = ("pool", "slots", "worker_name", "protocol_version", "labels", "accept_batches", "accept_checkpoints")
     class LabelsEntry(_message.Message):

@@ -74,6 +74,11 @@ class TasksStub:
                 request_serializer=cronoq_dot___proto_dot_cronoq__pb2.ExplainRequest.SerializeToString,
                 response_deserializer=cronoq_dot___proto_dot_cronoq__pb2.Explanation.FromString,
                 _registered_method=True)
+        self.Dependents = channel.unary_unary(
+                '/cronoq.v1.Tasks/Dependents',
+                request_serializer=cronoq_dot___proto_dot_cronoq__pb2.DependentsRequest.SerializeToString,
+                response_deserializer=cronoq_dot___proto_dot_cronoq__pb2.DependentsResponse.FromString,
+                _registered_method=True)
 
 
 class TasksServicer:
@@ -127,6 +132,12 @@ class TasksServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Dependents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TasksServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +180,11 @@ def add_TasksServicer_to_server(servicer, server):
                     servicer.Explain,
                     request_deserializer=cronoq_dot___proto_dot_cronoq__pb2.ExplainRequest.FromString,
                     response_serializer=cronoq_dot___proto_dot_cronoq__pb2.Explanation.SerializeToString,
+            ),
+            'Dependents': grpc.unary_unary_rpc_method_handler(
+                    servicer.Dependents,
+                    request_deserializer=cronoq_dot___proto_dot_cronoq__pb2.DependentsRequest.FromString,
+                    response_serializer=cronoq_dot___proto_dot_cronoq__pb2.DependentsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +403,33 @@ class Tasks:
             '/cronoq.v1.Tasks/Explain',
             cronoq_dot___proto_dot_cronoq__pb2.ExplainRequest.SerializeToString,
             cronoq_dot___proto_dot_cronoq__pb2.Explanation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Dependents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.Tasks/Dependents',
+            cronoq_dot___proto_dot_cronoq__pb2.DependentsRequest.SerializeToString,
+            cronoq_dot___proto_dot_cronoq__pb2.DependentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

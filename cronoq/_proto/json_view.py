@@ -161,10 +161,7 @@ def info_json(info: pb.TaskInfo) -> dict[str, Any]:
     for field in ("created_unix_ns", "started_unix_ns", "finished_unix_ns"):
         _optional_ns(info, field, out)
     if info.deps:
-        out["deps"] = [{"id": str(d.ref.id)} if d.ref.WhichOneof("ref") == "id" else {"key": d.ref.key}
-                       for d in info.deps]
-        for item, dep in zip(out["deps"], info.deps):
-            item["cond"] = CONDITION_NAMES.get(dep.cond, "on_success")
+        out["deps"] = _deps_json(info.deps)
     if info.attempts:
         out["attempts"] = [_attempt_json(a) for a in info.attempts]
     if info.stages:
@@ -174,6 +171,35 @@ def info_json(info: pb.TaskInfo) -> dict[str, Any]:
     if info.content_type:   # a payload preview (Get)
         out["payload_content_type"] = info.content_type
         _cut_fields(out, info.payload_preview, info.payload_size, info.content_type, "payload")
+    return out
+
+
+def _deps_json(deps: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for dep in deps:
+        item: dict[str, Any] = {"id": str(dep.ref.id)} if dep.ref.WhichOneof("ref") == "id" else {"key": dep.ref.key}
+        item["cond"] = CONDITION_NAMES.get(dep.cond, "on_success")
+        out.append(item)
+    return out
+
+
+def dependents_json(response: pb.DependentsResponse) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": str(response.id), "status": STATUS_NAMES[response.status]}
+    if response.key:
+        out["key"] = response.key
+    items = []
+    for d in response.dependents:
+        item: dict[str, Any] = {"id": str(d.id), "status": STATUS_NAMES[d.status], "pool": d.pool, "depth": d.depth,
+                                "depends_on": [str(parent) for parent in d.depends_on]}
+        if d.key:
+            item["key"] = d.key
+        if d.deps:
+            item["deps"] = _deps_json(d.deps)
+        items.append(item)
+    out["dependents"] = items
+    out["truncated"] = response.truncated
+    if response.unavailable_shards:
+        out["unavailable_shards"] = list(response.unavailable_shards)
     return out
 
 

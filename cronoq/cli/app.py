@@ -196,6 +196,15 @@ def build_parser(chosen: str | None = None, prog: str = "cronoq") -> argparse.Ar
                 "its pool's line and every reason it waits (dependencies, awaited keys, start times and "
                 "retry backoffs, worker labels, resources, held slots, fair share, a full pool).")
     _ref_arguments(p)
+    p = command("dependents", "list the tasks that depend on a task",
+                "List the tasks that depend on a task (by after or deps), nearest first: those of a task that "
+                "has not ended from the leader's engine, those of a finished one while the leader remembers "
+                "them (outputs.info_entries).")
+    _ref_arguments(p)
+    p.add_argument("--depth", type=_count(1, 5), default=1, metavar="N",
+                   help="levels down: 1 (default) its direct dependents, 2 also theirs, ... at most 5")
+    p.add_argument("--limit", type=_count(1, 100_000), default=100, metavar="N",
+                   help="dependents at most (default 100; the server caps it at its limits.max_list)")
     p = command("wait", "wait for a task and print its output",
                 "Wait until a task finished and print its output: unchanged when standard output is a file "
                 "or a pipe, with control characters escaped on a terminal. Exit 4 if it did not succeed.")

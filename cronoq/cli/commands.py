@@ -19,12 +19,12 @@ from .._proto import cronoq_pb2 as pb
 from ..client import wire
 from ..errors import SchedulerError, ServerError
 from .exits import CliError, ExitCode
-from .._proto.json_view import explanation_json, info_json as task_json, result_json, snapshot_json
+from .._proto.json_view import dependents_json, explanation_json, info_json as task_json, result_json, snapshot_json
 from .output import (PRIORITY_NAMES, STATUS_NAMES, Output, age, attempt_text, event_json, iso_ns, schedule_json,
                      shards_missing_text, totals_text, window_text, worker_health, worker_json)
 from .remote import Connection
 
-__all__ = ["submit", "get", "explain", "wait", "cancel", "tasks", "workers", "schedules", "schedule", "snapshot", "watch",
+__all__ = ["submit", "get", "explain", "dependents", "wait", "cancel", "tasks", "workers", "schedules", "schedule", "snapshot", "watch",
            "wait_for", "split_list", "status_values"]
 
 _STATUS_VALUES = {name: cast("pb.TaskStatus", pb.TaskStatus.Value("TASK_STATUS_" + name.upper()))
@@ -230,6 +230,25 @@ async def explain(conn: Connection, args: argparse.Namespace, out: Output) -> in
         out.line(f"{name.ljust(9)}{value}")
     for reason in document["reasons"]:
         out.line(f"- {reason['code']}: {out.field(reason['message'])}")
+    return ExitCode.OK
+
+
+async def dependents(conn: Connection, args: argparse.Namespace, out: Output) -> int:
+    response = await conn.dependents(_ref(args), args.depth, args.limit)
+    missing = list(dict.fromkeys([*response.unavailable_shards, *conn.missing_shards]))
+    if _json_wanted(args):
+        document = dependents_json(response)
+        _missing(out, missing, "", document)
+        out.json(document)
+        return ExitCode.OK
+    _missing(out, missing, _FOUND_ELSEWHERE)
+    out.table(("ID", "STATUS", "POOL", "KEY", "DEPTH", "DEPENDS ON"),
+              [(str(d.id), STATUS_NAMES.get(d.status, "?"), d.pool, d.key or "-", str(d.depth),
+                ",".join(str(parent) for parent in d.depends_on)) for d in response.dependents])
+    if not response.dependents:
+        out.error(f"cronoq: no task depends on task {response.id}")
+    if response.truncated:
+        out.error(f"cronoq: more dependents exist: raise --limit (it was {args.limit})")
     return ExitCode.OK
 
 

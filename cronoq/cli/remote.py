@@ -84,6 +84,12 @@ class Connection:
             lambda: self.tasks.Explain(request, metadata=self.metadata), ref)
         return explanation
 
+    async def dependents(self, ref: int | str, depth: int, limit: int) -> pb.DependentsResponse:
+        request = pb.DependentsRequest(task=wire.ref_message(ref), depth=depth, limit=limit)
+        response: pb.DependentsResponse = await self._noted(
+            lambda: self.tasks.Dependents(request, metadata=self.metadata), ref)
+        return response
+
     async def wait_once(self, ref: int | str, timeout: float | None) -> pb.TaskResult:
         request = pb.WaitRequest(task=wire.ref_message(ref))
         if timeout is not None:

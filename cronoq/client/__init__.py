@@ -15,7 +15,7 @@ from .._proto import PROTOCOL_VERSION
 from ..core.errors import Permanent, Retryable
 from ..errors import AccessDenied, CancelTask, Reject, ServerError
 from .client import (
-    AttemptInfo, Client, Explanation, Listing, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WaitReason,
+    AttemptInfo, Client, Dependent, Dependents, Explanation, Listing, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WaitReason,
     WorkerInfo,
 )
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .worker import Lease, Worker
 
 __all__ = ["Client", "BlockingClient", "Worker", "Lease", "Reject", "CancelTask", "Retryable", "Permanent",
-           "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "Explanation", "WaitReason", "TaskPage", "WorkerInfo", "ScheduleInfo", "ServerError",
+           "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "Explanation", "WaitReason", "Dependent", "Dependents", "TaskPage", "WorkerInfo", "ScheduleInfo", "ServerError",
            "AccessDenied", "PROTOCOL_VERSION", "Listing"]
 
 

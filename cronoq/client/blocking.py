@@ -17,7 +17,7 @@ import grpc
 
 from ..core.types import TaskSpec
 from .client import (
-    Client, Explanation, Listing, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo,
+    Client, Dependents, Explanation, Listing, ScheduleInfo, Submission, TaskInfo, TaskPage, TaskResult, WorkerInfo,
 )
 
 __all__ = ["BlockingClient"]
@@ -55,6 +55,9 @@ class BlockingClient:
 
     def explain(self, ref: int | str) -> Explanation:
         return self._run(self._client.explain(ref))
+
+    def dependents(self, ref: int | str, depth: int = 1, limit: int | None = None) -> Dependents:
+        return self._run(self._client.dependents(ref, depth, limit))
 
     def wait(self, ref: int | str, timeout: float | None = None) -> TaskResult:
         return self._run(self._client.wait(ref, timeout))

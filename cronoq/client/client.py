@@ -18,7 +18,7 @@ from ..core.types import CLASSES, NS, STATUSES, TaskSpec
 from . import wire
 
 __all__ = ["Client", "Submission", "TaskResult", "TaskInfo", "AttemptInfo", "TaskPage", "WorkerInfo", "ScheduleInfo",
-           "Explanation", "WaitReason", "Listing"]
+           "Explanation", "WaitReason", "Listing", "Dependent", "Dependents"]
 
 T = TypeVar("T")
 _PRIORITIES = {pb.PRIORITY_CRITICAL: "critical", pb.PRIORITY_HIGH: "high", pb.PRIORITY_NORMAL: "normal",
@@ -135,15 +135,53 @@ class TaskInfo:
 
     @classmethod
     def _from(cls, m: pb.TaskInfo) -> TaskInfo:
-        deps: list[tuple[int | str, str]] = [
-            (d.ref.id if d.ref.WhichOneof("ref") == "id" else d.ref.key, _CONDITIONS.get(d.cond, "success"))
-            for d in m.deps]
         return cls(m.id, _status(m.status), m.pool, m.key or None, m.kind, m.attempt, m.max_attempts,
                    m.message or None, m.output_available, _PRIORITIES.get(m.priority, "normal"), m.tenant or None,
                    dict(m.tags), _seconds(m, "created_unix_ns"), _seconds(m, "started_unix_ns"),
                    _seconds(m, "finished_unix_ns"), list(m.stages) or None,
                    [checkpoint_from(c) for c in m.checkpoints], [AttemptInfo._from(a) for a in m.attempts],
-                   dict(sorted(m.labels.items())), deps)
+                   dict(sorted(m.labels.items())), _deps(m.deps))
+
+
+def _deps(deps: Iterable[pb.Dep]) -> list[tuple[int | str, str]]:
+    return [(d.ref.id if d.ref.WhichOneof("ref") == "id" else d.ref.key, _CONDITIONS.get(d.cond, "success"))
+            for d in deps]
+
+
+@dataclass(frozen=True)
+class Dependent:
+    """A task that depends on the one asked about (``Client.dependents``):
+    ``depth`` 1 directly, 2 through a dependent of depth 1, and so on;
+    ``depends_on``: the ids of the tasks of the answer it depends on (the
+    one asked about included); ``deps``: all its dependencies as submitted,
+    (id or key, condition), when the server remembers them."""
+
+    id: int
+    key: str | None
+    status: str
+    pool: str
+    depth: int
+    depends_on: list[int]
+    deps: list[tuple[int | str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Dependents:
+    """The tasks that depend on a task (``Client.dependents``), nearest first
+    then in id order; ``truncated``: the limit was reached, more exist."""
+
+    id: int
+    key: str | None
+    status: str
+    dependents: list[Dependent]
+    truncated: bool
+    unavailable_shards: tuple[str, ...] = ()   # by key on a sharded server: the shards not asked
+
+    @classmethod
+    def _from(cls, m: pb.DependentsResponse) -> Dependents:
+        return cls(m.id, m.key or None, _status(m.status),
+                   [Dependent(d.id, d.key or None, _status(d.status), d.pool, d.depth, list(d.depends_on), _deps(d.deps))
+                    for d in m.dependents], m.truncated, tuple(m.unavailable_shards))
 
 
 @dataclass(frozen=True)
@@ -356,6 +394,22 @@ class Client:
                                                 self.retry_for, ref)
         explanation = Explanation._from(answer)
         return dataclasses.replace(explanation, unavailable_shards=missing) if missing else explanation
+
+    async def dependents(self, ref: int | str, depth: int = 1, limit: int | None = None) -> Dependents:
+        """The tasks that depend on the task with this id or key, level by level
+        up to ``depth`` (at most 5), at most ``limit`` of them (default 100):
+        from the leader's engine and its record of recent tasks, so a finished
+        task's dependents are listed while the leader remembers them.
+        ``UnknownTask`` as for ``get``."""
+        request = pb.DependentsRequest(task=wire.ref_message(ref), depth=depth, limit=limit or 0)
+        tasks, _ = self._stubs()
+        answer, missing = await wire.noted_call(lambda: tasks.Dependents(request, metadata=self._metadata),
+                                                self.retry_for, ref)
+        found = Dependents._from(answer)
+        if missing:
+            found = dataclasses.replace(found, unavailable_shards=tuple(dict.fromkeys((*found.unavailable_shards,
+                                                                                      *missing))))
+        return found
 
     async def wait(self, ref: int | str, timeout: float | None = None) -> TaskResult:
         """Wait until the task finished (at most ``timeout`` seconds, capped by

@@ -404,6 +404,23 @@ class Core:
         """Why task ``ref`` waits (read-only; see ``cronoq.core.explain``)."""
         return explain(self, ref, now)
 
+    def dependents(self, ref: int | str) -> list[tuple[int, str]]:
+        """The tasks that wait on task ``ref`` through a live dependency edge,
+        as (id, condition) pairs in the order they were linked: those of a
+        live task (its children: edges are kept until it ends, and dependents
+        that ended first stay listed). A task that ended resolved its edges and
+        forgot them: none. ``UnknownTask`` if ``ref`` is neither live nor
+        retained."""
+        e = self._live(ref)
+        if e is None:
+            if self._retained_record(ref) is None:
+                raise UnknownTask(ref)
+            return []
+        children = e.children
+        if not children:
+            return []
+        return [(child.id, cond) for child, cond in children]
+
     def check_invariants(self) -> None:
         """Assert the engine's internal consistency (tests call this after every step)."""
         check_invariants(self)

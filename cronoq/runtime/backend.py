@@ -51,6 +51,9 @@ class Backend(Protocol):
     async def explain(self, ref: int | str) -> Explanation:
         ...
 
+    async def dependents(self, ref: int | str) -> list[tuple[int, str]]:
+        """See ``Scheduler.dependents``."""
+
     async def snapshot(self) -> Snapshot:
         ...
 

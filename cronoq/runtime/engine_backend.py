@@ -215,6 +215,9 @@ class EngineBackend:
         driver = self.driver
         with driver.lock:
             return self.check().reservations(driver.clock.now_ns(), ahead_ns, pools)
+    async def dependents(self, ref: int | str) -> list[tuple[int, str]]:
+        with self.driver.lock:
+            return self.check().dependents(ref)
 
     async def snapshot(self) -> Snapshot:
         with self.driver.lock:

@@ -102,6 +102,9 @@ class FollowerBackend:
     async def explain(self, ref: int | str) -> Explanation:
         return await self._send(ops.EXPLAIN, ref)
 
+    async def dependents(self, ref: int | str) -> list[tuple[int, str]]:
+        return await self._send(ops.DEPENDENTS, ref)
+
     async def snapshot(self) -> Snapshot:
         return await self._send(ops.SNAPSHOT, None)
 

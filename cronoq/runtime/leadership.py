@@ -68,6 +68,7 @@ class Leadership:
             ops.CANCEL.key: lambda ref: self.backend.cancel(ref),
             ops.INFO.key: lambda ref: self.backend.info(ref),
             ops.EXPLAIN.key: lambda ref: self.backend.explain(ref),
+            ops.DEPENDENTS.key: lambda ref: self.backend.dependents(ref),
             ops.SNAPSHOT.key: lambda _: self.backend.snapshot(),
             ops.RESERVATIONS.key: lambda args: self.backend.reservations(args.ahead_ns, args.pools),
             ops.SET_CAPACITY.key: lambda args: self.backend.set_capacity(*args),

@@ -28,7 +28,7 @@ from ..core.snapshot import GroupSnapshot, PoolSnapshot, Reservation, Snapshot, 
 from ..core.types import TaskSpec
 from .durability import EncodedPayloads
 
-__all__ = ["Operation", "OPERATIONS", "send", "serve", "SUBMIT", "CANCEL", "INFO", "EXPLAIN", "SNAPSHOT",
+__all__ = ["Operation", "OPERATIONS", "send", "serve", "SUBMIT", "CANCEL", "INFO", "EXPLAIN", "DEPENDENTS", "SNAPSHOT",
            "SET_CAPACITY", "SET_GROUP_CAPACITY", "ADD_RECURRING", "REMOVE_RECURRING", "CHECKPOINT",
            "RESERVATIONS", "ReservationsArgs",
            "SubmitArgs", "RecurringArgs", "CheckpointArgs", "info_from_dict", "snapshot_from_dict"]
@@ -93,6 +93,14 @@ def _pairs_out(results: list[tuple[int, bool]]) -> list[list[Any]]:
 
 def _pairs_in(answer: Any) -> list[tuple[int, bool]]:
     return [(int(task_id), bool(duplicate)) for task_id, duplicate in answer]
+
+
+def _edges_out(edges: list[tuple[int, str]]) -> list[list[Any]]:
+    return [[task_id, cond] for task_id, cond in edges]
+
+
+def _edges_in(answer: Any) -> list[tuple[int, str]]:
+    return [(int(task_id), str(cond)) for task_id, cond in answer]
 
 
 # ---------------------------------------------------------------- arguments
@@ -270,6 +278,8 @@ INFO: Operation[int | str, TaskInfo] = Operation(
     "info", 1, _ref_out, _ref_in, TaskInfo.as_dict, info_from_dict)
 EXPLAIN: Operation[int | str, Explanation] = Operation(
     "explain", 1, _ref_out, _ref_in, Explanation.as_dict, Explanation.from_dict)
+DEPENDENTS: Operation[int | str, list[tuple[int, str]]] = Operation(
+    "dependents", 1, _ref_out, _ref_in, _edges_out, _edges_in)
 SNAPSHOT: Operation[None, Snapshot] = Operation(
     "snapshot", 1, _none_out, _none_in, Snapshot.as_dict, snapshot_from_dict)
 SET_CAPACITY: Operation[tuple[str, int], None] = Operation(
@@ -285,8 +295,8 @@ RESERVATIONS: Operation[ReservationsArgs, list[Reservation]] = Operation(
     "reservations", 1, _reservations_args_out, _reservations_args_in, _reservations_out, _reservations_in)
 
 OPERATIONS: dict[tuple[str, int], Operation[Any, Any]] = {
-    op.key: op for op in (SUBMIT, CANCEL, INFO, EXPLAIN, SNAPSHOT, SET_CAPACITY, SET_GROUP_CAPACITY, ADD_RECURRING,
-                          REMOVE_RECURRING, CHECKPOINT, RESERVATIONS)}
+    op.key: op for op in (SUBMIT, CANCEL, INFO, EXPLAIN, DEPENDENTS, SNAPSHOT, SET_CAPACITY, SET_GROUP_CAPACITY,
+                          ADD_RECURRING, REMOVE_RECURRING, CHECKPOINT, RESERVATIONS)}
 
 
 async def send(request: Request, op: Operation[_A, _R], args: _A, payloads: EncodedPayloads) -> _R:

@@ -302,6 +302,12 @@ class Scheduler:
         ``cronoq.core.Explanation``). ``UnknownTask`` if no such task is known."""
         return await self._backend.explain(ref)
 
+    async def dependents(self, ref: int | str) -> list[tuple[int, str]]:
+        """The tasks waiting on a live task through a dependency edge, as
+        (id, condition) pairs (see ``cronoq.core.Core.dependents``): none once
+        it ended. ``UnknownTask`` if no such task is known."""
+        return await self._backend.dependents(ref)
+
     async def snapshot(self) -> Snapshot:
         """Pools, quality metrics over the window, and totals since start."""
         return await self._backend.snapshot()

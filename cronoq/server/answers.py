@@ -15,8 +15,8 @@ from .schema import (
 )
 
 __all__ = ["STATUSES", "TERMINAL_STATUSES", "RESULT", "SUBMITTED", "SUBMIT_OUT", "BATCH_OUT", "INFO", "TASKS_OUT",
-           "CANCEL_OUT", "REMOVED_OUT", "EXPLANATION", "WORKER", "WORKERS_OUT", "SCHEDULE", "SCHEDULES_OUT", "POOL", "SNAPSHOT",
-           "ENVIRONMENT", "ENVIRONMENTS_OUT", "TIMELINE", "HISTORY", "ERROR"]
+           "CANCEL_OUT", "REMOVED_OUT", "EXPLANATION", "DEPENDENT", "DEPENDENTS_OUT", "WORKER", "WORKERS_OUT", "SCHEDULE",
+           "SCHEDULES_OUT", "POOL", "SNAPSHOT", "ENVIRONMENT", "ENVIRONMENTS_OUT", "TIMELINE", "HISTORY", "ERROR"]
 
 STATUSES = tuple(str(status) for status in _ALL_STATUSES)
 TERMINAL_STATUSES = tuple(status for status in STATUSES if status in TERMINAL)
@@ -119,6 +119,30 @@ WAIT_REASON = Obj("WaitReason", {
     "message": Text("The reason, in a sentence."),
     "detail": Map(AnyJson(), "The reason's figures: which dependencies, labels, resource units, times..."),
 }, "One reason a task is not running yet.", required=("code", "message", "detail"))
+
+DEPENDENT = Obj("Dependent", {
+    "id": Id("The dependent task."),
+    "key": Text("Its key, if any."),
+    "status": Choice(STATUSES, "Its status now."),
+    "pool": Text("Its pool."),
+    "depth": Integer("1: it depends on the task asked about; 2: on a dependent of depth 1; and so on.",
+                     minimum=1, maximum=2 ** 32 - 1),
+    "depends_on": Array(Id("A task."), "The tasks of this answer it depends on (the one asked about included)."),
+    "deps": Array(DEP_OUT, "All its dependencies as submitted, when known."),
+}, "A task that depends on the one asked about, directly or through other dependents.",
+    required=("id", "status", "pool", "depth", "depends_on"))
+
+DEPENDENTS_OUT = Obj("DependentsResponse", {
+    "id": Id("The task asked about."),
+    "key": Text("Its key, if any."),
+    "status": Choice(STATUSES, "Its status now."),
+    "dependents": Array(DEPENDENT, "Nearest first (by depth), then in id order."),
+    "truncated": Flag("limit was reached: more dependents exist."),
+    "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (looked up by key, "
+                                        "present only when one was missing)."),
+}, "The tasks that depend on a task, from the leader's engine (tasks that have not ended) and its record of "
+   "recent tasks (outputs.info_entries): a dependent the leader no longer remembers is not listed.",
+    required=("id", "status", "dependents", "truncated"))
 
 EXPLANATION = Obj("Explanation", {
     "id": Id("The task."),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable, Collection
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable
 
 from .._proto import cronoq_pb2 as pb
 from ..core.actions import StatusEvent
@@ -362,6 +362,12 @@ def explanation_message(explanation: Explanation | None, info: Any, meta: TaskMe
     return out
 
 
+def dep_messages(edges: Iterable[tuple[int | str, str]]) -> list[pb.Dep]:
+    """A task's dependencies as submitted ((ref, condition) pairs) as Dep messages."""
+    return [pb.Dep(ref=pb.TaskRef(id=ref) if isinstance(ref, int) else pb.TaskRef(key=ref), cond=EDGE_OUT[cond])
+            for ref, cond in edges]
+
+
 def info_message(info: Any, meta: TaskMeta | None, details: bool = False) -> pb.TaskInfo:
     """The TaskInfo of the engine's (or the store's) record of a task, with
     what the leader's info cache remembers of it (``meta``); ``details`` (Get's,
@@ -392,9 +398,7 @@ def info_message(info: Any, meta: TaskMeta | None, details: bool = False) -> pb.
             out.tags.update(meta.tags)
         if meta.labels:
             out.labels.update(dict(meta.labels))
-        for ref, cond in meta.edges:
-            target = pb.TaskRef(id=ref) if isinstance(ref, int) else pb.TaskRef(key=ref)
-            out.deps.add(ref=target, cond=EDGE_OUT[cond])
+        out.deps.extend(dep_messages(meta.edges))
         for number, ended, message, started_ns, ended_ns, traceback, worker_id, worker_name in (
                 meta.attempts or ()):
             item = out.attempts.add(attempt=number, message=message, started_unix_ns=started_ns)

@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from .._proto import cronoq_pb2 as pb
-from .._proto.json_view import OVERLAP_NAMES, explanation_json, info_json, result_json, snapshot_json
+from .._proto.json_view import OVERLAP_NAMES, dependents_json, explanation_json, info_json, result_json, snapshot_json
 from .._version import __version__
 from .auth import Authenticator, Principal
 from .bodies import EXACT, Body, Payloads, task_message
@@ -278,8 +278,8 @@ class Gateway:
         if parts[0] == "by-key":
             if len(parts) == 2 and parts[1]:
                 return "/v1/tasks/by-key/{key}", {"key": parts[1]}
-            if len(parts) == 3 and parts[1] and parts[2] == "result":
-                return "/v1/tasks/by-key/{key}/result", {"key": parts[1]}
+            if len(parts) == 3 and parts[1] and parts[2] in _TASK_SUBPATHS:
+                return "/v1/tasks/by-key/{key}/" + parts[2], {"key": parts[1]}
             raise HttpError(404, "no route; a key is one path segment: percent-encode / in keys as %2F "
                                  "(/v1/tasks/by-key/report%2F42)")
         if len(parts) == 1 and parts[0].endswith(":resubmit") and len(parts[0]) > len(":resubmit"):
@@ -288,8 +288,8 @@ class Gateway:
             return "/v1/tasks/{id}:explain", {"id": parts[0][:-len(":explain")]}
         if len(parts) == 1 and parts[0]:
             return "/v1/tasks/{id}", {"id": parts[0]}
-        if len(parts) == 2 and parts[0] and parts[1] == "result":
-            return "/v1/tasks/{id}/result", {"id": parts[0]}
+        if len(parts) == 2 and parts[0] and parts[1] in _TASK_SUBPATHS:
+            return "/v1/tasks/{id}/" + parts[1], {"id": parts[0]}
         raise HttpError(404, f"no route /v1/tasks/{rest[:200]}; the routes are listed at /v1/openapi.json")
 
     @staticmethod
@@ -394,6 +394,19 @@ class Gateway:
         notes = self._notes()
         result = await self.service.wait(call.caller, request)
         return self.json(_missing(result_json(result, call.query.get("max_bytes")), _noted(notes)))
+
+    async def dependents(self, call: Call) -> Response:
+        assert call.caller is not None
+        query = call.query
+        request = pb.DependentsRequest(task=self._task_ref(call.params), depth=query.get("depth", 0),
+                                       limit=query.get("limit", 0))
+        notes = self._notes()
+        response = await self.service.dependents(call.caller, request)
+        out = dependents_json(response)
+        for name in _noted(notes):
+            if name not in response.unavailable_shards:
+                out.setdefault("unavailable_shards", []).append(name)
+        return self.json(out)
 
     async def cancel(self, call: Call) -> Response:
         assert call.caller is not None
@@ -634,6 +647,7 @@ def _without_default_port(scheme: str, authority: str) -> str:
 
 
 _SAFE_METHODS = frozenset(("GET", "HEAD", "OPTIONS"))
+_TASK_SUBPATHS = frozenset(("result", "dependents"))   # /v1/tasks/{id}/<this> and /v1/tasks/by-key/{key}/<this>
 _PING_S = 15.0           # a comment line this often keeps proxies from closing an idle stream
 _STATE_CHECK_S = 0.25    # how soon a stream notices that its server stopped serving
 _COALESCE_S = 0.02       # status events arriving this close together go out as one message

@@ -135,6 +135,10 @@ class TasksServicer(_Base, pb_grpc.TasksServicer):
     async def Explain(self, request: pb.ExplainRequest, context: aio.ServicerContext) -> pb.Explanation:
         return await self.unary(context, self.service.explain, request)
 
+    async def Dependents(self, request: pb.DependentsRequest, context: aio.ServicerContext
+                         ) -> pb.DependentsResponse:
+        return await self.unary(context, self.service.dependents, request)
+
     async def Wait(self, request: pb.WaitRequest, context: aio.ServicerContext) -> pb.TaskResult:
         return await self.unary(context, self.service.wait, request)
 

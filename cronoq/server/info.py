@@ -112,14 +112,23 @@ class InfoCache:
         # with an attempt running, so that a window's attempts are found without reading every entry.
         self.touched: OrderedDict[int, int] = OrderedDict()
         self.running: set[int] = set()
+        # The reverse of the remembered tasks' edges: a dependency as written
+        # (an id or a key) -> the remembered tasks that declared it, in id order.
+        self.dependents: dict[int | str, list[int]] = {}
 
     def put(self, task_id: int, meta: TaskMeta) -> None:
         if not self.limit:
             return
         entries = self.entries
+        old = entries.get(task_id)
+        if old is not None:
+            self._unlink(task_id, old)
         entries[task_id] = meta
+        for ref, _ in meta.edges:
+            self.dependents.setdefault(ref, []).append(task_id)
         if len(entries) > self.limit:
-            entries.popitem(last=False)
+            oldest, gone = entries.popitem(last=False)
+            self._unlink(oldest, gone)
         worker = self.early_workers.pop(task_id, None)
         if worker is not None:
             meta.worker = worker
@@ -128,6 +137,33 @@ class InfoCache:
             for status, at_ns, attempt, message in seen:
                 self.saw(task_id, status, at_ns, attempt, message)
 
+    def _unlink(self, task_id: int, meta: TaskMeta) -> None:
+        for ref, _ in meta.edges:
+            ids = self.dependents.get(ref)
+            if ids is not None:
+                if task_id in ids:
+                    ids.remove(task_id)
+                if not ids:
+                    del self.dependents[ref]
+
+    def dependents_of(self, task_id: int, key: str | None) -> list[tuple[int, str]]:
+        """The remembered tasks that declared a dependency on this task, by its
+        id or by its key, as (id, condition) pairs in id order. A key is matched
+        as written: a remembered task that named the key when another task held
+        it is listed too."""
+        found: dict[int, str] = {}
+        for ref in (task_id, key):
+            if ref is None:
+                continue
+            for child in self.dependents.get(ref, ()):
+                meta = self.entries.get(child)
+                if meta is None:
+                    continue
+                for edge_ref, cond in meta.edges:
+                    if edge_ref == ref and child != task_id:
+                        found.setdefault(child, cond)
+        return sorted(found.items())
+
     def clear(self) -> None:
         self.entries.clear()
         self.early.clear()
@@ -135,6 +171,7 @@ class InfoCache:
         self.touched.clear()
         self.running.clear()
         self.with_traceback.clear()
+        self.dependents.clear()
 
     def failed_with(self, task_id: int, attempt: int, traceback: str) -> None:
         """A worker's traceback of the failure of ``attempt`` (sent with its Fail,

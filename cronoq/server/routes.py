@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .answers import (
-    BATCH_OUT, CANCEL_OUT, ENVIRONMENTS_OUT, EXPLANATION, HISTORY, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES,
-    SUBMIT_OUT, TASKS_OUT, WORKERS_OUT, REMOVED_OUT, TIMELINE,
+    BATCH_OUT, CANCEL_OUT, DEPENDENTS_OUT, ENVIRONMENTS_OUT, EXPLANATION, HISTORY, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT,
+    STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT, REMOVED_OUT, TIMELINE,
 )
 from .schema import BATCH, PRIORITIES, SUBMIT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text
 from .schema import Integer as IntegerField
@@ -60,6 +60,12 @@ _RESULT_QUERY = (
                                minimum=0, maximum=2 ** 32 - 1)),
 )
 _BY_KEY = "/v1/tasks/by-key/{key}"
+_DEPENDENTS_QUERY = (
+    ("depth", IntegerField("How many levels down: default 1 (its direct dependents), at most 5.", minimum=1,
+                           maximum=5)),
+    ("limit", IntegerField("Dependents at most: default 100, at most limits.max_list.", minimum=1,
+                           maximum=2 ** 32 - 1)),
+)
 
 ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/tasks", "submit", "Submit a task", "submit", role="client", body=SUBMIT,
@@ -92,6 +98,14 @@ ROUTES: tuple[Route, ...] = (
           description="From the leader's engine: the task's dispatch score, its place in its pool's line and "
                       "every reason it is not running yet (dependencies, awaited keys, start times and retry "
                       "backoffs, worker labels, resources, held slots, fair share, a full pool)."),
+    Route("GET", _BY_ID + "/dependents", "task_dependents", "The tasks that depend on a task", "dependents",
+          role="client", response=DEPENDENTS_OUT, statuses=_TASK_ERRORS, query=_DEPENDENTS_QUERY,
+          description="Level by level up to depth: the tasks that declared a dependency (after or deps) on this "
+                      "task, by its id or its key, and then on those. From the leader's engine while a task has "
+                      "not ended and from its record of recent tasks (outputs.info_entries) after: a dependent "
+                      "the leader no longer remembers is not listed."),
+    Route("GET", _BY_KEY + "/dependents", "task_dependents_by_key", "The tasks that depend on a task, by key",
+          "dependents", role="client", response=DEPENDENTS_OUT, statuses=_TASK_ERRORS, query=_DEPENDENTS_QUERY),
     Route("DELETE", _BY_ID, "cancel_task", "Cancel a task by id", "cancel", role="client",
           response=CANCEL_OUT, statuses=_TASK_ERRORS,
           description="cancelled is false when the task had already finished."),

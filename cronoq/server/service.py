@@ -40,7 +40,7 @@ from .auth import Principal
 from .codec import OCTETS, Blob
 from .config import RecurringSection, ServerConfig
 from .convert import (
-    OVERLAP_IN, OVERLAP_OUT, PRIORITY_IN, TaskReader, check_text, event_message, explanation_message, info_message,
+    OVERLAP_IN, OVERLAP_OUT, PRIORITY_IN, TaskReader, check_text, dep_messages, event_message, explanation_message, info_message,
     recurring_options, result_message, status_enum, status_name, task_ref,
 )
 from .errors import Code, ServiceError, from_exception
@@ -52,7 +52,10 @@ if TYPE_CHECKING:
     from ..runtime.scheduler import Scheduler
     from .remote import WorkerHub
 
-__all__ = ["Service", "EventStream", "pool_of", "TIMELINE_MAX_S"]
+__all__ = ["Service", "EventStream", "pool_of", "TIMELINE_MAX_S", "DEPENDENTS_MAX_DEPTH"]
+
+# How many levels down a Dependents call may look.
+DEPENDENTS_MAX_DEPTH = 5
 
 log = logging.getLogger("cronoq.server")
 
@@ -368,6 +371,70 @@ class Service:
         except Exception as exc:
             raise from_exception(exc) from None
         return explanation_message(explanation, info, self.info.get(info.id))
+
+    async def dependents(self, caller: Principal, request: pb.DependentsRequest) -> pb.DependentsResponse:
+        """The tasks that depend on a task, level by level up to ``depth``:
+        from the engine's live edges (a task that has not ended) and from the
+        info cache's reverse index of the remembered tasks' dependencies (which
+        still names them once it ended). Dependents the caller cannot see are
+        left out."""
+        caller.require("client")
+        sched = self.serving()
+        depth = request.depth or 1
+        if depth > DEPENDENTS_MAX_DEPTH:
+            raise ServiceError(Code.INVALID_ARGUMENT, f"depth must be at most {DEPENDENTS_MAX_DEPTH}, got {depth}")
+        limit = min(request.limit or 100, self.limits.max_list)
+        root = await self._lookup(caller, sched, task_ref(request.task))
+        response = pb.DependentsResponse(id=root.id, status=status_enum(root.status))
+        if root.key:
+            response.key = root.key
+        found: dict[int, pb.Dependent] = {}
+        frontier: list[tuple[int, str | None]] = [(root.id, root.key)]
+        for level in range(1, depth + 1):
+            following: list[tuple[int, str | None]] = []
+            for parent_id, parent_key in frontier:
+                for child_id in await self._children(sched, parent_id, parent_key):
+                    if child_id == root.id:
+                        continue
+                    known = found.get(child_id)
+                    if known is not None:
+                        if parent_id not in known.depends_on:
+                            known.depends_on.append(parent_id)
+                        continue
+                    if len(found) == limit:
+                        response.truncated = True
+                        continue
+                    try:
+                        info = await self._lookup(caller, sched, child_id)
+                    except ServiceError as exc:
+                        if exc.code is Code.NOT_FOUND:
+                            continue   # forgotten, or not the caller's to see
+                        raise
+                    item = found[child_id] = pb.Dependent(id=child_id, status=status_enum(info.status),
+                                                          pool=info.pool, depth=level, depends_on=[parent_id])
+                    if info.key:
+                        item.key = info.key
+                    meta = self.info.get(child_id)
+                    if meta is not None:
+                        item.deps.extend(dep_messages(meta.edges))
+                    following.append((child_id, info.key))
+            frontier = following
+            if not frontier:
+                break
+        response.dependents.extend(sorted(found.values(), key=lambda d: (d.depth, d.id)))
+        return response
+
+    async def _children(self, sched: Scheduler, task_id: int, key: str | None) -> list[int]:
+        """The ids of the tasks that declared a dependency on this one: live
+        edges first, then the info cache's, without repeats."""
+        try:
+            live = [child for child, _ in await sched.dependents(task_id)]
+        except UnknownTask:
+            live = []
+        except Exception as exc:
+            raise from_exception(exc) from None
+        remembered = [child for child, _ in self.info.dependents_of(task_id, key)]
+        return list(dict.fromkeys(live + remembered))
 
     async def wait(self, caller: Principal, request: pb.WaitRequest) -> pb.TaskResult:
         caller.require("client")

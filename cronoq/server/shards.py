@@ -477,6 +477,24 @@ class ShardedService(Service):
         return await self._by_ref(caller, request.task, "Explain", request,
                                   lambda r: super(ShardedService, self).explain(caller, r))
 
+    async def dependents(self, caller: Principal, request: pb.DependentsRequest) -> pb.DependentsResponse:
+        """From the task's own shard: a dependency never crosses shards (by id
+        it is refused, by key it names a key of the task's shard), so neither
+        do its dependents. By key, every shard is asked where the key is."""
+        caller.require("client")
+        notes: list[tuple[str, str]] = []
+        token = reply_notes.set(notes)
+        try:
+            response = await self._by_ref(caller, request.task, "Dependents", request,
+                                          lambda r: super(ShardedService, self).dependents(caller, r))
+        finally:
+            reply_notes.reset(token)
+        for key, value in notes:
+            if key == UNAVAILABLE_METADATA:
+                response.unavailable_shards.extend(name for name in value.split(",")
+                                                   if name not in response.unavailable_shards)
+        return response
+
     async def wait(self, caller: Principal, request: pb.WaitRequest) -> pb.TaskResult:
         caller.require("client")
         timeout = self._timeout(request.timeout_s if request.HasField("timeout_s") else None, "timeout_s")

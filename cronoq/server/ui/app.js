@@ -31,8 +31,9 @@ const app = {
 };
 
 // What the feature modules register: a hook runs on each stream event of its
-// name (hello, status, snapshot, lagged...) after the shell handled it ("drawer-open":
-// with the task's id; "drawer": with its Get answer, each time the drawer is filled); a page
+// name (hello, status, snapshot, lagged...) after the shell handled it, and
+// "drawer" runs with {id, task} when the drawer opens (task null) and each time
+// it read the task (task: GET /v1/tasks/{id}); a page
 // is a section of index.html whose refresh() runs when it is shown or re-read.
 const hooks = new Map();
 const pages = new Map();
@@ -605,10 +606,9 @@ async function openDrawer(id) {
   $("#drawer-title").textContent = "Task " + id;
   $("#drawer-message").textContent = "";
   $("#drawer-attempts").replaceChildren(...(app.seen.get(id) || []).map(eventItem));
-  $("#drawer-deps").replaceChildren();
+  runHooks("drawer", {id, task: null});   // a new task: the feature parts clear what they drew
   showStages([], []);
   showExplanation(null);
-  runHooks("drawer-open", id);   // drawer.js: the previous task's details go
   await fillDrawer(id);
 }
 
@@ -633,10 +633,9 @@ async function fillDrawer(id) {
     }));
     $("#drawer-cancel").disabled = TERMINAL.has(task.status);
     if (task.attempts) $("#drawer-attempts").replaceChildren(...task.attempts.map(attemptItem));
-    drawDeps(id, task.deps || []);
+    runHooks("drawer", {id, task});
     showStages(task.stages || [], task.checkpoints || []);
     explainTask(id, task.status);
-    runHooks("drawer", task);   // drawer.js: the payload, the output or error, the tracebacks
   } catch (err) {
     $("#drawer-message").textContent = describe(err);
   }
@@ -710,71 +709,6 @@ function attemptItem(a) {
 function seconds(fromNs, toNs) {
   const ms = Number((BigInt(toNs) - BigInt(fromNs)) / 1000000n);
   return ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(2)} s`;
-}
-
-// Its dependencies as a small graph: each one (with its status) -> this task.
-const SVG = "http://www.w3.org/2000/svg";
-
-async function drawDeps(id, deps) {
-  const holder = $("#drawer-deps");
-  if (!deps.length) {
-    holder.textContent = "none";
-    return;
-  }
-  const shown = deps.slice(0, 12);
-  const states = await Promise.all(shown.map(async (d) => {
-    try {
-      return await api(d.id ? `/v1/tasks/${d.id}` : `/v1/tasks/by-key/${encodeURIComponent(d.key)}`);
-    } catch (err) {
-      return null;
-    }
-  }));
-  if (app.drawerId !== id) return;
-  const row = 30, height = shown.length * row + 8, width = 460;
-  const svg = document.createElementNS(SVG, "svg");
-  svg.setAttribute("class", "deps");
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  svg.setAttribute("width", "100%");
-  svg.setAttribute("height", String(height));
-  const me = height / 2;
-  shown.forEach((d, i) => {
-    const y = 4 + i * row;
-    const state = states[i];
-    const node = document.createElementNS(SVG, "g");
-    node.setAttribute("class", "dep status-" + (state ? state.status : "unknown"));
-    node.dataset.ref = d.id || d.key;
-    const box = document.createElementNS(SVG, "rect");
-    Object.entries({x: 2, y, width: 250, height: row - 8, rx: 4}).forEach(([k, v]) => box.setAttribute(k, v));
-    const label = document.createElementNS(SVG, "text");
-    label.setAttribute("x", "8");
-    label.setAttribute("y", String(y + (row - 8) / 2));
-    label.textContent = `${d.key || "#" + d.id}: ${state ? state.status : "unknown"}`;
-    const edge = document.createElementNS(SVG, "line");
-    Object.entries({x1: 252, y1: y + (row - 8) / 2, x2: 330, y2: me}).forEach(([k, v]) => edge.setAttribute(k, v));
-    const cond = document.createElementNS(SVG, "title");
-    cond.textContent = d.cond;
-    edge.append(cond);
-    node.append(box, label);
-    if (state) {
-      node.addEventListener("click", () => openDrawer(state.id));
-      node.setAttribute("tabindex", "0");   // (Enter opens it: keys.js)
-      node.setAttribute("role", "link");
-      node.setAttribute("aria-label", `task ${state.id}: ${state.status}`);
-    }
-    svg.append(edge, node);
-  });
-  const self = document.createElementNS(SVG, "g");
-  self.setAttribute("class", "dep self");
-  const box = document.createElementNS(SVG, "rect");
-  Object.entries({x: 330, y: me - 11, width: 126, height: 22, rx: 4}).forEach(([k, v]) => box.setAttribute(k, v));
-  const label = document.createElementNS(SVG, "text");
-  label.setAttribute("x", "336");
-  label.setAttribute("y", String(me + 4));
-  label.textContent = "task " + id;
-  self.append(box, label);
-  svg.append(self);
-  holder.replaceChildren(svg);
-  if (deps.length > shown.length) holder.append(` and ${deps.length - shown.length} more`);
 }
 
 function drawerEvent(e) {

@@ -144,19 +144,21 @@ function attemptTracebacks(task) {
   }
 }
 
-on("drawer-open", () => {
+// The payload, the output or error and the tracebacks of the task read; a
+// task just opened (task null): the previous one's go.
+on("drawer", ({task}) => {
+  if (task) {
+    showPayload(task);
+    attemptTracebacks(task);
+    showOutput(task);
+    return;
+  }
   for (const holder of [$("#drawer-payload"), $("#drawer-output")]) {
     delete holder.dataset.state;
     holder.querySelector(".preview-note").textContent = "";
     holder.querySelector("pre").textContent = "";
   }
   $("#drawer-traceback").hidden = true;
-});
-
-on("drawer", (task) => {
-  showPayload(task);
-  attemptTracebacks(task);
-  showOutput(task);
 });
 
 // A row of the Events page opens its task's drawer.

@@ -108,7 +108,9 @@ async def test_every_live_answer_validates_against_the_document(server, live):
                     ("GET", "/v1/tasks/{id}/result"): {"timeout_s": "5"},
                     ("GET", "/v1/workers"): {"pool": "default"}}
         bodies = {"/v1/tasks": {"payload": [1, 2], "key": "oa-new", "wait": False},
-                  "/v1/tasks:batch": {"tasks": [{"key": "oa-b1"}, {"key": "oa-b2", "after": ["oa-b1"]}]}}
+                  "/v1/tasks:batch": {"tasks": [{"key": "oa-b1"}, {"key": "oa-b2", "after": ["oa-b1"]}]},
+                  "/v1/tasks:cancel": {"ids": [done["id"], "999999"], "keys": ["oa-no-such-key"]},
+                  "/v1/tasks:resubmit": {"ids": [dead["id"], done["id"]]}}
         async with client(server, METRICS) as metrics_http:
             await until(lambda: _workers(metrics_http), what="the worker connecting")
         checked = 0
@@ -212,6 +214,6 @@ async def test_every_documented_field_is_accepted_and_others_refused(server, liv
             for method, operation in item.items():
                 if method == "get" and path == "/v1/tasks":
                     names = {p["name"] for p in operation["parameters"]}
-                    assert names == {"pool", "status", "after", "limit", "priority", "tenant"}
+                    assert names == {"pool", "status", "after", "limit", "priority", "tenant", "q", "order", "before"}
                     r = await http.get(path, params={"offset": 1})
                     assert r.status_code == 400 and "unknown query parameter" in r.text

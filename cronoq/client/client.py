@@ -237,11 +237,13 @@ def checkpoint_from(m: pb.StageCheckpoint) -> Checkpoint:
 @dataclass(frozen=True)
 class TaskPage:
     """One page of ``list``: pass ``next_after`` as ``after`` for the next
-    page; it is None on the last one."""
+    page (``next_before`` as ``before`` when listing newest first); it is
+    None on the last one."""
 
     tasks: list[TaskInfo]
     next_after: int | None
     unavailable_shards: tuple[str, ...] = ()   # with shards: those that could not be asked (their tasks missing)
+    next_before: int | None = None
 
 
 class Listing(builtins.list[T]):
@@ -431,19 +433,23 @@ class Client:
         return bool(response.cancelled)
 
     async def list(self, *, pools: Iterable[str] = (), statuses: Iterable[str] = (), after: int = 0,
-                   limit: int = 100) -> TaskPage:
-        """One page of tasks in id order (see ``TaskPage``)."""
+                   limit: int = 100, query: str = "", newest_first: bool = False, before: int = 0) -> TaskPage:
+        """One page of tasks in id order, or descending with ``newest_first``
+        (only ids below ``before`` unless 0). ``query``: all digits finds
+        that id; other text, the tasks whose key, kind, tenant, message or a
+        tag value holds it, case-insensitive (see ``TaskPage``)."""
         wanted = list(statuses)
         for status in wanted:
             if status not in STATUSES:
                 raise ValueError(f"unknown status {status!r}; statuses are {', '.join(STATUSES)}")
-        request = pb.ListTasksRequest(pools=list(pools), after=after, limit=limit,
+        request = pb.ListTasksRequest(pools=list(pools), after=after, limit=limit, query=query,
+                                      newest_first=newest_first, before=before,
                                       statuses=[cast("pb.TaskStatus", pb.TaskStatus.Value("TASK_STATUS_" + s.upper()))
                                                 for s in wanted])
         tasks, _ = self._stubs()
         response: pb.ListTasksResponse = await self._call(lambda: tasks.ListTasks(request, metadata=self._metadata))
         return TaskPage([TaskInfo._from(t) for t in response.tasks], response.next_after or None,
-                        tuple(response.unavailable_shards))
+                        tuple(response.unavailable_shards), response.next_before or None)
 
     async def watch(self, *, pools: Iterable[str] = (), terminal_only: bool = False) -> AsyncIterator[StatusEvent]:
         """Status events as they happen (``cronoq.StatusEvent``, ``at`` in Unix

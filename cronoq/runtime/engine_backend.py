@@ -288,8 +288,9 @@ class EngineBackend:
         return removed
 
     async def list_tasks(self, pools: Iterable[str] | None, statuses: Iterable[str] | None, after: int,
-                         limit: int) -> list[TaskInfo]:
-        return await _listing.list_tasks(self.check(), self.store, pools, statuses, after, limit)
+                         limit: int, newest_first: bool = False, before: int = 0) -> list[TaskInfo]:
+        return await _listing.list_tasks(self.check(), self.store, pools, statuses, after, limit, newest_first,
+                                         before)
 
     # ------------------------------------------------------------ shutdown
 

@@ -94,22 +94,28 @@ def check_filters(core: Core, pools: Iterable[str] | None, statuses: Iterable[st
 
 
 def engine_tasks(core: Core, pools: frozenset[str] | None, statuses: frozenset[str] | None,
-                 after: int, limit: int) -> list[TaskInfo]:
+                 after: int, limit: int, newest_first: bool = False, before: int = 0) -> list[TaskInfo]:
     """The first ``limit`` matching tasks the engine knows (live or retained)
-    with ids above ``after``."""
+    with ids above ``after``; with ``newest_first``, the last ``limit`` with
+    ids below ``before`` (0: no bound)."""
     found: list[TaskInfo] = []
+
+    def in_range(task_id: int) -> bool:
+        return task_id > after and (not before or task_id < before)
+
+    pick = heapq.nlargest if newest_first else heapq.nsmallest
     if statuses is None or not statuses <= TERMINAL:
-        live = (e for task_id, e in core.tasks.items() if task_id > after
+        live = (e for task_id, e in core.tasks.items() if in_range(task_id)
                 and (pools is None or e.pool.name in pools) and (statuses is None or e.status in statuses))
-        for e in heapq.nsmallest(limit, live, key=lambda e: e.id):
+        for e in pick(limit, live, key=lambda e: e.id):
             spec = e.spec
             found.append(TaskInfo(e.id, e.status, e.pool.name, e.key, e.kind, e.attempt, None,
                                   tenant=None if spec is None else spec.tenant,
                                   max_attempts=core.max_attempts(e)))
     if statuses is None or statuses & TERMINAL:
-        ended = ((task_id, record) for task_id, record in core.retained.items() if task_id > after
+        ended = ((task_id, record) for task_id, record in core.retained.items() if in_range(task_id)
                  and (pools is None or record[1] in pools) and (statuses is None or record[0] in statuses))
-        for task_id, record in heapq.nsmallest(limit, ended, key=lambda item: item[0]):
+        for task_id, record in pick(limit, ended, key=lambda item: item[0]):
             status, pool, key, kind, attempt, message, tenant, max_attempts = record
             found.append(TaskInfo(task_id, status, pool, key, kind, attempt, message, tenant=tenant,
                                   max_attempts=max_attempts))
@@ -125,28 +131,32 @@ def stored_max_attempts(record: TaskRecord, pool: Any) -> int | None:
     return None if pool is None else int(pool.retry.max_attempts)
 
 
-def merge(first: list[TaskInfo], more: Iterable[TaskInfo], limit: int) -> list[TaskInfo]:
-    """Both lists in id order, without repeating an id (``first`` wins), at most ``limit``."""
+def merge(first: list[TaskInfo], more: Iterable[TaskInfo], limit: int,
+          newest_first: bool = False) -> list[TaskInfo]:
+    """Both lists in id order (descending with ``newest_first``), without
+    repeating an id (``first`` wins), at most ``limit``."""
     seen = {info.id for info in first}
     merged = first + [info for info in more if info.id not in seen]
-    merged.sort(key=lambda info: info.id)
+    merged.sort(key=lambda info: info.id, reverse=newest_first)
     return merged[:limit]
 
 
 async def list_tasks(core: Core, store: Any, pools: Iterable[str] | None, statuses: Iterable[str] | None,
-                     after: int, limit: int) -> list[TaskInfo]:
+                     after: int, limit: int, newest_first: bool = False, before: int = 0) -> list[TaskInfo]:
     pool_set, status_set = check_filters(core, pools, statuses, after, limit)
-    found = engine_tasks(core, pool_set, status_set, after, limit)
+    if isinstance(before, bool) or not isinstance(before, int) or before < 0:
+        raise ValueError(f"before must be a task id (an integer >= 0), got {before!r}")
+    found = engine_tasks(core, pool_set, status_set, after, limit, newest_first, before)
     list_finished = getattr(store, "list_finished", None)
     if list_finished is not None and (status_set is None or status_set & TERMINAL):
         records = await list_finished(
             pools=None if pool_set is None else sorted(pool_set),
             statuses=sorted(TERMINAL if status_set is None else status_set & TERMINAL),
-            after=after, limit=limit)
+            after=after, limit=limit, **({"before": before, "newest_first": True} if newest_first else {}))
         # The engine's view is the newer one: it wins for ids both know.
         found = merge(found, (TaskInfo(r.id, r.status, r.pool, r.key, r.kind, r.attempt, r.message, tenant=r.tenant,
                                        max_attempts=stored_max_attempts(r, core.pools.get(r.pool)))
-                              for r in records), limit)
+                              for r in records), limit, newest_first)
     else:
-        found = merge(found, (), limit)
+        found = merge(found, (), limit, newest_first)
     return found

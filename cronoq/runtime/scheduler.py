@@ -489,13 +489,15 @@ class Scheduler:
     # ================================================================ listings (cronoq.runtime.listing)
 
     async def list_tasks(self, *, pools: Iterable[str] | None = None, statuses: Iterable[str] | None = None,
-                         after: int = 0, limit: int = 100) -> list[TaskInfo]:
+                         after: int = 0, limit: int = 100, newest_first: bool = False,
+                         before: int = 0) -> list[TaskInfo]:
         """Tasks with ids above ``after`` in id order, at most ``limit``: live
         ones, and finished ones the engine retains or the store keeps. Only
         those of ``pools`` and ``statuses`` when given (``UnknownPool`` for a
-        pool the scheduler does not have)."""
+        pool the scheduler does not have). With ``newest_first``, descending
+        ids, only those below ``before`` when it is not 0."""
         core = self._backend.check()
-        return await _listing.list_tasks(core, self.store, pools, statuses, after, limit)
+        return await _listing.list_tasks(core, self.store, pools, statuses, after, limit, newest_first, before)
 
     async def recurring(self) -> list[_listing.RecurringInfo]:
         """The recurring schedules, sorted by name, with their next occurrence."""

@@ -4,6 +4,8 @@ and tests/test_server_openapi.py holds every live answer to these schemas."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..core.explain import REASONS
 from ..core.options import OVERLAP_POLICIES
 from ..core.snapshot import POOL_FIELDS
@@ -16,7 +18,8 @@ from .schema import (
 
 __all__ = ["STATUSES", "TERMINAL_STATUSES", "RESULT", "SUBMITTED", "SUBMIT_OUT", "BATCH_OUT", "INFO", "TASKS_OUT",
            "CANCEL_OUT", "REMOVED_OUT", "EXPLANATION", "DEPENDENT", "DEPENDENTS_OUT", "WORKER", "WORKERS_OUT", "SCHEDULE",
-           "SCHEDULES_OUT", "POOL", "SNAPSHOT", "ENVIRONMENT", "ENVIRONMENTS_OUT", "TIMELINE", "HISTORY", "ERROR"]
+           "SCHEDULES_OUT", "POOL", "SNAPSHOT", "ENVIRONMENT", "ENVIRONMENTS_OUT", "TIMELINE", "HISTORY", "ERROR",
+           "BULK_CANCEL_OUT", "BULK_RESUBMIT_OUT"]
 
 STATUSES = tuple(str(status) for status in _ALL_STATUSES)
 TERMINAL_STATUSES = tuple(status for status in STATUSES if status in TERMINAL)
@@ -165,14 +168,41 @@ EXPLANATION = Obj("Explanation", {
     required=("id", "status", "pool", "summary", "waiting", "queued", "reasons", "at_unix_ns"))
 
 TASKS_OUT = Obj("TaskList", {
-    "tasks": Array(INFO, "In id order."),
+    "tasks": Array(INFO, "In id order (descending with order=newest)."),
     "next_after": Id("Present when more tasks follow: pass it as after for the next page."),
+    "next_before": Id("With order=newest, present when older tasks follow: pass it as before for the next page."),
     "unavailable_shards": Array(Text(), "With shards: the shards that could not be asked (present only when one was missing)."),
 }, "A page of tasks (with shards: of every shard, in id order).", required=("tasks",))
 
 CANCEL_OUT = Obj("CancelResponse", {
     "cancelled": Flag("False when the task had already finished."),
 }, "Whether the task was cancelled.", required=("cancelled",))
+
+class _TextOrNull(Text):
+    """A string, or null (answers only)."""
+
+    def _schema(self, out: bool) -> dict[str, Any]:
+        return {"type": ["string", "null"]}
+
+
+_BULK_ERROR = _TextOrNull("Why this task could not be acted on (as the single route's error); null when it was.")
+
+BULK_CANCEL_OUT = Obj("BulkCancelResponse", {
+    "results": Array(Obj("BulkCancelResult", {
+        "id": Id("The task, when it was named by id."),
+        "key": Text("The task, when it was named by key."),
+        "cancelled": Flag("Whether this request cancelled it (false when it had finished, or on an error)."),
+        "error": _BULK_ERROR,
+    }, "What happened to one task.", required=("cancelled", "error")), "Ids first, then keys, in request order."),
+}, "One result per task named.", required=("results",))
+
+BULK_RESUBMIT_OUT = Obj("BulkResubmitResponse", {
+    "results": Array(Obj("BulkResubmitResult", {
+        "id": Id("The dead-lettered task."),
+        "new_id": Id("The new task (absent on an error)."),
+        "error": _BULK_ERROR,
+    }, "What happened to one task.", required=("id", "error")), "In request order."),
+}, "One result per task named.", required=("results",))
 
 REMOVED_OUT = Obj("RemoveRecurringResponse", {
     "removed": Flag("False when no schedule of that name existed."),

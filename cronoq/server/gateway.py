@@ -416,15 +416,59 @@ class Gateway:
     async def list_tasks(self, call: Call) -> Response:
         assert call.caller is not None
         query = call.query
+        newest = query.get("order", "oldest") == "newest"
+        if "before" in query and not newest:
+            raise invalid("before", "pages newest-first listings: give it with order=newest (oldest first "
+                                    "pages with after)")
         request = pb.ListTasksRequest(pools=query.get("pool", ()),
                                       statuses=[status_enum(s) for s in query.get("status", ())],
-                                      after=query.get("after", 0), limit=query.get("limit", 0))
+                                      after=query.get("after", 0), limit=query.get("limit", 0),
+                                      query=query.get("q", "").strip(), newest_first=newest,
+                                      before=query.get("before", 0))
         response = await self.service.list_tasks(call.caller, request, priority=query.get("priority"),
                                                  tenant=query.get("tenant"))
         out: dict[str, Any] = {"tasks": [info_json(info) for info in response.tasks]}
         if response.next_after:
             out["next_after"] = str(response.next_after)
+        if response.next_before:
+            out["next_before"] = str(response.next_before)
         return self.json(_missing(out, response.unavailable_shards))
+
+    async def cancel_many(self, call: Call) -> Response:
+        """Cancel each task named; a task's error is its result, not the request's."""
+        assert call.body is not None and call.caller is not None
+        results: list[dict[str, Any]] = []
+        refs: list[tuple[str, Any, pb.TaskRef]] = [("id", i, pb.TaskRef(id=i)) for i in call.body.get("ids", ())]
+        refs += [("key", k, pb.TaskRef(key=k)) for k in call.body.get("keys", ())]
+        for name, value, ref in refs:
+            item: dict[str, Any] = {name: str(value) if name == "id" else value}
+            try:
+                response = await self.service.cancel(call.caller, pb.CancelRequest(task=ref))
+            except ServiceError as exc:
+                if exc.code == Code.UNAVAILABLE:
+                    raise   # the server is not serving: nothing will be
+                item.update(cancelled=False, error=exc.message)
+            else:
+                item.update(cancelled=response.cancelled, error=None)
+            results.append(item)
+        return self.json({"results": results})
+
+    async def resubmit_many(self, call: Call) -> Response:
+        """Submit each dead-lettered task named again; a task's error is its result."""
+        assert call.body is not None and call.caller is not None
+        results: list[dict[str, Any]] = []
+        for task_id in call.body["ids"]:
+            item: dict[str, Any] = {"id": str(task_id)}
+            try:
+                response = await self.service.resubmit(call.caller, task_id)
+            except ServiceError as exc:
+                if exc.code == Code.UNAVAILABLE:
+                    raise
+                item["error"] = exc.message
+            else:
+                item.update(new_id=str(response.id), error=None)
+            results.append(item)
+        return self.json({"results": results})
 
     async def workers(self, call: Call) -> Response:
         assert call.caller is not None

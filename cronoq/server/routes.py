@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .answers import (
-    BATCH_OUT, CANCEL_OUT, DEPENDENTS_OUT, ENVIRONMENTS_OUT, EXPLANATION, HISTORY, INFO, RESULT, SCHEDULES_OUT, SNAPSHOT,
-    STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT, REMOVED_OUT, TIMELINE,
+    BATCH_OUT, BULK_CANCEL_OUT, BULK_RESUBMIT_OUT, CANCEL_OUT, DEPENDENTS_OUT, ENVIRONMENTS_OUT, EXPLANATION, HISTORY,
+    INFO, RESULT, SCHEDULES_OUT, SNAPSHOT, STATUSES, SUBMIT_OUT, TASKS_OUT, WORKERS_OUT, REMOVED_OUT, TIMELINE,
 )
-from .schema import BATCH, PRIORITIES, SUBMIT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text
+from .schema import BATCH, BULK_CANCEL, BULK_MAX, BULK_RESUBMIT, PRIORITIES, SUBMIT, BigInt, Choice, CommaList, Field, Id, Obj, Seconds, Text
 from .schema import Integer as IntegerField
 
 __all__ = ["Route", "ROUTES", "PATH_PARAMS"]
@@ -85,10 +85,27 @@ ROUTES: tuple[Route, ...] = (
                  ("priority", Choice(PRIORITIES, "Only tasks of this class (from the leader's record of recent "
                                                  "tasks: outputs.info_entries).")),
                  ("tenant", Text("Only tasks of this tenant (from the leader's record of recent tasks).",
-                                 empty=False))),
+                                 empty=False)),
+                 ("q", Text("Search: all digits finds the task of that id; other text, the tasks whose key, kind, "
+                            "tenant, message or a tag value holds it (case-insensitive; tenant and tags from "
+                            "the leader's record of recent tasks).")),
+                 ("order", Choice(("oldest", "newest"), "oldest (default): ascending ids, paged with after; "
+                                                       "newest: descending ids, paged with before.")),
+                 ("before", BigInt("With order=newest: only tasks with smaller ids (the next_before of the "
+                                   "previous page).", what="a task id"))),
           statuses=_TASK_ERRORS, waits=True,
-          description="Live and finished tasks in id order. With priority or tenant, one answer scans at most "
-                      "limits.max_list tasks: a page may hold fewer tasks than limit while next_after leads on."),
+          description="Live and finished tasks in id order (newest first with order=newest). With priority, "
+                      "tenant or q, one answer scans at most limits.max_list tasks: a page may hold fewer tasks "
+                      "than limit while next_after (next_before) leads on."),
+    Route("POST", "/v1/tasks:cancel", "cancel_tasks", "Cancel tasks", "cancel_many", role="client",
+          body=BULK_CANCEL, response=BULK_CANCEL_OUT, statuses=(400, 401, 403, 413, 415, 503),
+          description=f"Cancels each task named (at most {BULK_MAX} ids and {BULK_MAX} keys) as DELETE "
+                      f"/v1/tasks/{{id}} would: one result per task, with the error (unknown task, another "
+                      f"shard's...) of those it could not cancel."),
+    Route("POST", "/v1/tasks:resubmit", "resubmit_tasks", "Submit dead-lettered tasks again", "resubmit_many",
+          role="admin", body=BULK_RESUBMIT, response=BULK_RESUBMIT_OUT, statuses=(400, 401, 403, 413, 415, 503),
+          description=f"As POST /v1/tasks/{{id}}:resubmit for each task named (at most {BULK_MAX}): one result "
+                      f"per task, the new task's id or the error (not dead-lettered, payload no longer held...)."),
     Route("GET", _BY_ID, "get_task", "A task by id", "get", role="client", response=INFO,
           statuses=_TASK_ERRORS),
     Route("GET", _BY_KEY, "get_task_by_key", "A task by key", "get", role="client", response=INFO,

@@ -30,7 +30,8 @@ from .errors import Code, ServiceError
 
 __all__ = ["Field", "Text", "Seconds", "Number", "Integer", "Flag", "Choice", "BigInt", "Id", "UnixNs", "AnyJson",
            "Base64", "Map", "Array", "Obj", "Ref", "CommaList", "invalid", "describe", "PRIORITIES",
-           "CONDITION_NAMES", "PAYLOADS", "RETRY", "DEP", "TASK_FIELDS", "TASK", "SUBMIT", "BATCH"]
+           "CONDITION_NAMES", "PAYLOADS", "RETRY", "DEP", "TASK_FIELDS", "TASK", "SUBMIT", "BATCH",
+           "BULK_MAX", "BULK_CANCEL", "BULK_RESUBMIT"]
 
 UINT64 = 2 ** 64 - 1
 INT64 = 2 ** 63 - 1
@@ -676,3 +677,29 @@ SUBMIT = Obj("SubmitRequest", {
 BATCH = Obj("SubmitBatchRequest", {
     "tasks": Array(TASK, "At most limits.max_tasks_per_batch tasks, admitted all together or not at all."),
 }, "Tasks submitted atomically.", required=("tasks",))
+
+
+# ---------------------------------------------------------------- bulk actions
+
+BULK_MAX = 500   # ids (and keys) one bulk request names, at most
+
+
+def _bulk_size(parsed: dict[str, Any], where: str) -> ServiceError | None:
+    prefix = f"{where}." if where else ""
+    for name in ("ids", "keys"):
+        given = parsed.get(name)
+        if given is not None and len(given) > BULK_MAX:
+            return invalid(prefix + name, f"names at most {BULK_MAX} tasks, got {len(given)}")
+    if not parsed.get("ids") and not parsed.get("keys"):
+        return invalid(prefix + "ids", "give the tasks: ids, keys or both, not empty")
+    return None
+
+
+BULK_CANCEL = Obj("BulkCancelRequest", {
+    "ids": Array(Id(), f"Tasks to cancel, by id (at most {BULK_MAX})."),
+    "keys": Array(Text(empty=False), f"Tasks to cancel, by key (at most {BULK_MAX})."),
+}, "Tasks to cancel: ids, keys or both.", check=_bulk_size)
+
+BULK_RESUBMIT = Obj("BulkResubmitRequest", {
+    "ids": Array(Id(), f"Dead-lettered tasks to submit again (at most {BULK_MAX})."),
+}, "Dead-lettered tasks to submit again.", required=("ids",), check=_bulk_size)

@@ -78,6 +78,13 @@ _POOL_NUMBERS = tuple((field.wire, field.attr) for field in POOL_FIELDS
 TIMELINE_MAX_S = 3600.0
 
 
+def _holds(info: pb.TaskInfo, text: str) -> bool:
+    """Whether a task's key, kind, tenant, message or a tag value holds
+    ``text`` (already casefolded)."""
+    fields = (info.key, info.kind, info.tenant, info.message, *info.tags.values())
+    return any(text in field.casefold() for field in fields if field)
+
+
 def _now_ns() -> int:
     return time.time_ns()
 
@@ -494,9 +501,40 @@ class Service:
                 raise ServiceError(Code.PERMISSION_DENIED,
                                    f"the credential sees the tasks of tenant {caller.tenant!r}, not {tenant!r}")
             tenant = caller.tenant
-        if priority is not None or tenant is not None:
-            return await self._list_filtered(caller, request, priority, tenant)
+        query = request.query
+        if query and query.isascii() and query.isdigit():
+            return await self._list_by_id(caller, request, int(query), priority, tenant)
+        if priority is not None or tenant is not None or query:
+            return await self._list_filtered(caller, request, priority, tenant, query.casefold())
         return await self._list_page(caller, request)
+
+    async def _list_by_id(self, caller: Principal, request: pb.ListTasksRequest, task_id: int,
+                          priority: str | None, tenant: str | None) -> pb.ListTasksResponse:
+        """The answer to an all-digit query: the task of that id, if the
+        caller sees it and it passes the other filters."""
+        caller.require("client")
+        pools = self._pool_filter(caller, request.pools)
+        response = pb.ListTasksResponse()
+        if not 0 < task_id < 2 ** 64:
+            return response
+        try:
+            info = await self.get(caller, pb.GetRequest(task=pb.TaskRef(id=task_id)))
+        except ServiceError as exc:
+            if exc.code == Code.NOT_FOUND:
+                return response
+            raise
+        if pools is not None and info.pool not in pools:
+            return response
+        if request.statuses and info.status not in request.statuses:
+            return response
+        if priority is not None and PRIORITY_IN[info.priority] != CLASSES.index(priority):
+            return response
+        if tenant is not None and info.tenant != tenant:
+            return response
+        if info.id <= request.after or (request.newest_first and request.before and info.id >= request.before):
+            return response
+        response.tasks.append(info)
+        return response
 
     async def _list_page(self, caller: Principal, request: pb.ListTasksRequest) -> pb.ListTasksResponse:
         caller.require("client")
@@ -517,48 +555,66 @@ class Service:
             return response
         try:
             infos = await sched.list_tasks(pools=pools, statuses=statuses, after=int(request.after),
-                                           limit=limit + 1)
+                                           limit=limit + 1, newest_first=request.newest_first,
+                                           before=int(request.before) if request.newest_first else 0)
         except Exception as exc:
             raise from_exception(exc) from None
         more = len(infos) > limit
         for info in infos[:limit]:
             response.tasks.append(info_message(info, self.info.get(info.id)))
         if more:
-            response.next_after = infos[limit - 1].id
+            if request.newest_first:
+                response.next_before = infos[limit - 1].id
+            else:
+                response.next_after = infos[limit - 1].id
         return response
 
     async def _list_filtered(self, caller: Principal, request: pb.ListTasksRequest, priority: str | None,
-                             tenant: str | None) -> pb.ListTasksResponse:
-        """A page of the tasks whose class and tenant match, scanning at most
-        ``limits.max_list`` tasks per call: a page can hold fewer tasks than
-        asked while ``next_after`` still leads on."""
+                             tenant: str | None, text: str = "") -> pb.ListTasksResponse:
+        """A page of the tasks whose class and tenant match (and whose key,
+        kind, tenant, message or a tag value holds ``text``, casefolded),
+        scanning at most ``limits.max_list`` tasks per call: a page can hold
+        fewer tasks than asked while its cursor still leads on."""
         wanted_class = None if priority is None else CLASSES.index(priority)
         limit = min(request.limit or 100, self.limits.max_list)
         budget = self.limits.max_list
-        after = int(request.after)
+        newest = request.newest_first
+        cursor = int(request.before if newest else request.after)
         response = pb.ListTasksResponse()
+
+        def lead_on(at: int) -> None:
+            if newest:
+                response.next_before = at
+            else:
+                response.next_after = at
+
         while True:
-            scan = pb.ListTasksRequest(pools=request.pools, statuses=request.statuses, after=after,
-                                       limit=min(budget, max(limit * 4, 100)))
+            scan = pb.ListTasksRequest(pools=request.pools, statuses=request.statuses,
+                                       after=request.after if newest else cursor, newest_first=newest,
+                                       before=cursor if newest else 0, limit=min(budget, max(limit * 4, 100)))
             page = await self._list_page(caller, scan)
+            response.unavailable_shards[:] = sorted({*response.unavailable_shards, *page.unavailable_shards})
             budget -= len(page.tasks)
             for info in page.tasks:
-                after = info.id
+                cursor = info.id
                 if wanted_class is not None and PRIORITY_IN[info.priority] != wanted_class:
                     continue
                 if tenant is not None and info.tenant != tenant:
                     continue
+                if text and not _holds(info, text):
+                    continue
                 response.tasks.append(info)
                 if len(response.tasks) == limit:
                     break
+            more = page.next_before if newest else page.next_after
             if len(response.tasks) == limit:
-                if page.next_after or after != page.tasks[-1].id:
-                    response.next_after = after
+                if more or cursor != page.tasks[-1].id:
+                    lead_on(cursor)
                 return response
-            if not page.next_after:
+            if not more:
                 return response
             if budget <= 0:
-                response.next_after = after
+                lead_on(cursor)
                 return response
 
     async def resubmit(self, caller: Principal, ref: int) -> pb.SubmitResponse:

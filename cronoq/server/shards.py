@@ -526,7 +526,7 @@ class ShardedService(Service):
             if pools == []:
                 return None
             return pb.ListTasksRequest(pools=pools or (), statuses=request.statuses, after=request.after,
-                                       limit=limit)
+                                       limit=limit, newest_first=request.newest_first, before=request.before)
 
         mine = ask(self.me)
         empty = pb.ListTasksResponse()
@@ -538,11 +538,16 @@ class ShardedService(Service):
 
         requests = {s.name: ask(s) for s in self.others()}
         pages, missing = await self._ask_all(caller, "ListTasks", lambda s: requests[s.name], local)
-        tasks = sorted((t for page in pages for t in page.tasks), key=lambda t: t.id)
-        more = len(tasks) > limit or any(page.next_after for page in pages)
+        # Every shard's page is in the order asked: merged, the first limit of all of them.
+        newest = request.newest_first
+        tasks = sorted((t for page in pages for t in page.tasks), key=lambda t: t.id, reverse=newest)
+        more = len(tasks) > limit or any(page.next_before if newest else page.next_after for page in pages)
         response = pb.ListTasksResponse(tasks=tasks[:limit], unavailable_shards=missing)
         if more and tasks:
-            response.next_after = tasks[:limit][-1].id
+            if newest:
+                response.next_before = tasks[:limit][-1].id
+            else:
+                response.next_after = tasks[:limit][-1].id
         return response
 
     async def list_workers(self, caller: Principal, request: pb.ListWorkersRequest) -> pb.ListWorkersResponse:

@@ -178,12 +178,14 @@ class InMemoryStore:
                           max_attempts=retry[0] if isinstance(retry, list) and retry else None)
 
     async def list_finished(self, *, pools: list[str] | None = None, statuses: list[str] | None = None,
-                            after: int = 0, limit: int = 100) -> list[TaskRecord]:
+                            after: int = 0, limit: int = 100, newest_first: bool = False,
+                            before: int = 0) -> list[TaskRecord]:
         db = self._check()
         rows = sorted((row for row in db.tasks.values()
-                       if row["finished_ns"] is not None and row["id"] > after
+                       if row["finished_ns"] is not None and row["id"] > after and (not before or row["id"] < before)
                        and (pools is None or row["pool"] in pools)
-                       and (statuses is None or row["status"] in statuses)), key=lambda row: row["id"])
+                       and (statuses is None or row["status"] in statuses)), key=lambda row: row["id"],
+                      reverse=newest_first)
         return [self._record(row) for row in rows[:limit]]
 
     async def find_task(self, ref: int | str) -> TaskRecord | None:

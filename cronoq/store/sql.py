@@ -765,10 +765,12 @@ class SqlStore:
     # ----------------------------------------------------------- task records (listings)
 
     async def list_finished(self, *, pools: list[str] | None = None, statuses: list[str] | None = None,
-                            after: int = 0, limit: int = 100) -> list[TaskRecord]:
+                            after: int = 0, limit: int = 100, newest_first: bool = False,
+                            before: int = 0) -> list[TaskRecord]:
         """Finished tasks with ids above ``after``, in id order, at most
-        ``limit``; only those of ``pools`` and ``statuses`` when given."""
-        return await self._call(self._list_finished_sync, pools, statuses, after, limit)
+        ``limit``; only those of ``pools`` and ``statuses`` when given. With
+        ``newest_first``, in descending id order, below ``before`` unless 0."""
+        return await self._call(self._list_finished_sync, pools, statuses, after, limit, newest_first, before)
 
     async def find_task(self, ref: int | str) -> TaskRecord | None:
         """The stored task with this id, or the newest with this key; None if none."""
@@ -780,16 +782,18 @@ class SqlStore:
                 c.finished_ns, c.output.isnot(None), c.record]
 
     def _list_finished_sync(self, pools: list[str] | None, statuses: list[str] | None, after: int,
-                            limit: int) -> list[TaskRecord]:
+                            limit: int, newest_first: bool = False, before: int = 0) -> list[TaskRecord]:
         self._ensure()
         c = self._t.tasks.c
         query = select(*self._record_columns()).where(c.finished_ns.isnot(None), c.id > after)
+        if before:
+            query = query.where(c.id < before)
         if pools is not None:
             query = query.where(c.pool.in_([clean_text(p) for p in pools]))
         if statuses is not None:
             query = query.where(c.status.in_(list(statuses)))
         with self._begin_read() as conn:
-            rows = conn.execute(query.order_by(c.id).limit(limit)).all()
+            rows = conn.execute(query.order_by(c.id.desc() if newest_first else c.id).limit(limit)).all()
         return [self._task_record(row) for row in rows]
 
     def _find_task_sync(self, ref: int | str) -> TaskRecord | None:

@@ -5,6 +5,8 @@
 // (loaded after it by index.html) import what they need from it and register
 // hooks and pages, so each feature lives in its own file.
 
+import { route } from "./router.js";
+
 const TOKEN_KEY = "cronoq.token";
 const STATUSES = ["blocked", "scheduled", "ready", "running", "retrying", "succeeded", "failed",
                   "dead_lettered", "cancelled", "skipped", "missed", "shed"];
@@ -231,7 +233,7 @@ function signIn(token) {
   $("#nav").hidden = false;
   $("#logout").hidden = false;
   $("#login-error").textContent = "";
-  show(location.hash.slice(1) || "overview");
+  route(location.hash, show);
   connect();
 }
 
@@ -439,9 +441,16 @@ function taskQuery(after, limit) {
   if (f.status) params.set("status", f.status);
   if (f.priority) params.set("priority", f.priority);
   if (f.tenant) params.set("tenant", f.tenant);
+  if (f.q) params.set("q", f.q);
   params.set("limit", String(limit || pageSize()));
-  if (after && after !== "0") params.set("after", after);
+  // Newest first (the default) pages down with before; oldest first pages up with after.
+  if (newestFirst()) params.set("order", "newest");
+  if (after && after !== "0") params.set(newestFirst() ? "before" : "after", after);
   return params.toString();
+}
+
+function newestFirst() {
+  return (app.tasks.filters.order || "newest") === "newest";
 }
 
 async function loadTasks() {
@@ -463,7 +472,7 @@ async function loadTasks() {
     } else {
       const page = await api("/v1/tasks?" + taskQuery(app.tasks.after));
       tasks = page.tasks;
-      next = page.next_after || null;
+      next = page.next_before || page.next_after || null;
     }
     app.tasks.next = next;
     renderTasks(tasks, since);
@@ -475,7 +484,7 @@ async function loadTasks() {
 // New tasks on the last page: read only those after the last row shown, and append them.
 async function appendTasks() {
   app.tasks.refetch = null;
-  if (app.tasks.filters.key || app.tasks.next) return loadTasks();
+  if (app.tasks.filters.key || app.tasks.next || newestFirst()) return loadTasks();
   const room = pageSize() - app.taskRows.size;
   if (room <= 0) return loadTasks();   // the page is full: re-read it, which sets "Next page"
   const ids = [...app.taskRows.keys()];
@@ -492,6 +501,7 @@ async function appendTasks() {
       $("#next-page").disabled = !app.tasks.next;
     }
     showCount();
+    runHooks("tasks-rendered", app.taskRows);
   } catch (err) {
     $("#tasks-error").textContent = describe(err);
   }
@@ -529,6 +539,7 @@ function renderTasks(tasks, since) {
   if (!same) body.replaceChildren(...rows);
   $("#next-page").disabled = !app.tasks.next;
   showCount();
+  runHooks("tasks-rendered", app.taskRows);
 }
 
 // A row from an answer read since event number ``since``: an event that came meanwhile is newer.
@@ -537,7 +548,8 @@ function taskRow(task, since) {
   row.dataset.id = task.id;
   row.tabIndex = 0;   // (Enter opens its drawer: keys.js)
   row.append(cell(task.id), cell(task.pool), cell(task.key), cell(task.kind),
-             cell(task.status, "status status-" + task.status), cell(attemptText(task.attempt, task.max_attempts)),
+             cell(task.status, "status status-" + task.status),
+             cell(attemptText(task.attempt, task.max_attempts), "attempt"),
              cell(task.priority || "normal"),
              cell(task.tenant), cell(dateTime(task.created_unix_ns)));
   row.dataset.status = task.status;
@@ -549,15 +561,16 @@ function taskRow(task, since) {
     row.dataset.push = String(last.seq);
   }
   app.taskRows.set(task.id, row);
+  runHooks("task-row", {row, task});
   return row;
 }
 
 function setStatus(row, status, attempt, maxAttempts) {
-  const cell = row.children[4];
+  const cell = row.querySelector("td.status");
   cell.textContent = status;
   cell.className = "status status-" + status;
   if (maxAttempts) row.dataset.maxAttempts = maxAttempts;
-  row.children[5].textContent = attemptText(attempt, Number(row.dataset.maxAttempts || 0));
+  row.querySelector("td.attempt").textContent = attemptText(attempt, Number(row.dataset.maxAttempts || 0));
   row.dataset.status = status;
 }
 
@@ -578,8 +591,10 @@ function onStatus(events) {
     if (app.drawerId === e.id) drawerEvent(e);
   }
   if (app.page === "tasks") {
-    // New tasks (or tasks entering the filter) show up on the last page, read at most every 150 ms.
-    if (unknown && !app.tasks.next && !app.tasks.refetch) app.tasks.refetch = setTimeout(appendTasks, 150);
+    // New tasks (or tasks entering the filter) show up on the last page (the first, newest first),
+    // read at most every 150 ms.
+    const edge = newestFirst() ? !app.tasks.cursors.length : !app.tasks.next;
+    if (unknown && edge && !app.tasks.refetch) app.tasks.refetch = setTimeout(appendTasks, 150);
   } else if (app.page === "events") {
     queueEvents(events);
   } else if (app.page === "dead" && events.some((e) => e.status === "dead_lettered")) {
@@ -886,7 +901,7 @@ document.addEventListener("DOMContentLoaded", () => {
     signIn($("#token").value.trim());
   });
   $("#logout").addEventListener("click", () => signOut());
-  window.addEventListener("hashchange", () => { if (app.token !== null) show(location.hash.slice(1)); });
+  window.addEventListener("hashchange", () => { if (app.token !== null) route(location.hash, show); });
   $("#task-filters").addEventListener("submit", (event) => {
     event.preventDefault();
     readFilters();
@@ -922,5 +937,5 @@ document.addEventListener("DOMContentLoaded", () => {
 
 export {
   app, api, ApiError, describe, $, cell, option, time, dateTime, seconds, show, refreshPage, openDrawer, closeDrawer,
-  on, registerPage, STATUSES, TERMINAL, CLASSES,
+  on, registerPage, readFilters, STATUSES, TERMINAL, CLASSES,
 };

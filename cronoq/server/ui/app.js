@@ -35,7 +35,8 @@ const app = {
 // What the feature modules register: a hook runs on each stream event of its
 // name (hello, status, snapshot, lagged...) after the shell handled it, and
 // "drawer" runs with {id, task} when the drawer opens (task null) and each time
-// it read the task (task: GET /v1/tasks/{id}); a page
+// it read the task (task: GET /v1/tasks/{id}), "drawer-closed" with its id
+// however it was closed (button, Escape); a page
 // is a section of index.html whose refresh() runs when it is shown or re-read.
 const hooks = new Map();
 const pages = new Map();
@@ -732,8 +733,10 @@ function drawerEvent(e) {
 }
 
 function closeDrawer() {
+  const id = app.drawerId;
   app.drawerId = null;
   $("#drawer").hidden = true;
+  if (id !== null) runHooks("drawer-closed", id);
 }
 
 async function cancelTask() {

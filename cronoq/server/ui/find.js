@@ -651,12 +651,12 @@ table.addEventListener("change", (event) => {
   }
   showSelection();
 });
-// The open task is in the address: #task/ID.
-$("#task-table tbody").addEventListener("click", (event) => {
-  const row = event.target.closest("tr");
-  if (row) setHash("#task/" + row.dataset.id);
+// The open task is in the address, #task/ID, however it was opened (a row, the
+// graph, an event, the timeline); closed, the address is the page's again.
+on("drawer", ({id, task}) => {
+  if (!task) setHash("#task/" + id);
 });
-$("#drawer-close").addEventListener("click", () => {
+on("drawer-closed", () => {
   if (location.hash.startsWith("#task/")) setHash(app.page === "tasks" ? tasksHash() : "#" + app.page);
 });
 $("#bulk-cancel").addEventListener("click", bulkCancel);

@@ -142,10 +142,11 @@ async function reload() {
 
 // ------------------------------------------------------------------ the charts
 
-// An axis tick: UTC, as the rest of the page; seconds only when the range is short.
-function timeLabel(t) {
+// An axis tick: UTC, as the rest of the page; seconds only when the span drawn
+// is short (the samples kept may cover less than the range chosen).
+function timeLabel(t, span) {
   const text = new Date(t * 1000).toISOString();
-  return rangeSeconds() > 900 ? text.slice(11, 16) : text.slice(11, 19);
+  return span > 900 ? text.slice(11, 16) : text.slice(11, 19);
 }
 
 function chartWidth(card) {
@@ -160,7 +161,7 @@ function makeChart(card, kind, holder) {
   if (kind.series.some(([, , options]) => options.scale === "cost")) scales.cost = {auto: true};
   const ink = {stroke: token("--muted"), grid: {stroke: token("--border"), width: 1},
                ticks: {stroke: token("--border"), width: 1}};
-  const axes = [{...ink, space: 70, values: (u, splits) => splits.map(timeLabel)}, {...ink, size: 44},
+  const axes = [{...ink, space: 70, values: (u, splits) => splits.map((t) => timeLabel(t, u.scales.x.max - u.scales.x.min))}, {...ink, size: 44},
                 ...(kind.axes || []).slice(1).map((axis) => ({...ink, size: 50, ...axis}))];
   const opts = {
     width: chartWidth(card), height: CHART_HEIGHT, series, scales, axes,

@@ -506,9 +506,10 @@ class BlockingScheduler:
         return self._portal_here().call(self._sched.remove_recurring, name)
 
     def list_tasks(self, *, pools: Iterable[str] | None = None, statuses: Iterable[str] | None = None,
-                   after: int = 0, limit: int = 100) -> list[TaskInfo]:
+                   after: int = 0, limit: int = 100, newest_first: bool = False,
+                   before: int = 0) -> list[TaskInfo]:
         return self._portal_here().call(self._sched.list_tasks, pools=pools, statuses=statuses, after=after,
-                                        limit=limit)
+                                        limit=limit, newest_first=newest_first, before=before)
 
     def recurring(self) -> list[RecurringInfo]:
         return self._portal_here().call(self._sched.recurring)

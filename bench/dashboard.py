@@ -24,7 +24,19 @@ Scenarios: ``light`` (``--rate`` tasks/s of 300 ms), and ``loaded``: first
 server holds), then tasks at a rate giving about ``--events`` status events
 per second (three per task), as the issue asks the page to withstand.
 
+A third figure, ``cold first load``: a fresh browser context (empty cache,
+the token already in the tab's sessionStorage) opens the Overview of a
+server holding an hour's worth of history for ``--cold-pools`` pools (3,600
+samples a pool, the count of an hour at the default 1 s interval: sampled
+every 0.1 s over ``--fill-s`` seconds so the bench need not wait an hour,
+with tasks running in every pool meanwhile), until every pool's four charts
+are drawn with the whole range (720 points a series). Each of
+``--cold-runs`` runs is timed from the navigation's start, with the bytes it
+transferred (the navigation and every resource of the performance timeline).
+Target: under 1 s.
+
     python bench/dashboard.py [--seconds 20] [--rate 10] [--backlog 10000] [--events 200]
+                              [--cold-runs 5] [--cold-pools 4] [--fill-s 360]
 
 The server and the workers are child processes of this one, stopped by pid
 at the end. The machine is shared and noisy: compare the rows of one run.
@@ -78,7 +90,8 @@ async def handle(lease):
     await asyncio.sleep((lease.json() or {}).get("sleep", 0))
     return None
 
-asyncio.run(Worker(sys.argv[1], "default", handle, slots=int(sys.argv[3]), token=sys.argv[2]).run())
+pool = sys.argv[4] if len(sys.argv) > 4 else "default"
+asyncio.run(Worker(sys.argv[1], pool, handle, slots=int(sys.argv[3]), token=sys.argv[2]).run())
 """
 
 # Installed in the page: when a row's status changes, or a row appears, note the time.
@@ -108,9 +121,9 @@ def env() -> dict[str, str]:
     return out
 
 
-def start_server(directory: Path) -> tuple[subprocess.Popen[str], int, int]:
-    config = directory / "bench.toml"
-    config.write_text(CONFIG)
+def start_server(directory: Path, text: str = CONFIG) -> tuple[subprocess.Popen[str], int, int]:
+    config = directory / f"bench-{len(list(directory.iterdir()))}.toml"
+    config.write_text(text)
     process = subprocess.Popen([sys.executable, "-m", "cronoq.server", "--config", str(config)],
                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True, env=env(), cwd=ROOT)
@@ -171,6 +184,7 @@ def scenario(name: str, page, http: httpx.Client, log: EventLog, *, seconds: flo
              sleep: float) -> dict[str, list[float]]:
     page.evaluate("window.__seen = []")
     started = time.monotonic()
+    since_ms = time.time() * 1000   # rows of older tasks that a re-read puts back are not new rows
     sent = 0
     while time.monotonic() - started < seconds:
         due = int((time.monotonic() - started) * rate) + 1
@@ -188,7 +202,8 @@ def scenario(name: str, page, http: httpx.Client, log: EventLog, *, seconds: flo
             made = log.at.get((task_id, status))
             if made is not None:
                 changes.append(at - made)
-        elif task_id in log.first and task_id not in inserted:   # re-reads re-insert rows: the first counts
+        elif task_id in log.first and log.first[task_id] >= since_ms and task_id not in inserted:
+            # A re-read re-inserts rows: a task's first insertion counts.
             inserted.add(task_id)
             inserts.append(at - log.first[task_id])
     print(f"{name}: {sent} tasks in {seconds:g} s, {log.count} events seen by the reader so far")
@@ -197,66 +212,146 @@ def scenario(name: str, page, http: httpx.Client, log: EventLog, *, seconds: flo
     return {"changes": changes, "inserts": inserts}
 
 
+def cold_config(pools: int, fill_s: float) -> str:
+    text = CONFIG.replace('[[pools]]\nname = "default"\n[[pools]]\nname = "idle"\n', "")
+    text += f"[history]\ninterval_s = 0.1\nkept_s = {fill_s}\n"
+    return text + "".join(f'[[pools]]\nname = "p{i}"\n' for i in range(pools))
+
+
+# True once every pool card's four charts hold at least `points` points; then the time since navigation.
+CHARTS_DRAWN = """
+([pools, points]) => {
+  const plots = document.querySelectorAll('#pools .history-plot[data-points]');
+  if (plots.length < pools * 4) return false;
+  for (const plot of plots) if (Number(plot.dataset.points) < points) return false;
+  return performance.now();
+}
+"""
+
+TRANSFERRED = """
+() => [performance.getEntriesByType('navigation'), performance.getEntriesByType('resource')].flat()
+  .reduce((sum, entry) => sum + (entry.transferSize || 0), 0)
+"""
+
+
+def cold_first_load(browser, directory: Path, args: argparse.Namespace) -> None:
+    """The Overview opened cold on a server with an hour's worth of samples (see the docstring)."""
+    server, grpc_port, http_port = start_server(directory, cold_config(args.cold_pools, args.fill_s))
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, f"127.0.0.1:{grpc_port}", WORKER, "8",
+                                 f"p{i}"], stdin=subprocess.DEVNULL, env=env(), cwd=ROOT)
+               for i in range(args.cold_pools)]
+    base = f"http://127.0.0.1:{http_port}"
+    try:
+        with httpx.Client(base_url=base, headers={"authorization": f"Bearer {ADMIN}"}, timeout=60) as http:
+            while sum(p["capacity"] for p in http.get("/v1/snapshot").json()["pools"]) < 8 * args.cold_pools:
+                time.sleep(0.05)
+            # Filling: every pool runs a varying load, so that every series has values to draw.
+            started = time.monotonic()
+            sent = 0
+            while (elapsed := time.monotonic() - started) < args.fill_s:
+                if sent < int(elapsed * 8):
+                    pool = f"p{sent % args.cold_pools}"
+                    http.post("/v1/tasks", json={"pool": pool, "payload": {"sleep": 0.2 + 0.3 * (sent % 7) / 7}})
+                    sent += 1
+                else:
+                    time.sleep(0.01)
+            kept = http.get("/v1/history", params={"points": "100000"}).json()
+            samples = min(len(pool["t_unix_ms"]) for pool in kept["pools"])
+            print(f"cold first load: {args.cold_pools} pools of {samples} samples each "
+                  f"(3,600: an hour at the default 1 s interval), {sent} tasks run meanwhile")
+            times, sizes = [], []
+            for _ in range(args.cold_runs):
+                context = browser.new_context(viewport={"width": 1280, "height": 1000})
+                context.add_init_script(f"sessionStorage.setItem('cronoq.token', {json.dumps(ADMIN)})")
+                page = context.new_page()
+                page.goto(base + "/ui/#overview")
+                drawn = page.wait_for_function(CHARTS_DRAWN, arg=[args.cold_pools, min(700, int(samples * 0.9))], timeout=60000,
+                                               polling=10)
+                times.append(float(drawn.json_value()))
+                sizes.append(int(page.evaluate(TRANSFERRED)))
+                context.close()
+            print(f"  navigation -> every chart drawn: median {statistics.median(times):.0f} ms "
+                  f"(min {min(times):.0f}, max {max(times):.0f}) over {len(times)} runs")
+            print(f"  transferred: median {statistics.median(sizes) / 1024:.0f} KiB "
+                  f"(min {min(sizes) / 1024:.0f}, max {max(sizes) / 1024:.0f})")
+    finally:
+        stop(server, workers)
+
+
+def stop(server: subprocess.Popen[str], workers: list[subprocess.Popen[bytes]]) -> None:
+    for worker in workers:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=10.0, help="tasks/s of the light scenario")
     parser.add_argument("--backlog", type=int, default=10000, help="pending tasks of the loaded scenario")
     parser.add_argument("--events", type=float, default=200.0, help="status events/s of the loaded scenario")
+    parser.add_argument("--cold-runs", type=int, default=5, help="cold first loads of the Overview")
+    parser.add_argument("--cold-pools", type=int, default=4, help="pools of the cold first load's server")
+    parser.add_argument("--fill-s", type=float, default=360.0,
+                        help="seconds sampling the cold server's history every 0.1 s (360: 3,600 samples)")
+    parser.add_argument("--skip-cold", action="store_true", help="only the status-change scenarios")
     args = parser.parse_args()
     executable = shutil.which("chromium") or shutil.which("chromium-browser")
     if executable is None:
         sys.exit("no Chromium on this system (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    with tempfile.TemporaryDirectory() as directory:
+    with tempfile.TemporaryDirectory() as directory, sync_playwright() as playwright:
+        args_ = ["--no-sandbox"] if os.geteuid() == 0 else []
+        browser = playwright.chromium.launch(executable_path=executable, headless=True, args=args_)
+        print(f"chromium {browser.version}; commit {commit()}; load average {os.getloadavg()[0]:.2f} at start")
+        if not args.skip_cold:
+            cold_first_load(browser, Path(directory), args)
         server, grpc_port, http_port = start_server(Path(directory))
         workers = [subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, f"127.0.0.1:{grpc_port}", WORKER, "64"],
                                     stdin=subprocess.DEVNULL, env=env(), cwd=ROOT) for _ in range(2)]
         base = f"http://127.0.0.1:{http_port}"
         try:
-            with httpx.Client(base_url=base, headers={"authorization": f"Bearer {ADMIN}"}, timeout=60) as http, \
-                    sync_playwright() as playwright:
+            with httpx.Client(base_url=base, headers={"authorization": f"Bearer {ADMIN}"}, timeout=60) as http:
                 while http.get("/v1/snapshot").json()["pools"][0]["capacity"] < 128:
                     time.sleep(0.05)
                 log = EventLog(base)
                 log.ready.wait(30)
-                args_ = ["--no-sandbox"] if os.geteuid() == 0 else []
-                browser = playwright.chromium.launch(executable_path=executable, headless=True, args=args_)
                 page = browser.new_page(viewport={"width": 1280, "height": 800})
-                page.goto(base + "/ui/#tasks")
+                page.goto(base + "/ui/#tasks?pool=default&limit=500&order=newest")
                 page.fill("#token", ADMIN)
                 page.click("#login-form button[type=submit]")
                 page.wait_for_selector('#conn[data-state="live"]', timeout=30000)
-                page.select_option("#task-filters [name=pool]", "default")
-                page.select_option("#task-filters [name=limit]", "500")
-                page.click("#task-filters button[type=submit]")
+                page.wait_for_function("() => document.querySelector('#task-filters [name=pool]').value === "
+                                       "'default'", timeout=30000)
                 page.evaluate(OBSERVER)
-                print(f"chromium {browser.version}, server and 2 workers of 64 slots, one run")
+                print("server and 2 workers of 64 slots, one run")
                 scenario("light", page, http, log, seconds=args.seconds, rate=args.rate, sleep=0.3)
                 for start in range(0, args.backlog, 1000):
                     http.post("/v1/tasks:batch", json={"tasks": [{"pool": "idle"}] * min(1000, args.backlog - start)})
                 live = http.get("/v1/snapshot").json()["live_tasks"]
                 print(f"loaded: {live} live tasks")
-                # The page shows the default pool's tasks from the last one of the light scenario on
-                # (as its Next page button would), so the new ones land on it.
-                done = http.get("/v1/tasks", params={"pool": "default", "limit": "1000"}).json()["tasks"]
-                page.evaluate("(after) => { app.tasks.after = after; loadTasks(); }",
-                              done[-1]["id"] if done else "0")
+                # Newest first, the page's first page is where the new tasks land.
                 scenario("loaded", page, http, log, seconds=args.seconds, rate=args.events / 3, sleep=0.3)
                 log.stop = True
-                browser.close()
         finally:
-            for worker in workers:
-                worker.send_signal(signal.SIGKILL)
-                worker.wait(10)
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(20)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait(10)
+            stop(server, workers)
+            browser.close()
+        print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 if __name__ == "__main__":
     main()

@@ -39,7 +39,7 @@ from ..environments import NAME_PATTERN, CatalogError, Environment, load_catalog
 from ..loopback import is_loopback
 from .tomlkeys import YEAR, Rule, Table, describe_value, key, rules
 
-__all__ = ["ConfigError", "ServerConfig", "ServerSection", "ShardSection", "PeerTlsConfig", "TlsConfig", "Credential", "StoreConfig",
+__all__ = ["ConfigError", "ServerConfig", "ServerSection", "ShardSection", "PeerTlsConfig", "GrpcWebConfig", "TlsConfig", "Credential", "StoreConfig",
            "LimitsConfig", "PoolSection", "ResourceSection", "OutputsConfig", "HistorySection", "RecurringSection", "TraceSection",
            "RetrySection", "load", "parse", "default_config", "ROLES", "YEAR", "MIN_TOKEN", "GOOD_TOKEN",
            "Rule", "key", "rules", "split_addr", "is_loopback"]
@@ -77,6 +77,13 @@ class PeerTlsConfig:
 
 
 @dataclass(frozen=True)
+class GrpcWebConfig:
+    """[server.grpc_web]: gRPC-Web for browsers on the HTTP listener (cronoq.server.grpc_web)."""
+
+    allowed_origins: tuple[str, ...] = ()    # pages (scheme://host[:port], lower-case) answered with CORS
+
+
+@dataclass(frozen=True)
 class ShardSection:
     """One [[shards]] entry."""
 
@@ -111,6 +118,7 @@ class ServerSection:
     shard: str | None = None            # with [[shards]]: the one this server runs
     insecure_peer_http: bool = key(False, "flag")   # forward tokens over http:// to other hosts
     peer_tls: PeerTlsConfig | None = None
+    grpc_web: GrpcWebConfig | None = None   # None: the /cronoq.v1.* paths are not served
     environment: str | None = key(None, "string", limit=63)   # this deployment's name (the catalog's)
     region: str | None = key(None, "string", limit=64)
 
@@ -424,9 +432,28 @@ def split_addr(text: str) -> tuple[str, int]:
 # ---------------------------------------------------------------- sections
 
 
-_NOT_HERE_SERVER = {
-    "grpc_web": "gRPC-Web is not supported by this version of cronoq-server (see docs/server.md)",
-}
+_ORIGIN = re.compile(r"(https?)://([a-z0-9.-]+|\[[0-9a-f:.]+\])(:[0-9]{1,5})?")
+
+
+def _grpc_web(t: Table) -> GrpcWebConfig:
+    origins: list[str] = []
+    for i, text in enumerate(t.strings("allowed_origins", limit=512) or ()):
+        origin = text.strip().lower()
+        match = _ORIGIN.fullmatch(origin)
+        if match is None:
+            t.error(f"allowed_origins[{i}]", f"must be an origin, scheme://host[:port] (http or https, no path "
+                                             f"and no trailing /), got {text[:80]!r}")
+            continue
+        scheme, _, port = match.groups()
+        if port is not None and (not 0 < int(port[1:]) < 65536):
+            t.error(f"allowed_origins[{i}]", f"the port must be between 1 and 65535, got {port[1:]}")
+            continue
+        if port == (":443" if scheme == "https" else ":80"):
+            origin = origin[:-len(port)]   # (browsers never send the default port)
+        if origin not in origins:
+            origins.append(origin)
+    t.done()
+    return GrpcWebConfig(tuple(origins))
 
 
 def _server(t: Table | None) -> ServerSection:
@@ -471,6 +498,9 @@ def _server(t: Table | None) -> ServerSection:
             peer.errors.append(f"{peer.where}: give both cert and key (a client certificate), or neither")
         peer.done()
         values["peer_tls"] = PeerTlsConfig(ca, cert, key_path)
+    web = t.table("grpc_web")
+    if web is not None:
+        values["grpc_web"] = _grpc_web(web)
     if values.get("grpc_port") and values["grpc_port"] == values.get("http_port") \
             and values["grpc_host"] == values["http_host"]:
         t.error("http_addr", "must differ from grpc_addr")
@@ -483,7 +513,7 @@ def _server(t: Table | None) -> ServerSection:
         t.error("environment", f"must match {NAME_PATTERN} (lower-case letters, digits, - and _), "
                                f"got {environment!r}")
         values["environment"] = None
-    t.done(_NOT_HERE_SERVER)
+    t.done()
     return ServerSection(**values)
 
 

@@ -30,6 +30,8 @@ from .auth import Authenticator, Principal
 from .bodies import EXACT, Body, Payloads, task_message
 from .counters import ServerCounters
 from .errors import Code, ServiceError
+from .grpc_web import Admitted as GrpcWebCall
+from .grpc_web import GrpcWeb
 from .history import history_json
 from .http import Request, Response, loopback_host, reason_code
 from .routes import PATH_PARAMS, ROUTES, Route
@@ -123,11 +125,17 @@ class Gateway:
         self._openapi: bytes | None = None
         self._bodies: dict[str, Body] = {}   # route body's object name -> its reader
         self._hosts: dict[str, bool] = {}   # Host header -> whether it names loopback
+        web = service.config.server.grpc_web
+        # gRPC-Web (grpc_web.py): on server.http_addr only, with [server.grpc_web].
+        self.grpc_web = (GrpcWeb(service, auth, web, max_body=self.max_body)
+                         if web is not None and not metrics_listener else None)
 
     # -- what the listener asks
 
     def time_limit(self, request: Request) -> float:
         path = request.path
+        if self.grpc_web is not None and isinstance(request.admitted, GrpcWebCall):
+            return self.long_limit + 1.0   # (its own deadline answers first, with a gRPC status)
         if path == "/v1/tasks" or (path.endswith("/result") and path.startswith(_TASK_ROUTES)):
             return self.long_limit
         return self.short_limit
@@ -151,6 +159,10 @@ class Gateway:
         reads the body): the Host rule, cross-site requests, the route and
         its method, and the caller's credentials. A refusal, or None (what
         was found is kept on the request for ``__call__``)."""
+        if self.grpc_web is not None and self.grpc_web.serves(request.path):
+            # Its own rules and answers (gRPC statuses, CORS), the same Host rule.
+            return self.grpc_web.admit(request, host_ok=not self.check_host
+                                       or self._loopback(request.headers.get("host", "")))
         try:
             request.admitted = self._admit(request)
         except ServiceError as exc:
@@ -203,6 +215,9 @@ class Gateway:
                 if refusal is not None:
                     return refusal
             admitted = request.admitted
+            if isinstance(admitted, GrpcWebCall):
+                assert self.grpc_web is not None
+                return await self.grpc_web.answer(request, admitted)
             if admitted is None:
                 return self._ui(request)
             route, params, caller = admitted

@@ -107,7 +107,7 @@ def pool(scenario: str, language: Language) -> str:
 CONFIG = LISTEN + AUTH + "".join(
     f'[[pools]]\nname = "{pool(s, lang)}"\nlease_ttl_s = 1\n'
     f"retry = {{ max_attempts = 3, initial_backoff_s = 0.05, jitter = false }}\n"
-    for s in SCENARIOS for lang in LANGUAGES)
+    for s in SCENARIOS for lang in LANGUAGES) + '[[pools]]\nname = "protocol"\n'
 
 
 @pytest.fixture(scope="module")
@@ -355,7 +355,7 @@ async def test_the_server_refuses_protocol_violations(server):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "first message must be Register" in details
     await early.close()
     # A completion for a lease the worker does not hold never ends the holder's attempt.
-    name = pool("reject", LANGUAGES[0])
+    name = "protocol"
     holder, intruder = RawWorker(server.target, WORKER), RawWorker(server.target, WORKER)
     async with Client(server.target, token=CLIENT) as client:
         try:

@@ -68,9 +68,8 @@ class FakeOpenAI:
         return self
 
     def stop(self) -> None:
-        if self._loop is not None and self._server is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._loop is not None and self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
         if self._thread is not None:
             self._thread.join(10)
 
@@ -100,6 +99,16 @@ class FakeOpenAI:
                 self._changed.wait(left)
 
     # -- the server's thread
+
+    async def _shutdown(self) -> None:
+        """Close the listener and end the connections still open, then the loop."""
+        assert self._server is not None and self._loop is not None
+        self._server.close()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        self._loop.stop()
 
     def _main(self) -> None:
         loop = self._loop = asyncio.new_event_loop()

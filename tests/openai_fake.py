@@ -162,6 +162,11 @@ class FakeOpenAI:
             writer.write(payload)
             await writer.drain()
             return True
+        if method == "GET" and path == "/stats":   # for a bench in another process
+            self._json(writer, 200, {"requests": len(self.requests), "max_in_flight": self.max_in_flight})
+            with self._changed:
+                self.max_in_flight = 0
+            return True
         if method != "POST" or not isinstance(body, dict):
             self._json(writer, 400, {"error": {"message": "a JSON body is required"}})
             return True
@@ -230,3 +235,18 @@ class FakeOpenAI:
 def reader_closed(writer: asyncio.StreamWriter) -> bool:
     """The peer closed (the transport knows once a write failed or EOF arrived)."""
     return writer.is_closing() or writer.transport.is_closing()
+
+
+if __name__ == "__main__":
+    # A process of its own (bench/llm_worker.py): every answer after --delay seconds; prints the port.
+    import argparse
+    import sys
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--delay", type=float, default=0.05)
+    options = parser.parse_args()
+    fake = FakeOpenAI()
+    fake.default = Reply(delay=options.delay)
+    fake.start()
+    print(fake.port, flush=True)
+    sys.stdin.read()   # until the parent closes our stdin
+    fake.stop()

@@ -109,11 +109,23 @@ async def test_complete_and_embed(server, fake):
 async def test_streaming_reports_progress_and_counts_the_usage_chunk(server, fake):
     fake.default = Reply(chunks=20)
     async with llm_worker(server, fake) as worker, Client(server.target) as client:
+        events = []
+
+        async def watch():   # what `cronoq watch` shows: a status event per progress checkpoint
+            async for event in client.watch(pools=["llm"]):
+                events.append(event)
+                if event.status == "succeeded":
+                    return
+
+        watching = asyncio.create_task(watch())
+        await asyncio.sleep(0.2)   # the watch is open before the task is submitted
         sub = await client.submit({"prompt": "tell a story", "stream": True}, pool="llm", kind="llm.chat",
                                   wait=True, wait_timeout=30)
         assert sub.result is not None and sub.result.ok, sub.result
         out = sub.result.json()
         info = await client.get(sub.id)
+        await asyncio.wait_for(watching, 30)
+    assert [e.stage for e in events if e.id == sub.id and e.stage] == ["progress"] * 5
     assert out["text"] == " ".join(f"t{i}" for i in range(20))
     assert out["usage"]["completion_tokens"] == 20
     progress = [c for c in info.checkpoints if c.stage == "progress"]

@@ -235,8 +235,11 @@ def build_server(client: Client, *, name: str = "cronoq", traces: Path | None = 
                 "What the LLM worker does."))] = "llm.chat",
             model: Annotated[str | None, Field(description="The model; the worker's default when omitted.")] = None,
             system: Annotated[str | None, Field(description="llm.chat: a system prompt.")] = None,
-            temperature: Annotated[float | None, Field(ge=0, le=2)] = None,
-            max_tokens: Annotated[int | None, Field(ge=1)] = None,
+            temperature: Annotated[float | None, Field(ge=0, le=2, description=(
+                "Sampling temperature; the worker's default when omitted."))] = None,
+            max_tokens: Annotated[int | None, Field(ge=1, description=(
+                "The most tokens to generate (and part of the tokens reserved); the worker's default when "
+                "omitted."))] = None,
             pool: Annotated[str, Field(description="The pool cronoq-llm-worker serves.")] = "llm",
             priority: Priority = None, deadline_in: DeadlineIn = None, timeout: Timeout = None,
             rpm_resource: Annotated[str | None, Field(description=(

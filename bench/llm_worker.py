@@ -29,6 +29,14 @@ from cronoq.client import Client  # noqa: E402
 from serverkit import LISTEN, ServerProcess, server_env  # noqa: E402
 
 DELAY = 0.05
+PLAIN = f"""
+import asyncio, sys
+from cronoq.client import Worker
+async def handle(lease):
+    await asyncio.sleep({DELAY})
+    return {{"text": "x"}}
+asyncio.run(Worker(sys.argv[1], "llm", handle, slots=int(sys.argv[2])).run())
+"""
 
 
 async def one_run(target: str, tasks: int) -> float:
@@ -49,6 +57,8 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--tasks", type=int, default=800)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--plain", action="store_true", help=(
+        "the baseline: a plain cronoq.client.Worker whose handler sleeps 50 ms (no HTTP, no cronoq.llm)"))
     args = parser.parse_args()
     env = server_env()
     with tempfile.TemporaryDirectory() as directory:
@@ -60,7 +70,10 @@ def main() -> None:
         config = Path(directory) / "llm.toml"
         config.write_text(f'[worker]\ntarget = "{server.target}"\npool = "llm"\nslots = {args.slots}\n'
                           f'[provider]\nbase_url = "http://127.0.0.1:{port}/v1"\n[defaults]\nmodel = "m"\n')
-        worker = subprocess.Popen([sys.executable, "-m", "cronoq.llm.cli", "--config", str(config)],
+        command = [sys.executable, "-m", "cronoq.llm.cli", "--config", str(config)]
+        if args.plain:
+            command = [sys.executable, "-c", PLAIN, server.target, str(args.slots)]
+        worker = subprocess.Popen(command,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   env=env)
         try:
@@ -68,7 +81,7 @@ def main() -> None:
             for _ in range(args.runs):
                 rates.append(asyncio.run(one_run(server.target, args.tasks)))
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as answer:
-                    peaks.append(json.load(answer)["max_in_flight"])
+                    peaks.append(json.load(answer)["max_in_flight"])   # 0 with --plain
         finally:
             worker.terminate()
             worker.wait(30)
@@ -76,7 +89,7 @@ def main() -> None:
             fake.stdin.close()
             fake.wait(30)
     target = args.slots / DELAY
-    print(json.dumps({"slots": args.slots, "tasks": args.tasks, "runs": args.runs, "target_tasks_per_s": target,
+    print(json.dumps({"worker": "plain" if args.plain else "cronoq-llm-worker", "slots": args.slots, "tasks": args.tasks, "runs": args.runs, "target_tasks_per_s": target,
                       "tasks_per_s_median": round(statistics.median(rates), 1),
                       "tasks_per_s_min": round(min(rates), 1), "tasks_per_s_max": round(max(rates), 1),
                       "of_target_median": round(statistics.median(rates) / target, 3),

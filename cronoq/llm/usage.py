@@ -37,6 +37,15 @@ def estimate_tokens(payload: Any, max_tokens: int | None = None) -> int:
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN)) + int(completion)
 
 
+# The worker's Prometheus families: (name without _total, type, help) as docs/metrics.md lists them.
+FAMILIES = (
+    ("cronoq_llm_prompt_tokens", "counter", "Prompt tokens the provider counted."),
+    ("cronoq_llm_completion_tokens", "counter", "Completion tokens the provider counted."),
+    ("cronoq_llm_cost", "counter", "Cost of those tokens by the configured price table."),
+    ("cronoq_llm_requests", "counter", "Provider requests by outcome (ok, retryable, permanent)."),
+)
+
+
 class Usage:
     """Counters keyed by (model, pool)."""
 
@@ -56,22 +65,14 @@ class Usage:
 
     def prometheus(self) -> str:
         out: list[str] = []
-
-        def family(name: str, help_: str, rows: dict[Any, Any], labels: tuple[str, ...]) -> None:
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} counter")
+        series: tuple[dict[Any, Any], ...] = (self.prompt_tokens, self.completion_tokens, self.cost, self.requests)
+        for (name, kind, help_), rows in zip(FAMILIES, series):
+            out.append(f"# HELP {name}_total {help_}")
+            out.append(f"# TYPE {name}_total {kind}")
+            labels: tuple[str, ...] = ("model", "pool", "outcome") if rows is self.requests else ("model", "pool")
             for key, value in sorted(rows.items()):
                 text = ",".join(f'{label}="{_escape(v)}"' for label, v in zip(labels, key))
-                out.append(f"{name}{{{text}}} {value}")
-
-        family("cronoq_llm_prompt_tokens_total", "Prompt tokens the provider counted.",
-               self.prompt_tokens, ("model", "pool"))
-        family("cronoq_llm_completion_tokens_total", "Completion tokens the provider counted.",
-               self.completion_tokens, ("model", "pool"))
-        family("cronoq_llm_cost_total", "Cost of those tokens by the configured price table.",
-               self.cost, ("model", "pool"))
-        family("cronoq_llm_requests_total", "Provider requests by outcome (ok, retryable, permanent).",
-               self.requests, ("model", "pool", "outcome"))
+                out.append(f"{name}_total{{{text}}} {value}")
         return "\n".join(out) + "\n"
 
 

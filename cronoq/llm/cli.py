@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import logging.config
 import os
 import sys
 
@@ -19,7 +20,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", help="the server's gRPC address (overrides [worker] target)")
     parser.add_argument("--slots", type=int, help="requests in flight (overrides [worker] slots)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # The process is ours: cronoq's loggers write to standard error.
+    logging.config.dictConfig({
+        "version": 1, "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
+                                "formatter": "plain"}},
+        "loggers": {"cronoq": {"handlers": ["stderr"], "level": "INFO", "propagate": False}},
+    })
     try:
         config = LLMConfig.load(args.config)
         if args.target:

@@ -83,16 +83,8 @@ class LLMHandler:
     async def chat(self, lease: Lease, payload: dict[str, Any]) -> dict[str, Any]:
         model = self._model(payload, self.config.model)
         body: dict[str, Any] = {"model": model, "messages": self._messages(payload)}
-        self._sampling(payload, body)
-        if payload.get("stream", self.config.stream):
-            return await self._streamed(lease, payload, "/chat/completions", body, model)
-        answer = await self._counted(model, lease.pool, self.provider.chat(body))
-        try:
-            choice = answer["choices"][0]
-            text = choice["message"]["content"] or ""
-        except (KeyError, IndexError, TypeError):
-            raise Retryable("the provider's chat answer has no choices[0].message") from None
-        return self._result(lease, payload, model, text, choice.get("finish_reason"), answer.get("usage"))
+        return await self._generated(lease, payload, "/chat/completions", body, self.provider.chat,
+                                     ("message", "content"), "chat")
 
     async def complete(self, lease: Lease, payload: dict[str, Any]) -> dict[str, Any]:
         model = self._model(payload, self.config.model)
@@ -100,16 +92,26 @@ class LLMHandler:
         if not isinstance(prompt, str):
             raise Permanent("llm.complete needs prompt (a string)")
         body: dict[str, Any] = {"model": model, "prompt": prompt}
+        return await self._generated(lease, payload, "/completions", body, self.provider.complete, ("text",),
+                                     "completion")
+
+    async def _generated(self, lease: Lease, payload: dict[str, Any], path: str, body: dict[str, Any],
+                         call: Callable[[dict[str, Any]], Awaitable[Any]], field: tuple[str, ...],
+                         what: str) -> dict[str, Any]:
+        """A chat or completion: streamed, or one answer whose text is at choices[0].<field>."""
+        model = body["model"]
         self._sampling(payload, body)
         if payload.get("stream", self.config.stream):
-            return await self._streamed(lease, payload, "/completions", body, model)
-        answer = await self._counted(model, lease.pool, self.provider.complete(body))
+            return await self._streamed(lease, payload, path, body, model)
+        answer = await self._counted(model, lease.pool, call(body))
         try:
             choice = answer["choices"][0]
-            text = choice["text"] or ""
+            text = choice
+            for name in field:
+                text = text[name]
         except (KeyError, IndexError, TypeError):
-            raise Retryable("the provider's completion answer has no choices[0].text") from None
-        return self._result(lease, payload, model, text, choice.get("finish_reason"), answer.get("usage"))
+            raise Retryable(f"the provider's {what} answer has no choices[0].{field[0]}") from None
+        return self._result(lease, payload, model, text or "", choice.get("finish_reason"), answer.get("usage"))
 
     async def embed(self, lease: Lease, payload: dict[str, Any]) -> dict[str, Any]:
         model = self._model(payload, self.config.embed_model)

@@ -29,6 +29,7 @@ import cronoq.telemetry.otel as otel
 import cronoq.whatif
 from cronoq.telemetry import PrometheusCollector
 from cronoq.telemetry.prometheus import WORKER_FAMILIES
+from cronoq.llm.usage import FAMILIES as LLM_FAMILIES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -236,6 +237,7 @@ def test_every_prometheus_series_is_documented_with_its_type():
     # The library's collector, and what cronoq-server's /metrics adds (its own counters, its workers).
     families = [(f.name, f.type) for f in [*PrometheusCollector.describe(None), *ServerCounters().families()]]
     families += [(name, kind) for name, kind, _ in WORKER_FAMILIES]
+    families += [(name, kind) for name, kind, _ in LLM_FAMILIES]   # cronoq-llm-worker's own /metrics
     for family_name, family_type in families:
         name = family_name + ("_total" if family_type == "counter" else "")
         exposed.add(name)

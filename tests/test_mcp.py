@@ -47,14 +47,14 @@ permits = 1
 """
 
 TOOLS = {"submit_task", "submit_batch", "get_task", "wait_task", "cancel_task", "list_tasks", "explain_task",
-         "snapshot", "list_workers", "list_schedules", "add_schedule", "remove_schedule"}
+         "snapshot", "list_workers", "list_schedules", "add_schedule", "remove_schedule", "run_llm_task"}
 RESOURCES = {"cronoq://snapshot", "cronoq://schedules", "cronoq://workers", "cronoq://dead-letters"}
 TEMPLATES = {"cronoq://pools/{pool}", "cronoq://tasks/{id}", "cronoq://keys/{key}"}
 # Seconds a test waits for what should happen much sooner: it matters only when the test fails (a loaded
 # machine may be slow, never this slow). The server's max_wait_s is as long, so it does not cut waits short.
 PATIENCE = 120.0
 
-PROMPTS = {"triage_dead_letters", "why_is_pool_slow", "schedule_nightly_job", "drain_pool"}
+PROMPTS = {"triage_dead_letters", "why_is_pool_slow", "schedule_nightly_job", "drain_pool", "llm_batch"}
 
 
 def unique(prefix: str) -> str:

@@ -475,3 +475,18 @@ def explanation_view(explained: ClientExplanation, info: TaskInfo, pool: PoolVie
                                 for r in explained.reasons],
                        score=explained.score, position=explained.position, queued=explained.queued, pool=pool,
                        unavailable_shards=list(explained.unavailable_shards))
+
+
+class LLMAnswer(BaseModel):
+    """An LLM task run by run_llm_task: its text (or embeddings), usage and cost."""
+
+    id: int
+    status: StatusName | None = Field(default=None, description="The task's status; null while it still runs.")
+    text: str | None = Field(default=None, description="The generated text (llm.chat, llm.complete).")
+    embeddings: list[list[float]] | None = Field(default=None, description="The vectors (llm.embed).")
+    model: str | None = None
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = Field(default=None, description="prompt_tokens, completion_tokens, total_tokens.")
+    cost: float | None = Field(default=None, description="By the worker's price table.")
+    message: str | None = Field(default=None, description="Why it did not succeed.")
+    note: str | None = Field(default=None, description="When it has not finished yet: what to do next.")

@@ -10,7 +10,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS
 from pydantic import Field
 
-__all__ = ["triage_dead_letters", "why_is_pool_slow", "schedule_nightly_job", "drain_pool"]
+__all__ = ["triage_dead_letters", "why_is_pool_slow", "schedule_nightly_job", "drain_pool", "llm_batch"]
 
 
 def triage_dead_letters(
@@ -97,3 +97,27 @@ what is there finish. Report each step; ask me before anything that cancels or r
    cronoq://pools/{pool} until busy is 0.
 5. Tell me when the pool is idle (busy 0 and nothing pending), or which tasks remain, and that the workers
    can now be stopped (a worker given SIGTERM finishes its tasks and disconnects)."""
+
+
+def llm_batch(
+        prompts: Annotated[str, Field(description="The prompts, one a line.")],
+        pool: Annotated[str, Field(description="The pool cronoq-llm-worker serves (default llm).")] = "llm",
+        model: Annotated[str, Field(description="The model; empty for the worker's default.")] = "",
+) -> str:
+    lines = [line.strip() for line in prompts.splitlines() if line.strip()]
+    listed = "\n".join(f"- {line}" for line in lines)
+    model_part = f', "model": "{model}"' if model else ""
+    return f"""Run this batch of {len(lines)} prompts through cronoq's LLM worker at low priority.
+
+{listed}
+
+1. Call snapshot (or read cronoq://pools/{pool}) to check that pool {pool} exists and has workers; if no worker
+   serves it, stop and tell me: nothing would run.
+2. Call submit_batch with one task per prompt: pool "{pool}", kind "llm.chat", priority "low", payload
+   {{"prompt": <the prompt>{model_part}}}, a key per prompt (e.g. its line number and a short hash) so a repeat
+   does not run it twice, and, if the server has requests- or tokens-per-minute resources for the provider
+   (snapshot lists resources), resources naming them (1 request, and the prompt's characters / 4 + max_tokens
+   tokens): quota then waits in the queue instead of failing.
+3. Low priority lets interactive chat go first; do not raise it. Follow the tasks with list_tasks
+   (pools=["{pool}"]) and wait_task; a task that failed permanently names the provider's message.
+4. Report a table: prompt, status, the first line of the text, tokens used, cost; and the totals."""

@@ -12,7 +12,7 @@ import contextlib
 import datetime as _dt
 import zoneinfo
 from pathlib import Path
-from typing import Annotated, Any, Iterator, cast
+from typing import Annotated, Any, Iterator, Literal, cast
 
 from mcp.server.mcpserver import MCPServer, ResourceSecurity
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError, UnexpectedToolError
@@ -28,7 +28,7 @@ from . import prompts
 from .models import (
     After, BatchAnswer, CancelAnswer, ContentType, DeadLetters, DeadlineAt, DeadlineIn, Deps, DurationHint,
     Explanation, Key, Kind, Labels, OnMiss, OverlapName, Payload, PayloadBase64, PoolDetail, PoolName, Priority,
-    ResultView, Resources, Retry, ScheduleAdded, ScheduleList, ScheduleRemoved, SnapshotView, Stages, StartAt, StartIn,
+    LLMAnswer, ResultView, Resources, Retry, ScheduleAdded, ScheduleList, ScheduleRemoved, SnapshotView, Stages, StartAt, StartIn,
     StatusName, SubmitAnswer, Tags, TaskDetail, TaskInput, TaskPageView, TaskRef, TaskView, Tenant, Timeout, Tolerance,
     WorkerList, explanation_view, payload_bytes, pool_view, result_view, schedule_view, snapshot_view, task_view,
     worker_view,
@@ -223,6 +223,70 @@ def build_server(client: Client, *, name: str = "cronoq", traces: Path | None = 
                                "call wait_task to wait longer")
             except _CALL_ERRORS as exc:
                 answer.note = f"submitted, but waiting failed: {describe_error(exc, target)[1]}"
+        return answer
+
+    @app.tool(annotations=_ADD)
+    async def run_llm_task(
+            prompt: Annotated[str | None, Field(description=(
+                "The user message (llm.chat), the prompt (llm.complete) or the text to embed (llm.embed)."))] = None,
+            messages: Annotated[list[dict[str, Any]] | None, Field(description=(
+                "llm.chat: the conversation as OpenAI messages ({role, content}), instead of prompt."))] = None,
+            kind: Annotated[Literal["llm.chat", "llm.complete", "llm.embed"], Field(description=(
+                "What the LLM worker does."))] = "llm.chat",
+            model: Annotated[str | None, Field(description="The model; the worker's default when omitted.")] = None,
+            system: Annotated[str | None, Field(description="llm.chat: a system prompt.")] = None,
+            temperature: Annotated[float | None, Field(ge=0, le=2, description=(
+                "Sampling temperature; the worker's default when omitted."))] = None,
+            max_tokens: Annotated[int | None, Field(ge=1, description=(
+                "The most tokens to generate (and part of the tokens reserved); the worker's default when "
+                "omitted."))] = None,
+            pool: Annotated[str, Field(description="The pool cronoq-llm-worker serves.")] = "llm",
+            priority: Priority = None, deadline_in: DeadlineIn = None, timeout: Timeout = None,
+            rpm_resource: Annotated[str | None, Field(description=(
+                "A requests-per-minute token bucket of the server: the task takes 1 unit."))] = None,
+            tpm_resource: Annotated[str | None, Field(description=(
+                "A tokens-per-minute token bucket of the server: the task takes its estimated tokens "
+                "(prompt characters / 4 + max_tokens)."))] = None,
+            key: Key = None, wait_timeout: WaitTimeout = 120.0) -> LLMAnswer:
+        """Run one LLM inference end to end on cronoq-llm-worker: submit it, wait for it, return the text
+        (or embeddings) with its usage and cost. If it has not finished after wait_timeout, the answer
+        says so; follow it with wait_task (the task keeps its place)."""
+        from ..llm import resources_for
+        payload: dict[str, Any] = {"messages": messages} if messages is not None else {"prompt": prompt}
+        if kind == "llm.embed":
+            payload = {"input": prompt}
+        if prompt is None and messages is None:
+            raise ToolError("invalid arguments, nothing was sent: give prompt or messages")
+        for field, value in (("model", model), ("system", system), ("temperature", temperature),
+                             ("max_tokens", max_tokens)):
+            if value is not None:
+                payload[field] = value
+        options: dict[str, Any] = {"pool": pool, "kind": kind}
+        for field, value in (("priority", priority), ("deadline_in", deadline_in), ("timeout", timeout),
+                             ("key", key)):
+            if value is not None:
+                options[field] = value
+        amounts = resources_for(payload, rpm=rpm_resource, tpm=tpm_resource)
+        if amounts:
+            options["resources"] = amounts
+        with calls():
+            submission = await client.submit(payload, **options)
+        answer = LLMAnswer(id=submission.id)
+        try:
+            result = await client.wait(submission.id, wait_timeout)
+        except TimeoutError:
+            answer.note = f"task {submission.id} has not finished after {wait_timeout:g} s; call wait_task"
+            return answer
+        except _CALL_ERRORS as exc:
+            answer.note = f"submitted, but waiting failed: {describe_error(exc, target)[1]}"
+            return answer
+        answer.status = result.status   # type: ignore[assignment]
+        answer.message = result.message
+        if result.ok:
+            out = result.json()
+            if isinstance(out, dict):
+                for field in ("text", "embeddings", "model", "finish_reason", "usage", "cost"):
+                    setattr(answer, field, out.get(field))
         return answer
 
     @app.tool(annotations=_ADD)
@@ -477,6 +541,9 @@ def build_server(client: Client, *, name: str = "cronoq", traces: Path | None = 
     app.prompt(title="Drain a pool before maintenance", description=(
         "Stop new work reaching a pool and let what is there finish, asking before anything is removed."))(
         prompts.drain_pool)
+    app.prompt(title="Run a batch of prompts at low priority", description=(
+        "Submit many LLM prompts as one low-priority batch for cronoq-llm-worker, paced by the rate limits."))(
+        prompts.llm_batch)
     return app
 
 

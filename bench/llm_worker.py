@@ -1,0 +1,100 @@
+"""The LLM worker's throughput: cronoq-llm-worker (a process) with SLOTS
+slots against tests/openai_fake.py (a process) answering every chat
+completion after 50 ms, through a real cronoq-server. This process only
+submits and waits. Reports tasks/s and the most requests the fake saw in
+flight per run; the target is slots / 50 ms within 10 %.
+
+    python bench/llm_worker.py [--slots 16] [--tasks 800] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from cronoq.client import Client  # noqa: E402
+from serverkit import LISTEN, ServerProcess, server_env  # noqa: E402
+
+DELAY = 0.05
+PLAIN = f"""
+import asyncio, sys
+from cronoq.client import Worker
+async def handle(lease):
+    await asyncio.sleep({DELAY})
+    return {{"text": "x"}}
+asyncio.run(Worker(sys.argv[1], "llm", handle, slots=int(sys.argv[2])).run())
+"""
+
+
+async def one_run(target: str, tasks: int) -> float:
+    async with Client(target) as client:
+        while not [w for w in await client.workers(pools=["llm"])]:
+            await asyncio.sleep(0.05)
+        started = time.perf_counter()
+        subs = await client.submit_batch([{"payload": {"prompt": f"p{i}"}, "pool": "llm", "kind": "llm.chat"}
+                                          for i in range(tasks)])
+        for sub in subs:
+            result = await client.wait(sub.id, timeout=120)
+            assert result.ok, result
+        return tasks / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--tasks", type=int, default=800)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--plain", action="store_true", help=(
+        "the baseline: a plain cronoq.client.Worker whose handler sleeps 50 ms (no HTTP, no cronoq.llm)"))
+    args = parser.parse_args()
+    env = server_env()
+    with tempfile.TemporaryDirectory() as directory:
+        fake = subprocess.Popen([sys.executable, str(ROOT / "tests" / "openai_fake.py"), "--delay", str(DELAY)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        assert fake.stdout is not None and fake.stdin is not None
+        port = int(fake.stdout.readline())
+        server = ServerProcess(LISTEN + '[[pools]]\nname = "llm"\n', Path(directory), name="bench").start()
+        config = Path(directory) / "llm.toml"
+        config.write_text(f'[worker]\ntarget = "{server.target}"\npool = "llm"\nslots = {args.slots}\n'
+                          f'[provider]\nbase_url = "http://127.0.0.1:{port}/v1"\n[defaults]\nmodel = "m"\n')
+        command = [sys.executable, "-m", "cronoq.llm.cli", "--config", str(config)]
+        if args.plain:
+            command = [sys.executable, "-c", PLAIN, server.target, str(args.slots)]
+        worker = subprocess.Popen(command,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env=env)
+        try:
+            rates, peaks = [], []
+            for _ in range(args.runs):
+                rates.append(asyncio.run(one_run(server.target, args.tasks)))
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as answer:
+                    peaks.append(json.load(answer)["max_in_flight"])   # 0 with --plain
+        finally:
+            worker.terminate()
+            worker.wait(30)
+            server.stop()
+            fake.stdin.close()
+            fake.wait(30)
+    target = args.slots / DELAY
+    print(json.dumps({"worker": "plain" if args.plain else "cronoq-llm-worker", "slots": args.slots, "tasks": args.tasks, "runs": args.runs, "target_tasks_per_s": target,
+                      "tasks_per_s_median": round(statistics.median(rates), 1),
+                      "tasks_per_s_min": round(min(rates), 1), "tasks_per_s_max": round(max(rates), 1),
+                      "of_target_median": round(statistics.median(rates) / target, 3),
+                      "in_flight_max": peaks, "loadavg": [round(x, 2) for x in os.getloadavg()]}))
+
+
+if __name__ == "__main__":
+    main()

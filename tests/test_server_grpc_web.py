@@ -46,7 +46,7 @@ def trailers(data: bytes) -> dict[str, str]:
 
 async def call(server, name: str, message, *, token: str | None = CLIENT, origin: str | None = None,
                content_type: str = "application/grpc-web+proto", body: bytes | None = None,
-               ) -> tuple[httpx.Response, list[tuple[int, bytes]], dict[str, str]]:
+               host: str | None = None) -> tuple[httpx.Response, list[tuple[int, bytes]], dict[str, str]]:
     """One unary call: the response, its frames, and its status fields
     (from the trailers frame, or the headers of a trailers-only answer)."""
     headers = {"content-type": content_type, "x-grpc-web": "1"}
@@ -54,6 +54,8 @@ async def call(server, name: str, message, *, token: str | None = CLIENT, origin
         headers["authorization"] = f"Bearer {token}"
     if origin:
         headers["origin"] = origin
+    if host:
+        headers["host"] = host
     if body is None:
         body = grpc_web.frame(0, message.SerializeToString())
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.http_port}") as http:
@@ -200,3 +202,15 @@ async def test_without_the_section_the_paths_are_not_served(servers):
     plain = servers(LISTEN + AUTH + '[[pools]]\nname = "default"\n', name="plain")
     response, found, _ = await call(plain, "Tasks/Submit", pb.SubmitRequest(task=pb.TaskSpec(pool="default")))
     assert response.status_code == 404 and not found
+
+
+@pytest.mark.asyncio
+async def test_without_credentials_only_loopback_host_names_are_served(servers):
+    open_server = servers(LISTEN + f'[server.grpc_web]\nallowed_origins = ["{ORIGIN}"]\n[[pools]]\nname = "default"\n',
+                          name="open")
+    request = pb.SubmitRequest(task=pb.TaskSpec(pool="default"))
+    _, _, status = await call(open_server, "Tasks/Submit", request, token=None, host="attacker.example:7071")
+    assert status["grpc-status"] == str(grpc_web.STATUS_NUMBERS["PERMISSION_DENIED"])
+    assert "loopback" in unquote(status["grpc-message"])
+    _, found, status = await call(open_server, "Tasks/Submit", request, token=None, host="localhost")
+    assert status["grpc-status"] == "0" and pb.SubmitResponse.FromString(found[0][1]).id > 0

@@ -38,8 +38,9 @@ from google.protobuf.message import DecodeError, Message
 from .._proto import cronoq_pb2 as pb
 from .auth import Authenticator, Principal
 from .config import GrpcWebConfig
-from .errors import Code, ServiceError
+from .errors import ServiceError
 from .http_messages import Request, Response
+from .origins import cross_site
 from .service import EventStream, Service
 from .shards import UNAVAILABLE_METADATA, reply_notes
 
@@ -227,7 +228,6 @@ class GrpcWeb:
                             headers=(("allow", "POST, OPTIONS"),) + self._cors(request))
         origin = headers.get("origin")
         if origin is not None and origin.strip().lower() not in self.origins:
-            from .gateway import cross_site   # (the gateway imports this module)
             if cross_site(headers) is not None:
                 return self.trailers_only(request, STATUS_NUMBERS["PERMISSION_DENIED"],
                                           f"forbidden: the origin {origin[:80]} is not in "

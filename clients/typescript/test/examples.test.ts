@@ -6,11 +6,12 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { demo } from "../examples/client.js";
+import { fromPage } from "../examples/web.js";
 import { serve } from "../examples/worker.js";
-import { CLIENT, METRICS, ROOT, WORKER, clientFor, later, serverFor, until } from "./serverkit.js";
+import { CLIENT, METRICS, ROOT, WORKER, clientFor, config, later, serverFor, until } from "./serverkit.js";
 
 const PACKAGE = join(ROOT, "clients", "typescript");
-const EXAMPLES = ["examples/worker.ts", "examples/client.ts"];
+const EXAMPLES = ["examples/worker.ts", "examples/client.ts", "examples/web.ts"];
 
 test("docs/typescript.md shows each example file exactly", () => {
   const page = readFileSync(join(ROOT, "docs", "typescript.md"), "utf8");
@@ -38,6 +39,18 @@ test("the worker and client examples run against a server", async (t) => {
     "failed: the payload has no number n",
     "job-21",
   ]);
+});
+
+test("the browser example runs over gRPC-Web", async (t) => {
+  const text = config(["default"]);
+  const cut = text.indexOf("[[auth.tokens]]");
+  const server = await serverFor(t, text.slice(0, cut) + '[server.grpc_web]\nallowed_origins = ["https://app.example"]\n'
+    + text.slice(cut));
+  const stop = new AbortController();
+  const serving = serve(server.target, WORKER, stop.signal);
+  later(t, async () => { stop.abort(); await serving; });
+  assert.deepEqual(await fromPage(`http://127.0.0.1:${server.httpPort}`, CLIENT),
+    ['{"doubled":10,"attempt":1}', "succeeded", "watched"]);
 });
 
 test("the worker example as a program drains on SIGTERM and exits 0", async (t) => {

@@ -8,7 +8,8 @@
 # The sources are copied into a private GOPATH in a temporary directory, the
 # gRPC stubs are generated there from cronoq/_proto/cronoq.proto (never
 # committed, so they always match the proto), and the program is built in
-# GOPATH mode against /usr/share/gocode.
+# GOPATH mode against /usr/share/gocode. CRONOQ_GO_BUILD_FLAGS adds flags to
+# `go build` (e.g. -race).
 set -eu
 
 if [ "$#" -ne 2 ]; then
@@ -52,4 +53,4 @@ cp "$root/cronoq/_proto/cronoq.proto" "$library/pb/"
         cronoq.proto
 )
 cd "$work/src/cronoqmain"
-GO111MODULE=off GOPATH="$work:$gocode" GOPROXY=off GOFLAGS= go build -o "$output" .
+GO111MODULE=off GOPATH="$work:$gocode" GOPROXY=off GOFLAGS= go build ${CRONOQ_GO_BUILD_FLAGS:-} -o "$output" .

@@ -93,7 +93,8 @@ def go_command(build_root: Path) -> tuple[list[str], dict[str, str]]:
                          "golang-github-golang-protobuf-1-5-dev", "CRONOQ_REQUIRE_GO")
     sources = [package / "build.sh"] + sorted((package / "cronoq").glob("*.go"))
     sources += sorted((PROGRAMS / "go_worker").glob("*.go")) + [ROOT / "cronoq" / "_proto" / "cronoq.proto"]
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:16]
+    flags = os.environ.get("CRONOQ_GO_BUILD_FLAGS", "").encode()     # e.g. -race
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + flags).hexdigest()[:16]
     built = build_root / f"go-worker-{digest}"
     with open(build_root / f"go-worker-{digest}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)     # one build for every xdist worker

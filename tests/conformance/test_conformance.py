@@ -385,6 +385,15 @@ async def test_the_go_example_serves_and_submits(server, tmp_path_factory):
     assert done.stdout.strip() == 'TASK_STATUS_SUCCEEDED {"attempt":2,"doubled":42}', done.stdout
 
 
+async def test_docs_go_md_shows_the_example_exactly():
+    page = (ROOT / "docs" / "go.md").read_text()
+    marker = "<!-- file: clients/go/examples/worker/main.go -->\n```go\n"
+    assert marker in page, "docs/go.md has no block marked clients/go/examples/worker/main.go"
+    start = page.index(marker) + len(marker)
+    block = page[start:page.index("```\n", start)]
+    assert block == (ROOT / "clients" / "go" / "examples" / "worker" / "main.go").read_text()
+
+
 # ---------------------------------------------------------------- protocol violations (raw gRPC, once)
 
 

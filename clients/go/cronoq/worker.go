@@ -351,6 +351,7 @@ func (s *session) startWaiting() {
 
 func (s *session) run(lease *Lease) {
 	message := s.call(lease)
+	lease.cancel() // its context ends with the handler (AbortReason stays "")
 	select {
 	case s.done <- handlerDone{lease: lease, message: message}:
 	case <-s.closed:

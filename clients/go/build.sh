@@ -40,7 +40,8 @@ if [ -n "$missing" ]; then
 fi
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/cronoq-go.XXXXXX")
-trap 'rm -rf "$work"' EXIT INT TERM
+trap 'rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
 library=$work/src/cronoq.dev/cronoq
 mkdir -p "$library/pb" "$work/src/cronoqmain"
 cp "$here"/cronoq/*.go "$library/"

@@ -37,9 +37,9 @@ ROOT = HERE.parent.parent
 PROGRAMS = HERE / "workers"
 
 
-def _require_or_skip(reason: str) -> None:
-    if os.environ.get("CRONOQ_REQUIRE_NODE") == "1":
-        pytest.fail(reason + " (CRONOQ_REQUIRE_NODE=1)")
+def _require_or_skip(reason: str, variable: str = "CRONOQ_REQUIRE_NODE") -> None:
+    if os.environ.get(variable) == "1":
+        pytest.fail(f"{reason} ({variable}=1)")
     pytest.skip(reason)
 
 
@@ -83,6 +83,35 @@ def typescript_command(build_root: Path) -> tuple[list[str], dict[str, str]]:
     return [node, str(PROGRAMS / "typescript_worker.mjs")], {"CRONOQ_TS_PACKAGE": str(built)}
 
 
+def go_program(build_root: Path, main_dir: Path) -> Path:
+    """clients/go/build.sh builds the Go program in main_dir with the
+    distribution's Go packages (GOPATH mode, no downloads), once a session;
+    its exit status 3 names the missing packages."""
+    package = ROOT / "clients" / "go"
+    if shutil.which("go") is None or shutil.which("protoc") is None:
+        _require_or_skip("go or protoc not installed: the Go worker needs apt-get install golang-go protobuf-compiler "
+                         "protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev golang-google-protobuf-dev "
+                         "golang-github-golang-protobuf-1-5-dev", "CRONOQ_REQUIRE_GO")
+    sources = [package / "build.sh"] + sorted((package / "cronoq").glob("*.go"))
+    sources += sorted(main_dir.glob("*.go")) + [ROOT / "cronoq" / "_proto" / "cronoq.proto"]
+    flags = os.environ.get("CRONOQ_GO_BUILD_FLAGS", "").encode()     # e.g. -race
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + flags).hexdigest()[:16]
+    built = build_root / f"go-{main_dir.name}-{digest}"
+    with open(build_root / f"go-{main_dir.name}-{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)     # one build for every xdist worker
+        if not built.exists():
+            done = subprocess.run(["sh", str(package / "build.sh"), str(main_dir), str(built)],
+                                  capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+            if done.returncode == 3:
+                _require_or_skip(done.stderr.strip(), "CRONOQ_REQUIRE_GO")
+            assert done.returncode == 0, f"clients/go/build.sh failed:\n{done.stdout}\n{done.stderr}"
+    return built
+
+
+def go_command(build_root: Path) -> tuple[list[str], dict[str, str]]:
+    return [str(go_program(build_root, PROGRAMS / "go_worker"))], {}
+
+
 @dataclass(frozen=True)
 class Language:
     name: str
@@ -90,10 +119,11 @@ class Language:
     exact_int: int                       # the largest integer its JSON values keep exactly
 
 
-# Adding a language (Go, ...) is one entry here and a program in workers/.
+# Adding a language is one entry here and a program in workers/.
 LANGUAGES = [
     Language("python", python_command, 2**64 + 1),
     Language("typescript", typescript_command, 2**53 - 1),
+    Language("go", go_command, 2**64 + 1),   # the worker passes JSON numbers on as written
 ]
 
 SCENARIOS = ["outputs", "retry", "throw", "permanent", "cancel", "timeout", "kill", "drain", "reject", "stages",
@@ -107,7 +137,7 @@ def pool(scenario: str, language: Language) -> str:
 CONFIG = LISTEN + AUTH + "".join(
     f'[[pools]]\nname = "{pool(s, lang)}"\nlease_ttl_s = 1\n'
     f"retry = {{ max_attempts = 3, initial_backoff_s = 0.05, jitter = false }}\n"
-    for s in SCENARIOS for lang in LANGUAGES) + '[[pools]]\nname = "protocol"\n'
+    for s in SCENARIOS for lang in LANGUAGES) + '[[pools]]\nname = "protocol"\n[[pools]]\nname = "go-example"\n'
 
 
 @pytest.fixture(scope="module")
@@ -340,6 +370,28 @@ async def test_slots_bound_the_tasks_running_at_once(server, language, programs,
         running += step
         peak = max(peak, running)
     assert peak == 2, spans      # both slots used, never a third
+
+
+# ---------------------------------------------------------------- the Go example (its Client too)
+
+
+async def test_the_go_example_serves_and_submits(server, tmp_path_factory):
+    program = go_program(tmp_path_factory.getbasetemp().parent, ROOT / "clients" / "go" / "examples" / "worker")
+    env = server_env({"CRONOQ_TARGET": server.target, "CRONOQ_POOL": "go-example", "CRONOQ_WORKER_TOKEN": WORKER,
+                      "CRONOQ_CLIENT_TOKEN": CLIENT})
+    done = await asyncio.to_thread(subprocess.run, [str(program)], env=env, capture_output=True, text=True,
+                                   timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == 'TASK_STATUS_SUCCEEDED {"attempt":2,"doubled":42}', done.stdout
+
+
+async def test_docs_go_md_shows_the_example_exactly():
+    page = (ROOT / "docs" / "go.md").read_text()
+    marker = "<!-- file: clients/go/examples/worker/main.go -->\n```go\n"
+    assert marker in page, "docs/go.md has no block marked clients/go/examples/worker/main.go"
+    start = page.index(marker) + len(marker)
+    block = page[start:page.index("```\n", start)]
+    assert block == (ROOT / "clients" / "go" / "examples" / "worker" / "main.go").read_text()
 
 
 # ---------------------------------------------------------------- protocol violations (raw gRPC, once)

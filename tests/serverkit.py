@@ -49,6 +49,19 @@ shutdown_grace_s = 2
 standby_close_s = 0.5
 """
 
+def sqlite_store(path, *, ttl: float = 2.0, full_sync: bool = True) -> str:
+    """A [store] table on the SQLite file ``path`` with short leases (a
+    standby takes over within about ``ttl`` seconds)."""
+    return f"""
+[store]
+kind = "sqlite"
+path = "{path}"
+lease_ttl_s = {ttl}
+lease_renew_s = 0.3
+lock_poll_s = 0.1
+""" + ("" if full_sync else "full_sync = false\n")
+
+
 def shards_toml(shards: dict[str, tuple[list[str], str]]) -> str:
     """The [[pools]] and [[shards]] tables of a sharded configuration: shard
     name -> (its pools, its endpoint), numbered from 1 in the order given."""

@@ -17,23 +17,16 @@ import pytest
 from cronoq.client import Client
 from cronoq.llm import LLMConfig, LLMWorker, Price, resources_for
 from openai_fake import FakeOpenAI, Reply
-from serverkit import LISTEN
+from serverkit import LISTEN, sqlite_store
 
 pytestmark = pytest.mark.asyncio
 
 
 def config(path) -> str:
-    return LISTEN + f"""
-[store]
-kind = "sqlite"
-path = "{path}"
-lease_ttl_s = 2.0
-lease_renew_s = 0.3
-lock_poll_s = 0.1
-
+    return LISTEN + sqlite_store(path) + """
 [[pools]]
 name = "llm"
-retry = {{ max_attempts = 3, initial_backoff_s = 0.05, jitter = false }}
+retry = { max_attempts = 3, initial_backoff_s = 0.05, jitter = false }
 
 [[resources]]
 name = "llm-rpm"

@@ -13,7 +13,7 @@ import pytest
 import cronoq
 from cronoq._proto import cronoq_pb2 as pb
 from cronoq.client import Client, Worker
-from serverkit import LISTEN, RawWorker, stubs
+from serverkit import LISTEN, RawWorker, sqlite_store, stubs
 
 pytestmark = pytest.mark.asyncio
 
@@ -21,23 +21,16 @@ STAGES = ["chunk", "embed", "index"]
 
 
 def config(path) -> str:
-    return LISTEN + f"""
-[store]
-kind = "sqlite"
-path = "{path}"
-lease_ttl_s = 2.0
-lease_renew_s = 0.3
-lock_poll_s = 0.1
-
+    return LISTEN + sqlite_store(path) + """
 [[pools]]
 name = "default"
-retry = {{ max_attempts = 3, initial_backoff_s = 0.05, jitter = false }}
+retry = { max_attempts = 3, initial_backoff_s = 0.05, jitter = false }
 [[pools]]
 name = "raw"
-retry = {{ max_attempts = 3, initial_backoff_s = 0.05, jitter = false }}
+retry = { max_attempts = 3, initial_backoff_s = 0.05, jitter = false }
 [[pools]]
 name = "old"
-retry = {{ max_attempts = 3, initial_backoff_s = 0.05, jitter = false }}
+retry = { max_attempts = 3, initial_backoff_s = 0.05, jitter = false }
 """
 
 

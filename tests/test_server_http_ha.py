@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from httpkit import Raw, client, error_of, request_bytes, until
-from serverkit import LISTEN, WorkerProcess
+from serverkit import LISTEN, WorkerProcess, sqlite_store
 
 pytestmark = pytest.mark.asyncio
 
@@ -23,17 +23,7 @@ V1 = [("POST", "/v1/tasks", {}), ("POST", "/v1/tasks:batch", {"tasks": [{}]}), (
 
 
 def sqlite_config(path) -> str:
-    return LISTEN + f"""
-[store]
-kind = "sqlite"
-path = "{path}"
-lease_ttl_s = 2
-lease_renew_s = 0.3
-lock_poll_s = 0.1
-full_sync = false
-[[pools]]
-name = "default"
-"""
+    return LISTEN + sqlite_store(path, full_sync=False) + '[[pools]]\nname = "default"\n'
 
 
 def assert_not_the_leader(port: int) -> None:

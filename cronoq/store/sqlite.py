@@ -30,9 +30,11 @@ event loop has nothing else ready to run (``inline_commits``, on by
 default): the loop would only wait for the worker, so it commits itself and
 saves the two thread hand-offs, about a third of a single durable submit.
 Such a commit never waits for a lock (a busy database sends it to the
-worker), never checkpoints the WAL (the worker does, in the background),
-and one slower than ``INLINE_STALL``, or an average above ``INLINE_LIMIT``,
-sends the commits of the next ``INLINE_PAUSE`` seconds to the worker.
+worker), never checkpoints the WAL (a thread of its own does, in the
+background, on a connection of its own, so a checkpoint never holds up a
+commit on the loop), and one slower than ``INLINE_STALL``, or an average
+above ``INLINE_LIMIT``, sends the commits of the next ``INLINE_PAUSE``
+seconds to the worker.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from .base import Batch, ClusterStore, Fenced, StoreUnavailable, seconds
 from .migrate import upgrade
 from .schema import tables
 from .sql import NS, SqlStore
-from .worker import fork_gate
+from .worker import Worker, fork_gate
 
 __all__ = ["SqliteStore"]
 
@@ -111,7 +113,10 @@ class SqliteStore(SqlStore):
         self._inline_retry_at = 0.0
         self._inline_paused_until = 0.0
         self._inline_mean = 0.0            # moving average of their durations (seconds)
-        self._inline_rows = 0              # written since the last checkpoint
+        self._inline_pages = 0             # WAL pages written on the loop since the last checkpoint (about)
+        self._checkpointer = Worker("cronoq-sqlite-checkpoint")
+        self._checkpoint_conn: tuple[int, sqlite3.Connection] | None = None   # (file opened, its connection)
+        self.checkpoints = 0               # checkpoints of the loop's commits made
         self._may_create = bool(create)    # False once a file was opened at the path
         self._file: tuple[int, int] | None = None   # (st_dev, st_ino) of the file opened
         self._side_files: dict[str, tuple[int, int]] = {}   # its -wal and -shm, as opened
@@ -226,6 +231,8 @@ class SqliteStore(SqlStore):
         self._read = None
         self._renewing = None
         self._inline = None   # the parent's: forgotten, never closed
+        self._checkpointer = Worker("cronoq-sqlite-checkpoint")
+        self._checkpoint_conn = None
         self._gone = None     # the child opens the path again
 
     # ----------------------------------------------------------- the file at the path
@@ -424,7 +431,12 @@ class SqliteStore(SqlStore):
     INLINE_PAUSE = 1.0       # send the commits of the next second to the worker
     INLINE_ROWS = 16         # larger batches always go to the worker
     INLINE_BYTES = 64 * 1024
-    CHECKPOINT_ROWS = 400    # rows written on the loop between two checkpoints (by the worker)
+    # WAL pages written on the loop between two checkpoints, counted as one per
+    # commit (a commit appends each page it changes once, and a submit with the
+    # completions of earlier tasks changes about as many as a submit alone: the
+    # newest rows share their pages) plus one per page of payloads and outputs.
+    CHECKPOINT_PAGES = 400
+    PAGE = 4096
 
     def commit_now(self, epoch: int, batch: Batch) -> bool:
         """Commit ``batch`` on the calling thread, at once, if that is quick:
@@ -439,12 +451,13 @@ class SqliteStore(SqlStore):
         rows = len(batch.tasks) + len(batch.statuses) + len(batch.outputs)
         if rows > self.INLINE_ROWS or batch.schedules or batch.removed_schedules:
             return False
-        if sum(len(t.payload) + len(t.record) for t in batch.tasks) + \
-                sum(len(data) for _, data in batch.outputs) > self.INLINE_BYTES:
+        size = sum(len(t.payload) + len(t.record) for t in batch.tasks) + \
+            sum(len(data) for _, data in batch.outputs)
+        if size > self.INLINE_BYTES:
             return False
         if realtime.real_monotonic() < self._inline_paused_until:
             return False
-        return self._executor.run_here(self._commit_inline, epoch, batch, rows)
+        return self._executor.run_here(self._commit_inline, epoch, batch, size)
 
     def _commit_sync(self, epoch: int, batch: Batch) -> None:
         super()._commit_sync(epoch, batch)
@@ -474,7 +487,7 @@ class SqliteStore(SqlStore):
             return
         self._inline = conn
 
-    def _commit_inline(self, epoch: int, batch: Batch, rows: int) -> bool:
+    def _commit_inline(self, epoch: int, batch: Batch, size: int) -> bool:
         """On the loop's thread, the worker held off (``Worker.run_here``)."""
         conn = self._inline
         if conn is None:
@@ -502,25 +515,51 @@ class SqliteStore(SqlStore):
         if took > self.INLINE_STALL or self._inline_mean > self.INLINE_LIMIT:
             self._inline_paused_until = now + self.INLINE_PAUSE
             self._inline_mean = 0.0
-        self._inline_rows += rows
-        if self._inline_rows >= self.CHECKPOINT_ROWS:
-            self._inline_rows = 0
+        self._inline_pages += 1 + size // self.PAGE
+        if self._inline_pages >= self.CHECKPOINT_PAGES:
+            self._inline_pages = 0
             try:
-                self._executor.submit(self._checkpoint_quietly)
+                self._checkpointer.submit(self._checkpoint_quietly, self._opened)
             except RuntimeError:   # the store is closing
                 pass
         return True
 
-    def _checkpoint_quietly(self) -> None:
+    def _checkpoint_quietly(self, opened: int) -> None:
         """Fold the WAL into the database without waiting for anyone (PASSIVE),
-        so the commits on the loop, which skip it, keep a short WAL."""
-        conn = self._inline
-        if conn is None:
+        so the commits on the loop, which skip it, keep a short WAL. On the
+        checkpoint thread, with its own connection: the worker stays free,
+        so a commit on the loop meanwhile does not wait for it."""
+        held = self._checkpoint_conn
+        if held is not None and (held[0] != opened or self._closed or self._gone is not None):
+            self._close_checkpointer()   # a file given up: its connection goes
+            held = None
+        if self._closed or self._gone is not None or opened != self._opened:
             return
         try:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            if held is None:
+                conn = sqlite3.connect(self._uri, uri=True, check_same_thread=False, timeout=0,
+                                       isolation_level=None)
+                held = self._checkpoint_conn = (opened, conn)
+                conn.execute(f"PRAGMA synchronous={'FULL' if self.full_sync else 'NORMAL'}")
+                conn.execute("PRAGMA wal_autocheckpoint=0")
+            moved = self._moved(self._file)
+            if moved is not None:   # the worker gives the file up (see _lose_file)
+                self._close_checkpointer()
+                return
+            held[1].execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self.checkpoints += 1
         except sqlite3.Error as exc:   # busy or unavailable: the next one catches up
             log.debug("sqlite store: checkpoint skipped: %s", exc)
+            self._close_checkpointer()
+
+    def _close_checkpointer(self) -> None:
+        """On the checkpoint thread: close its connection."""
+        held, self._checkpoint_conn = self._checkpoint_conn, None
+        if held is not None:
+            try:
+                held[1].close()
+            except Exception:
+                pass
 
     def _drop_inline(self) -> None:
         conn, self._inline = self._inline, None
@@ -533,6 +572,16 @@ class SqliteStore(SqlStore):
     def _drop_writer(self) -> None:
         super()._drop_writer()
         self._drop_inline()
+
+    async def close(self) -> None:
+        await super().close()
+        checkpointer = self._checkpointer
+        if checkpointer.started:   # after any checkpoint under way, its connection goes
+            try:
+                await asyncio.wrap_future(checkpointer.submit(self._close_checkpointer))
+            except RuntimeError:   # already shut down
+                pass
+        checkpointer.shutdown()
 
     def _begin_read(self) -> AbstractContextManager[Connection]:
         read = self._read

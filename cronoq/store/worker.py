@@ -94,6 +94,11 @@ class Worker:
             self._thread.start()
         self._queue.put(item)
 
+    @property
+    def started(self) -> bool:
+        """Whether its thread was started (by a first call)."""
+        return self._thread is not None
+
     def call(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
         """Run ``fn(*args)`` on the thread; an asyncio future of the running loop."""
         loop = asyncio.get_running_loop()

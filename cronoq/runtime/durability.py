@@ -128,6 +128,11 @@ class _Waiter:
 YIELD_EVERY = 0.001
 
 
+# Loop steps a commit that could be made on the loop's thread waits for the
+# loop to be idle before it goes to the store's thread instead.
+DEFER_STEPS = 4
+
+
 def ready_callbacks(loop: asyncio.AbstractEventLoop) -> Any:
     """The callbacks ``loop`` will run in its next step, or None if it does
     not say (only asyncio's own loops do).
@@ -290,9 +295,9 @@ class DurableLog:
             if self.commit_now is None:
                 self._start()
             else:
-                self.starting = asyncio.get_running_loop().call_soon(self._start_later, False)
+                self.starting = asyncio.get_running_loop().call_soon(self._start_later, 0)
 
-    def _start_later(self, deferred: bool) -> None:
+    def _start_later(self, deferred: int) -> None:
         self.starting = None
         if self.task is not None or not self.open:
             return
@@ -300,10 +305,13 @@ class DurableLog:
         if _idle(loop, None):
             if self._commit_open_now():   # nothing else to run: written here, waiters woken
                 return
-        elif not deferred:
-            # Callbacks are waiting: let them run first, once. They may add to
-            # this batch, or be a thread's call about to wait for it.
-            self.starting = loop.call_soon(self._start_later, True)
+        elif deferred < DEFER_STEPS:
+            # Callbacks are waiting: let them run first. They may add to this
+            # batch, or be a thread's call about to wait for it; and what woke
+            # with them (a due timer, a reply from a thread) often has the loop
+            # idle again a step or two later, when the commit costs no thread
+            # hand-offs. A loop that stays busy sends it to the store's thread.
+            self.starting = loop.call_soon(self._start_later, deferred + 1)
             return
         self._start()
 

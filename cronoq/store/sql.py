@@ -23,7 +23,7 @@ import secrets
 import socket
 import time
 import weakref
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Callable, Generator, Iterator, TypeVar, overload
 
 from sqlalchemy import delete, func, select, update
@@ -471,37 +471,50 @@ class SqlStore:
         the path names another file, or none)."""
 
     @contextmanager
-    def _fenced_write(self, epoch: int, begun: Any = None) -> Iterator[Any]:
+    def _fenced_write(self, epoch: int, begun: Any = None, pipelined: bool = False) -> Iterator[Any]:
         """A write transaction that first checks ``epoch`` (``Fenced`` if a
         newer leader exists) and yields its raw cursor; committed when the
         block ends, rolled back if it raises. On the writer connection, or on
         ``begun``: a raw connection whose transaction is already open (its
-        caller rolls it back). ``_check_file`` runs after the commit."""
+        caller rolls it back). ``_check_file`` runs after the commit.
+        ``pipelined``: the block's statements are only sent (none of their
+        results is read), so where the driver can (``_pipeline``) they go out
+        with the commit, in one round trip."""
         if self._gone is not None:
             raise Fenced(self._gone)
         self._ensure()
         conn = self._writer() if begun is None else begun
         try:
-            cursor = conn.cursor()
-            try:
-                if begun is None:
-                    self._tx_begin(cursor)
-                cursor.execute(self._sql["fence"])
-                self._check_fence(cursor.fetchone(), epoch)
-                yield cursor
-            finally:
-                cursor.close()
-            try:
-                conn.commit()
-            except Exception as exc:
-                if self._commit_outcome_may_be_lost:
-                    exc.cronoq_uncertain = True   # type: ignore[attr-defined]
-                raise
+            with self._pipeline(conn) if pipelined else nullcontext():
+                cursor = conn.cursor()
+                try:
+                    if begun is None:
+                        self._tx_begin(cursor)
+                    cursor.execute(self._sql["fence"])
+                    self._check_fence(cursor.fetchone(), epoch)
+                    yield cursor
+                finally:
+                    cursor.close()
+                try:
+                    conn.commit()
+                except Exception as exc:
+                    if self._commit_outcome_may_be_lost:
+                        exc.cronoq_uncertain = True   # type: ignore[attr-defined]
+                    raise
             self._check_file()
         except BaseException:
             if begun is None:
                 self._abandon_writer(conn)
             raise
+
+    def _pipeline(self, conn: Any) -> AbstractContextManager[Any]:
+        """Where the driver has one (PostgreSQL), its pipeline mode on ``conn``:
+        statements are sent without waiting for each answer."""
+        return nullcontext()
+
+    def _pipelines(self, batch: Batch) -> bool:
+        """Whether the commit of ``batch`` can be pipelined (see ``_pipeline``)."""
+        return False
 
     def _commit_sync(self, epoch: int, batch: Batch) -> None:
         self._commit_with(None, epoch, batch)
@@ -542,7 +555,7 @@ class SqlStore:
             else:
                 outputs.append((data, task_id))
         sql = self._sql
-        with self._fenced_write(epoch, begun) as cursor:
+        with self._fenced_write(epoch, begun, self._pipelines(batch)) as cursor:
             if inserts:
                 self._insert_rows(cursor, list(inserts.values()))
             if updates:

@@ -16,19 +16,24 @@ PostgreSQL (a throwaway server, fsync and synchronous_commit on):
 The cronoq pool has no capacity (the tasks are accepted, not run), as the
 peers' workers are not started.
 
-"With work running": the same single submits while a worker of one slot,
-in the same process, executes what was submitted (as a web handler submits
+"With work running" (``--case running``): the same single submits while a
+worker of one slot executes what was submitted (as a web handler submits
 while workers run): each dispatch and completion is written to the store
-too, beside the submits. huey runs its consumer (one worker thread, its
-defaults otherwise), procrastinate its worker (concurrency 1, on the same
-event loop), cronoq a pool of 1 (``async def`` executor). Each line also
-says how many tasks were executed while the submits ran. cronoq's ratio to
-the peer is printed for each run.
+too, beside the submits. cronoq runs a pool of 1 (``async def`` executor)
+in the submitting process. The peers run their worker in the same process
+(huey's consumer as a thread, procrastinate's worker on the same event
+loop) and, on the next line, in a process of its own (as ``huey_consumer``
+and ``procrastinate worker`` run). huey's consumer has one worker thread and
+polls every millisecond (``HUEY_CONSUMER``); procrastinate's worker has
+concurrency 1 and its defaults (LISTEN/NOTIFY). Each line says how many
+tasks were executed while the submits ran, and cronoq's ratio to each peer
+is given for each run.
 
 huey and procrastinate are bench-only dependencies (``pip install huey
 procrastinate``).
 
     python bench/peers.py [--single 2000] [--batches 20] [--runs 3] [--backend sqlite|postgres|all]
+        [--case idle|running|all]
 """
 
 from __future__ import annotations
@@ -53,6 +58,13 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import cronoq  # noqa: E402
 
 BATCH = 1000
+
+# huey's consumer, one worker thread. It polls an empty queue after 0.1 s,
+# then ever less often (up to 10 s): a consumer that found the queue empty
+# once would sleep through most of a run of submits and execute nearly
+# nothing. Polling every millisecond (``huey_consumer -d 0.001 -b 1 -m
+# 0.001``) keeps it executing while the submits come.
+HUEY_CONSUMER = dict(workers=1, worker_type="thread", initial_delay=0.001, backoff=1.0, max_delay=0.001)
 
 
 class Executed:
@@ -135,7 +147,7 @@ def huey_single(path: str, n: int, executed: Executed | None = None) -> float:
     consumer = None
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     if executed is not None:
-        consumer = huey.create_consumer(workers=1, worker_type="thread")
+        consumer = huey.create_consumer(**HUEY_CONSUMER)
         consumer.start()   # sets signal handlers: put back below
     try:
         noop(-1)
@@ -209,7 +221,7 @@ def _huey_consumer_process(path: str, ready: Any, stop: Any, count: Any) -> None
     noop.__module__ = "peers"   # huey names a task after its module: the same in both processes
     huey.task(name="noop")(noop)
 
-    consumer = huey.create_consumer(workers=1, worker_type="thread")
+    consumer = huey.create_consumer(**HUEY_CONSUMER)
     consumer.start()
     ready.set()
     stop.wait()

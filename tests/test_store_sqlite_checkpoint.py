@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-import cronoq
 from cronoq.store.base import ID_EPOCH_BITS, Batch, StatusRow, TaskRow
 from cronoq.store.sqlite import SqliteStore
 from storekit import sqlite_backend  # noqa: F401  (a fixture)

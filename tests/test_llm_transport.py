@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import socket
 import ssl
+import zlib
 from typing import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -331,6 +333,9 @@ async def test_an_answer_over_the_size_limit(answer, size, closes):
     (b"HTTP/1.1 200 OK\r\nContent-Length: -2\r\n\r\nok", "malformed Content-Length"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nok\r\n0\r\n\r\n", "malformed chunk size"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nokay\r\n0\r\n\r\n", "not followed by CRLF"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "transfer coding"),
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 2\r\n\r\nok", "content coding"),
+    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\nok", "Error -3"),
 ])
 async def test_malformed_answers_are_clear_retryable_errors(head, message):
     async def malformed(peer: Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -345,6 +350,41 @@ async def test_malformed_answers_are_clear_retryable_errors(head, message):
         with pytest.raises(Retryable, match=f"Malformed talking to the provider: .*{message}"):
             await provider.chat({"model": "m"})
         await provider.close()
+
+
+async def test_compressed_answers_are_decoded_within_the_limit():
+    text = b'{"text": "' + b"la " * 300 + b'"}'
+    packed = gzip.compress(text)
+    deflated = zlib.compress(text)
+    bomb = gzip.compress(b" " * 100_000)
+
+    async def compressed(peer: Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (request := await peer.request(reader)) is not None:
+            if request[0].startswith(b"POST /v1/gzip "):
+                writer.write(ok(packed, "Content-Encoding: gzip"))
+            elif request[0].startswith(b"POST /v1/deflate "):
+                writer.write(ok(deflated, "Content-Encoding: deflate"))
+            elif request[0].startswith(b"POST /v1/chunked "):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for start in range(0, len(packed), 10):
+                    piece = packed[start:start + 10]
+                    writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                writer.write(b"0\r\n\r\n")
+            else:
+                writer.write(ok(bomb, "Content-Encoding: gzip"))
+            await writer.drain()
+
+    async with serving(compressed) as (peer, port):
+        http = client(port, max_response_bytes=10_000)
+        assert (await http.request("POST", "/gzip", b"{}")).content == text
+        assert (await http.request("POST", "/deflate", b"{}")).content == text
+        assert (await http.request("POST", "/chunked", b"{}")).content == text
+        with pytest.raises(TooLarge, match="decompressed"):
+            await http.request("POST", "/bomb", b"{}")   # 100 kB from 150 bytes: stopped at the limit
+        assert (await http.request("POST", "/gzip", b"{}")).content == text
+        await http.close()
+    assert peer.connections == 2   # the bomb's connection closed; the others reused one
+    assert b"Accept-Encoding: gzip, deflate\r\n" in peer.requests[0][0]
 
 
 async def test_an_endless_head_is_refused():

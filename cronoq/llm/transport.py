@@ -22,6 +22,7 @@ import asyncio
 import json
 import re
 import ssl
+import zlib
 from typing import Any, AsyncGenerator
 from urllib.parse import urlsplit
 
@@ -35,6 +36,8 @@ _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _NO_BODY = frozenset({204, 304})
+# Content codings decoded (what httpx asked for too): gzip, and deflate in its zlib wrapper.
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 class TransportError(Exception):
@@ -118,15 +121,16 @@ class _Connection:
 
 
 class _Head:
-    __slots__ = ("status", "headers", "keep_alive", "length", "chunked")
+    __slots__ = ("status", "headers", "keep_alive", "length", "chunked", "wbits")
 
     def __init__(self, status: int, headers: dict[str, str], keep_alive: bool, length: int | None,
-                 chunked: bool) -> None:
+                 chunked: bool, wbits: int | None) -> None:
         self.status = status
         self.headers = headers
         self.keep_alive = keep_alive
         self.length = length     # None: chunked or until the close
         self.chunked = chunked
+        self.wbits = wbits       # a compressed body: zlib's window bits for it
 
 
 def parse_head(raw: bytes, method: str) -> _Head:
@@ -152,9 +156,11 @@ def parse_head(raw: bytes, method: str) -> _Head:
     if status in _NO_BODY or status < 200 or method == "HEAD":
         length = 0
     elif "transfer-encoding" in headers:
-        chunked = headers["transfer-encoding"].lower().rsplit(",", 1)[-1].strip() == "chunked"
+        if headers["transfer-encoding"].strip().lower() != "chunked":   # no request here offers others (TE)
+            raise Malformed(f"a transfer coding this client does not decode: {headers['transfer-encoding'][:100]!r}")
+        chunked = True
         # With Transfer-Encoding a Content-Length is ignored, and the connection not trusted again.
-        keep_alive = keep_alive and chunked and "content-length" not in headers
+        keep_alive = keep_alive and "content-length" not in headers
     elif "content-length" in headers:
         values = {v.strip() for v in headers["content-length"].split(",")}
         if len(values) != 1 or not _DIGITS.fullmatch(next(iter(values)).encode("latin-1")):
@@ -162,7 +168,13 @@ def parse_head(raw: bytes, method: str) -> _Head:
         length = int(next(iter(values)))
     if length is None and not chunked:
         keep_alive = False   # the body ends with the connection
-    return _Head(status, headers, keep_alive, length, chunked)
+    coding = headers.get("content-encoding", "").strip().lower()
+    wbits = None
+    if coding and coding != "identity":
+        if coding not in _WBITS:
+            raise Malformed(f"a content coding this client does not decode: {headers['content-encoding'][:100]!r}")
+        wbits = _WBITS[coding]
+    return _Head(status, headers, keep_alive, length, chunked, wbits)
 
 
 class _Body:
@@ -177,12 +189,36 @@ class _Body:
         self.received = 0
         self.done = False
         self._left = head.length   # of a Content-Length body, or of the current chunk
-        self._trailers = False
+        self._decoder = zlib.decompressobj(head.wbits) if head.wbits is not None else None
+        self._decoded = 0
         if head.length is not None and head.length > limit:
             raise TooLarge(f"the answer's Content-Length {head.length} is over the limit of {limit} bytes")
 
     async def piece(self) -> bytes | None:
-        """The next bytes of the body, None at its end."""
+        """The next bytes of the body (decompressed), None at its end."""
+        decoder = self._decoder
+        if decoder is None:
+            return await self._raw()
+        while not decoder.eof:
+            raw = await self._raw()
+            if raw is None:
+                raise Malformed("the compressed body ends before its end")
+            # At most the bytes left below the limit (and one more): a small body may inflate enormously.
+            try:
+                data = decoder.decompress(raw, self.limit - self._decoded + 1)
+            except zlib.error as exc:
+                raise Malformed(f"the compressed body does not decode: {exc}") from None
+            self._decoded += len(data)
+            if self._decoded > self.limit:
+                raise TooLarge(f"the answer is over the limit of {self.limit} bytes (decompressed)")
+            if data:
+                return data
+        while await self._raw() is not None:   # the framing's end after the compressed stream's
+            pass
+        return None
+
+    async def _raw(self) -> bytes | None:
+        """The next bytes of the body as sent, None at its end."""
         if self.done:
             return None
         if self.head.chunked:
@@ -249,7 +285,7 @@ class _Body:
     async def read(self) -> bytes:
         connection = self.connection
         left = self._left
-        if not self.head.chunked and left is not None and len(connection.buffer) >= left:
+        if self._decoder is None and not self.head.chunked and left is not None and len(connection.buffer) >= left:
             # The usual case: the whole body came with the head.
             data = bytes(connection.buffer[:left])
             del connection.buffer[:left]
@@ -285,8 +321,8 @@ class HTTPClient:
         host = f"[{self.host}]" if ":" in self.host else self.host
         if url.port is not None:
             host = f"{host}:{url.port}"
-        fixed = {"Host": host, "User-Agent": f"cronoq-llm/{__version__}", "Accept": "application/json",
-                 "Accept-Encoding": "identity", **(headers or {})}
+        fixed = {"Host": host, "User-Agent": f"cronoq-llm/{__version__}", "Accept": "*/*",
+                 "Accept-Encoding": "gzip, deflate", **(headers or {})}
         self._fixed = "".join(f"{name}: {value}\r\n" for name, value in fixed.items())
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)

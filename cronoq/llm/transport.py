@@ -2,18 +2,21 @@
 (TLS for https), one request at a time on each, at most ``max_connections``
 of them. It is what cronoq.llm needs and no more: a JSON body with a
 Content-Length out; a status line, headers and a body framed by
-Content-Length, chunked transfer coding or the connection's close back.
+Content-Length, chunked transfer coding or the connection's close back
+(gzip or deflate decoded).
 
-httpx did this before at about 2 ms of the worker's CPU per request (its
-connection pool scans every connection on each request and asks the socket
-whether it is readable); this one needs a tenth of that, which is what let
-bench/llm_worker.py reach slots / 50 ms (bench/README.md, "The LLM worker").
+httpx did this before at about 2.5 ms of the worker's CPU per request with
+16 connections (its pool scans every connection on each request and asks
+each socket whether it is readable); this one needs about 0.1 ms
+(bench/README.md, "The LLM worker").
 
 Failures are the exceptions below; cronoq.llm.provider turns them into
-cronoq's outcomes. A reused connection that the server closed before
-answering a byte (it timed the idle connection out as we sent) is retried
-once on a new connection: the server read nothing of that request, the
-same rule httpx and urllib3 apply.
+cronoq's outcomes. A reused connection that closes before a byte of the
+answer came (the server timed the idle connection out as the request went
+out) is replaced once by a new connection and the request sent again. The
+calls sent here change nothing on the provider's side but the usage they
+bill, so a repeat is safe in RFC 9112's sense (9.3.1): at worst a second
+generation of the same request. A new connection is never retried here.
 """
 
 from __future__ import annotations

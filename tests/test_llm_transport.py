@@ -208,6 +208,40 @@ async def test_a_stale_reused_connection_is_retried_once_on_a_new_one():
     assert peer.connections == 2 and len(peer.requests) == 3   # the second request sent twice
 
 
+async def test_a_408_on_a_reused_connection_is_its_idle_timeout_and_retried():
+    async def says_its_timeout(peer: Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if peer.connections == 1:
+            await peer.request(reader)
+            writer.write(ok(b"fine"))
+            await peer.request(reader)
+            # What some servers send when they drop an idle connection (here as the request came).
+            writer.write(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            return
+        while await peer.request(reader) is not None:
+            writer.write(ok(b"fine"))
+            await writer.drain()
+
+    async with serving(says_its_timeout) as (peer, port):
+        http = client(port)
+        answers = [await http.request("POST", "/x", b"{}") for _ in range(2)]
+        await http.close()
+    assert [a.status_code for a in answers] == [200, 200] and peer.connections == 2
+
+
+async def test_bytes_beyond_the_answer_keep_a_connection_out_of_the_pool():
+    async def says_too_much(peer: Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await peer.request(reader) is not None:
+            writer.write(ok(b"fine") + b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")   # one write
+            await writer.drain()
+
+    async with serving(says_too_much) as (peer, port):
+        http = client(port)
+        answers = [await http.request("POST", "/x", b"{}") for _ in range(2)]
+        await http.close()
+    assert [a.content for a in answers] == [b"fine", b"fine"] and peer.connections == 2
+
+
 async def test_only_a_reused_connection_is_retried_and_only_once():
     async with serving(stale_after([1, 0], reset=True)) as (peer, port):
         http = client(port)

@@ -12,8 +12,9 @@ each socket whether it is readable); this one needs about 0.1 ms
 
 Failures are the exceptions below; cronoq.llm.provider turns them into
 cronoq's outcomes. A reused connection that closes before a byte of the
-answer came (the server timed the idle connection out as the request went
-out) is replaced once by a new connection and the request sent again. The
+answer came, or answers 408 and closes (the server timed the idle
+connection out as the request went out), is replaced once by a new
+connection and the request sent again. The
 calls sent here change nothing on the provider's side but the usage they
 bill, so a repeat is safe in RFC 9112's sense (9.3.1): at worst a second
 generation of the same request. A new connection is never retried here.
@@ -408,6 +409,8 @@ class HTTPClient:
                                          + (f" (got {bytes(buffer[:100])!r})" if buffer else ""))
             head = parse_head(bytes(buffer[:end]), method)
             del buffer[:end + 4]
+            if head.status == 408 and reused and not head.keep_alive:
+                raise _Stale   # a server that names its idle timeout before it closes the connection
             if head.status >= 200:
                 return head
             if head.status == 101:

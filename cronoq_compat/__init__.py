@@ -53,7 +53,7 @@ class Priority(enum.IntEnum):
 _CLASS_NAMES = {p: p.name.lower() for p in Priority}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Task:
     """A legacy task: it runs by sleeping ``duration`` seconds.
 
@@ -69,14 +69,23 @@ class Task:
     dependencies: Sequence[str] | None = ()
     deadline: float | None = None
 
+    def __init__(self, id: str, duration: float, priority: Priority = Priority.NORMAL,
+                 fixed_start: float | None = None, dependencies: Sequence[str] | None = (),
+                 deadline: float | None = None) -> None:
+        # The frozen dataclass's own __init__, but its fields stored at once
+        # instead of by six object.__setattr__ calls (half a plain task's cost).
+        object.__setattr__(self, "__dict__", {"id": id, "duration": duration, "priority": priority,
+                                              "fixed_start": fixed_start, "dependencies": dependencies,
+                                              "deadline": deadline})
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or "\x00" in self.id:
             raise ValueError(f"Task id must be a non-empty string without NUL, got {self.id!r}")
-        names: tuple[str, ...] = ("fixed_start", "deadline")
         duration = self.duration
-        if not (type(duration) in _PLAIN_NUMBERS and 0 <= duration <= MAX_SECONDS):   # (what to_ns takes)
-            names = ("duration", *names)
-        for name in names:
+        plain = self.fixed_start is None and self.deadline is None and type(duration) in _PLAIN_NUMBERS \
+            and 0 <= duration <= MAX_SECONDS   # (a duration to_ns takes)
+        for name in () if plain else ("duration", "fixed_start", "deadline"):
             value = getattr(self, name)
             if value is None and name != "duration":
                 continue
@@ -95,8 +104,10 @@ class Task:
             except ValueError:
                 raise ValueError(f"Task priority must be a Priority, got {self.priority!r}") from None
         dependencies = self.dependencies
-        if dependencies is None or (type(dependencies) is tuple and not dependencies):
-            object.__setattr__(self, "dependencies", ())   # the default, kept cheap
+        if type(dependencies) is tuple and not dependencies:
+            return   # the default, kept cheap
+        if dependencies is None:
+            object.__setattr__(self, "dependencies", ())
             return
         if isinstance(dependencies, str) or not isinstance(dependencies, Iterable):
             raise ValueError(f"Task dependencies must be a list of task ids, got {dependencies!r}")

@@ -248,6 +248,28 @@ def test_sixteen_threads_lose_and_repeat_nothing():
     assert sched.completed_count == threads * per_thread
 
 
+def test_task_is_a_frozen_dataclass_that_checks_its_fields():
+    import dataclasses
+
+    task = Task("a", 1)
+    assert [f.name for f in dataclasses.fields(Task)] == [
+        "id", "duration", "priority", "fixed_start", "dependencies", "deadline"]
+    assert task == Task(id="a", duration=1) and hash(task) == hash(Task("a", 1))
+    assert (task.priority, task.fixed_start, task.dependencies, task.deadline) == (Priority.NORMAL, None, (), None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        task.id = "b"
+    moved = dataclasses.replace(task, priority=3, dependencies=["x"])
+    assert moved.priority is Priority.CRITICAL and moved.dependencies == ("x",)
+    assert Task("n", 0.0, dependencies=None).dependencies == ()
+    for bad in ({"duration": True}, {"duration": 1e12}, {"duration": "1"}, {"duration": float("inf")},
+                {"duration": 0, "deadline": float("nan")}, {"duration": 0, "fixed_start": -1e20},
+                {"duration": 0, "priority": 7}, {"duration": 0, "dependencies": "a"}):
+        with pytest.raises(ValueError):
+            Task("bad", **bad)
+    with pytest.raises(ValueError):
+        Task("", 0)
+
+
 class CountingLock:
     """A lock that counts its acquisitions (by any thread)."""
 

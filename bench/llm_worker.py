@@ -5,6 +5,10 @@ submits and waits. Reports tasks/s and the most requests the fake saw in
 flight per run; the target is slots / 50 ms within 10 %.
 
     python bench/llm_worker.py [--slots 16] [--tasks 800] [--runs 5]
+
+``--client`` measures the provider's HTTP client alone instead: SLOTS loops
+in this process sending chat completions to the fake (answering at once),
+and this process's CPU per request.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -52,6 +57,39 @@ async def one_run(target: str, tasks: int) -> float:
         return tasks / (time.perf_counter() - started)
 
 
+def client_cpu(slots: int, requests: int) -> None:
+    from cronoq.llm.provider import Provider
+    fake = subprocess.Popen([sys.executable, str(ROOT / "tests" / "openai_fake.py"), "--delay", "0"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=server_env())
+    assert fake.stdout is not None and fake.stdin is not None
+    port = int(fake.stdout.readline())
+
+    async def measure() -> tuple[float, float]:
+        provider = Provider(f"http://127.0.0.1:{port}/v1", max_connections=slots)
+        body = {"model": "m", "messages": [{"role": "user", "content": "p1"}]}
+
+        async def loop(count: int) -> None:
+            for _ in range(count):
+                await provider.chat(body)
+
+        await loop(50)   # connections open, code warm
+        before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        await asyncio.gather(*(loop(requests // slots) for _ in range(slots)))
+        after, elapsed = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - started
+        await provider.close()
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        return cpu / (requests // slots * slots), elapsed
+
+    try:
+        per_request, elapsed = asyncio.run(measure())
+    finally:
+        fake.stdin.close()
+        fake.wait(30)
+    print(json.dumps({"client": "cronoq.llm.provider", "slots": slots, "requests": requests,
+                      "cpu_us_per_request": round(per_request * 1e6), "requests_per_s": round(requests / elapsed),
+                      "loadavg": [round(x, 2) for x in os.getloadavg()]}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--slots", type=int, default=16)
@@ -59,7 +97,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--plain", action="store_true", help=(
         "the baseline: a plain cronoq.client.Worker whose handler sleeps 50 ms (no HTTP, no cronoq.llm)"))
+    parser.add_argument("--client", action="store_true", help=(
+        "the provider's HTTP client alone: its CPU per request, SLOTS at once, TASKS requests"))
     args = parser.parse_args()
+    if args.client:
+        return client_cpu(args.slots, args.tasks)
     env = server_env()
     with tempfile.TemporaryDirectory() as directory:
         fake = subprocess.Popen([sys.executable, str(ROOT / "tests" / "openai_fake.py"), "--delay", str(DELAY)],

@@ -1,9 +1,15 @@
 """The thread side, against its floors, in one run.
 
-Floors, measured in the same process run:
+Floors, measured in the same run:
 - threads: a ``queue.PriorityQueue`` with 8 worker threads doing the same
   no-op work (one thread puts the tasks, then waits for them all);
 - asyncio: an ``asyncio.Queue`` with 8 worker coroutines.
+
+A peer, when it is installed (``pip install huey``: a dependency of this
+bench only; without it the line says so): huey's ``MemoryHuey`` with a
+consumer of 8 worker threads, one thread enqueueing every no-op task, then
+waiting for them all to have run (its workers poll every millisecond when
+the queue is empty, instead of the default 0.1 s backing off to 10 s).
 
 Two references for the asyncio path, to show what its target leaves room
 for: the same queue whose workers resolve a plain asyncio future per item,
@@ -19,24 +25,39 @@ Paths (50,000 no-op tasks each by default, 8 slots):
 - asyncio-gather: ``Scheduler.submit_batch`` in batches of 1,000, then
   ``asyncio.gather`` over every handle.
 
+Every path is a function of the number of tasks that returns tasks/s
+(``PATHS``); the rounds interleave them, so the machine's noise falls on
+all alike, and each figure is the median of the rounds with their min and
+max, beside the floor of the same run. ``--isolate`` runs every
+measurement in a fresh interpreter (``--one PATH``, which prints one
+measurement as JSON); ``--json`` prints the whole run as JSON (the commit,
+the load average, every round), for scripts that compare builds.
+
 And the start latency of one critical task submitted behind a backlog of
 20,000 low tasks of 1 ms on 4 slots, on each path (p50/p99 over probes).
 
-    python bench/threads.py [--tasks 50000] [--repeat 3] [--probes 100]
+    python bench/threads.py [--tasks 50000] [--repeat 5] [--probes 100] [--skip-latency]
+        [--paths legacy,blocking-1,...] [--isolate] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import platform
 import queue
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent.parent))
 
 import cronoq  # noqa: E402
 from engine import cycles_per_second  # noqa: E402  (bench/engine.py)
@@ -164,6 +185,41 @@ async def asyncio_gather(n: int, batch: int = 1000) -> float:
         return n / (time.perf_counter() - start)
 
 
+# ---------------------------------------------------------------- the peer
+
+def memory_huey(n: int) -> float:
+    from huey import MemoryHuey   # (this bench's own dependency)
+
+    huey = MemoryHuey("bench-threads", results=False, utc=True)
+    done: list[None] = []
+
+    @huey.task()
+    def noop() -> None:
+        done.append(None)
+
+    consumer = huey.create_consumer(workers=SLOTS, worker_type="thread", periodic=False,
+                                    initial_delay=0.001, backoff=1.0, max_delay=0.001,
+                                    check_worker_health=False)
+    consumer.start()
+    try:
+        start = time.perf_counter()
+        for _ in range(n):
+            noop()
+        while len(done) < n:
+            time.sleep(0.0005)
+        return n / (time.perf_counter() - start)
+    finally:
+        consumer.stop(graceful=True)
+
+
+def huey_version() -> str | None:
+    try:
+        from importlib.metadata import version
+        return version("huey")
+    except Exception:   # not installed: the bench runs without it
+        return None
+
+
 # ---------------------------------------------------------------- latency under a backlog
 
 BACKLOG = 20_000
@@ -234,55 +290,156 @@ def latency_legacy(probes: int) -> list[float]:
     return out
 
 
-# ---------------------------------------------------------------- main
+# ---------------------------------------------------------------- the run
+
+# name -> (label, measurement of n tasks in tasks/s); the rounds run them in this order.
+PATHS: dict[str, tuple[str, Callable[[int], float]]] = {
+    "thread floor": ("queue.PriorityQueue + 8 threads (floor)", thread_floor),
+    "legacy": ("legacy submit, 1 thread", legacy),
+    "blocking-1": ("BlockingScheduler.submit, 1 thread", lambda n: blocking(n, 1)),
+    "blocking-8": ("BlockingScheduler.submit, 8 threads", lambda n: blocking(n, 8)),
+    "huey": ("huey MemoryHuey, 8 worker threads", memory_huey),
+    "asyncio floor": ("asyncio.Queue + 8 workers (floor)", lambda n: asyncio.run(asyncio_floor(n))),
+    "asyncio-gather": ("Scheduler, batches of 1,000 + gather", lambda n: asyncio.run(asyncio_gather(n))),
+    "gather floor": ("gather over plain futures (8 workers)", lambda n: asyncio.run(gather_floor(n))),
+    "engine": ("engine alone (sans-IO cycles)", cycles_per_second),
+}
+# path -> (what its ratio is taken to, the target); legacy has a second one against huey.
+TARGETS = {
+    "legacy": ("thread floor", 0.3),
+    "blocking-1": ("thread floor", 0.5),
+    "blocking-8": ("thread floor", 0.5),
+    "asyncio-gather": ("asyncio floor", 0.1),
+}
+PEER_TARGETS = {"legacy": ("huey", 2.0)}
+
+
+def commit() -> str:
+    tree = HERE.parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "(not a git tree)"
+    return head + (" + uncommitted changes" if dirty else "")
+
+
+def measure(name: str, n: int, isolate: bool) -> float:
+    """One measurement of a path, here or in a fresh interpreter."""
+    if not isolate:
+        return PATHS[name][1](n)
+    done = subprocess.run([sys.executable, str(HERE), "--one", name, "--tasks", str(n)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed in its subprocess ({done.returncode}):\n{done.stderr[-2000:]}")
+    rate: float = json.loads(done.stdout)["rate"]
+    return rate
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def spread(s: dict[str, Any]) -> str:
+    return f"{s['median']:10,.0f} ({s['min']:,.0f}-{s['max']:,.0f})"
+
+
+def latency(probes: int) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, lat in (("asyncio Scheduler", asyncio.run(latency_async(probes))),
+                      ("BlockingScheduler", latency_blocking(probes)),
+                      ("legacy", latency_legacy(probes))):
+        out[name] = {"p50_ms": _pct(lat, 0.5) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3}
+    return out
+
+
+def report(run: dict[str, Any]) -> None:
+    paths = run["paths"]
+    load = run["load"]
+    print(f"commit {run['commit']}, Python {run['python']}, switch interval {run['switch_interval'] * 1e3:g} ms, "
+          f"huey {run['huey'] or 'not installed'}")
+    print(f"load average {load['start'][0]:.2f} {load['start'][1]:.2f} {load['start'][2]:.2f} at the start, "
+          f"{load['end'][0]:.2f} {load['end'][1]:.2f} {load['end'][2]:.2f} at the end")
+    print(f"{run['tasks']:,} no-op tasks, {SLOTS} slots; median (min-max) of {run['repeat']} interleaved rounds"
+          f"{', each in a fresh interpreter' if run['isolated'] else ''}; ratio = median / the floor's median "
+          f"in this run\n")
+    print(f"  {'path':<40} {'tasks/s (median, min-max)':>32} {'ratio':>7}  target")
+    verdicts = []
+    for name, (label, _) in PATHS.items():
+        if name not in paths:
+            if name == "huey" and run["huey"] is None:
+                print(f"  {label:<40} {'(not installed: pip install huey)':>32}")
+            continue
+        line = f"  {label:<40} {spread(paths[name]):>32}"
+        for targets, unit in ((TARGETS, "of"), (PEER_TARGETS, "x")):
+            target = targets.get(name)
+            if target is None or target[0] not in paths:
+                continue
+            ratio = paths[name]["median"] / paths[target[0]]["median"]
+            wanted = f">= {target[1]:g}{'x ' if unit == 'x' else ' of the '}{target[0]}"
+            line += f" {ratio:7.3f}  {wanted}" if unit == "of" else f"; {ratio:.2f}x {target[0]} ({wanted})"
+            verdicts.append(f"  {label}: {ratio:.3f} {wanted}: {'met' if ratio >= target[1] else 'missed'}")
+        print(line)
+    if verdicts:   # (apart, so a line's text does not change with its verdict)
+        print("\n" + "\n".join(verdicts))
+    if {"gather floor", "engine", "asyncio floor"} <= paths.keys():
+        floor = paths["asyncio floor"]["median"]
+        bound = 1 / (1 / paths["gather floor"]["median"] + 1 / paths["engine"]["median"])
+        print(f"\n  references for the asyncio path: gather over plain futures "
+              f"{paths['gather floor']['median'] / floor:.3f} of its floor, the engine alone "
+              f"{paths['engine']['median'] / floor:.3f}, both one after the other (1/(1/a+1/b)) "
+              f"{bound / floor:.3f} (a scheduler that adds nothing)")
+    if run.get("latency"):
+        print(f"\nstart latency of a critical task behind {BACKLOG:,} low tasks of 1 ms on {LATENCY_SLOTS} slots "
+              f"({run['probes']} probes)\n")
+        for label, lat in run["latency"].items():
+            print(f"  {label:<20} p50 {lat['p50_ms']:7.3f} ms   p99 {lat['p99_ms']:7.3f} ms   (target p99 < 2 ms)")
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=50_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5, help="rounds (each figure is their median)")
     parser.add_argument("--probes", type=int, default=100)
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--paths", help=f"comma-separated, of: {', '.join(PATHS)} (default: all)")
+    parser.add_argument("--isolate", action="store_true", help="each measurement in a fresh interpreter")
+    parser.add_argument("--json", action="store_true", help="print the run as JSON instead of a table")
+    parser.add_argument("--one", metavar="PATH", help="measure PATH once and print {path, tasks, rate} as JSON")
     args = parser.parse_args()
     n = args.tasks
-    runs: dict[str, list[float]] = {k: [] for k in (
-        "thread floor", "asyncio floor", "legacy", "blocking-1", "blocking-8", "asyncio-gather", "gather floor",
-        "engine")}
+    if args.one is not None:
+        if args.one not in PATHS:
+            parser.error(f"--one: no path {args.one!r}")
+        print(json.dumps({"path": args.one, "tasks": n, "rate": PATHS[args.one][1](n)}))
+        return 0
+    names = list(PATHS) if args.paths is None else [name.strip() for name in args.paths.split(",")]
+    unknown = [name for name in names if name not in PATHS]
+    if unknown:
+        parser.error(f"--paths: no path {', '.join(map(repr, unknown))}")
+    huey = huey_version()
+    if huey is None and "huey" in names:
+        names.remove("huey")
+    run: dict[str, Any] = {
+        "commit": commit(), "python": platform.python_version(), "switch_interval": sys.getswitchinterval(),
+        "huey": huey, "tasks": n, "repeat": args.repeat, "isolated": args.isolate,
+        "load": {"start": os.getloadavg()},
+    }
+    rounds: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(args.repeat):   # interleaved, so noise hits every path alike
-        runs["thread floor"].append(thread_floor(n))
-        runs["legacy"].append(legacy(n))
-        runs["blocking-1"].append(blocking(n, 1))
-        runs["blocking-8"].append(blocking(n, 8))
-        runs["asyncio floor"].append(asyncio.run(asyncio_floor(n)))
-        runs["asyncio-gather"].append(asyncio.run(asyncio_gather(n)))
-        runs["gather floor"].append(asyncio.run(gather_floor(n)))
-        runs["engine"].append(cycles_per_second(n))
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    print(f"{n:,} no-op tasks, {SLOTS} slots, median of {args.repeat} interleaved runs\n")
-    print(f"  {'path':<38} {'tasks/s':>10} {'ratio':>8}  target")
-    print(f"  {'queue.PriorityQueue + 8 threads (floor)':<38} {med['thread floor']:10,.0f}")
-    for k, label, target in (("legacy", "legacy submit, 1 thread", 0.3),
-                             ("blocking-1", "BlockingScheduler.submit, 1 thread", 0.3),
-                             ("blocking-8", "BlockingScheduler.submit, 8 threads", 0.3)):
-        ratio = med[k] / med["thread floor"]
-        print(f"  {label:<38} {med[k]:10,.0f} {ratio:8.3f}  >= {target}")
-    print(f"  {'asyncio.Queue + 8 workers (floor)':<38} {med['asyncio floor']:10,.0f}")
-    ratio = med["asyncio-gather"] / med["asyncio floor"]
-    print(f"  {'Scheduler, batches of 1,000 + gather':<38} {med['asyncio-gather']:10,.0f} {ratio:8.3f}  >= 0.1")
-    print("\n  references for the asyncio path:")
-    for k, label in (("gather floor", "gather over plain futures (8 workers)"),
-                     ("engine", "engine alone (sans-IO cycles)")):
-        print(f"  {label:<38} {med[k]:10,.0f} {med[k] / med['asyncio floor']:8.3f}")
-    bound = 1 / (1 / med["gather floor"] + 1 / med["engine"])
-    print(f"  {'both, one after the other (1/(1/a+1/b))':<38} {bound:10,.0f} {bound / med['asyncio floor']:8.3f}"
-          f"  (a scheduler that adds nothing)")
+        for name in names:
+            rounds[name].append(measure(name, n, args.isolate))
+    run["paths"] = {name: summary(values) for name, values in rounds.items()}
     if not args.skip_latency:
-        print(f"\nstart latency of a critical task behind {BACKLOG:,} low tasks of 1 ms on {LATENCY_SLOTS} slots "
-              f"({args.probes} probes)\n")
-        for label, lat in (("asyncio Scheduler", asyncio.run(latency_async(args.probes))),
-                           ("BlockingScheduler", latency_blocking(args.probes)),
-                           ("legacy", latency_legacy(args.probes))):
-            print(f"  {label:<20} p50 {_pct(lat, 0.5) * 1e3:7.3f} ms   p99 {_pct(lat, 0.99) * 1e3:7.3f} ms"
-                  f"   (target p99 < 2 ms)")
+        run["probes"] = args.probes
+        run["latency"] = latency(args.probes)
+    run["load"]["end"] = os.getloadavg()
+    if args.json:
+        print(json.dumps(run, indent=2))
+    else:
+        report(run)
     return 0
 
 

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Sequence
 
 import cronoq
 from cronoq.blocking import BlockingHandle, BlockingScheduler, fresh_blocking_copy
-from cronoq.core.types import time_to_ns, to_ns
+from cronoq.core.types import KEY_LIMIT, MAX_SECONDS, TaskSpec, check_length, time_to_ns, to_ns
 from cronoq import realtime
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 LEGACY_POOL = "legacy"
+_PLAIN_NUMBERS = (float, int)   # (not bool, nor subclasses: those take the long way)
 _TOLERANCE = 1.0   # seconds: a fixed start is on time within this (cronoq's default)
 
 
@@ -46,10 +47,13 @@ class Priority(enum.IntEnum):
 
     @property
     def cronoq_class(self) -> str:
-        return self.name.lower()
+        return _CLASS_NAMES[self]
 
 
-@dataclass(frozen=True)
+_CLASS_NAMES = {p: p.name.lower() for p in Priority}
+
+
+@dataclass(frozen=True, init=False)
 class Task:
     """A legacy task: it runs by sleeping ``duration`` seconds.
 
@@ -65,10 +69,23 @@ class Task:
     dependencies: Sequence[str] | None = ()
     deadline: float | None = None
 
+    def __init__(self, id: str, duration: float, priority: Priority = Priority.NORMAL,
+                 fixed_start: float | None = None, dependencies: Sequence[str] | None = (),
+                 deadline: float | None = None) -> None:
+        # The frozen dataclass's own __init__, but its fields stored at once
+        # instead of by six object.__setattr__ calls (half a plain task's cost).
+        object.__setattr__(self, "__dict__", {"id": id, "duration": duration, "priority": priority,
+                                              "fixed_start": fixed_start, "dependencies": dependencies,
+                                              "deadline": deadline})
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or "\x00" in self.id:
             raise ValueError(f"Task id must be a non-empty string without NUL, got {self.id!r}")
-        for name in ("duration", "fixed_start", "deadline"):
+        duration = self.duration
+        plain = self.fixed_start is None and self.deadline is None and type(duration) in _PLAIN_NUMBERS \
+            and 0 <= duration <= MAX_SECONDS   # (a duration to_ns takes)
+        for name in () if plain else ("duration", "fixed_start", "deadline"):
             value = getattr(self, name)
             if value is None and name != "duration":
                 continue
@@ -81,14 +98,16 @@ class Task:
                 to_ns(value, "Task duration", error=ValueError)
             else:
                 time_to_ns(value, f"Task {name}", error=ValueError)
-        if not isinstance(self.priority, Priority):
+        if type(self.priority) is not Priority:
             try:
                 object.__setattr__(self, "priority", Priority(self.priority))
             except ValueError:
                 raise ValueError(f"Task priority must be a Priority, got {self.priority!r}") from None
         dependencies = self.dependencies
-        if dependencies is None or (type(dependencies) is tuple and not dependencies):
-            object.__setattr__(self, "dependencies", ())   # the default, kept cheap
+        if type(dependencies) is tuple and not dependencies:
+            return   # the default, kept cheap
+        if dependencies is None:
+            object.__setattr__(self, "dependencies", ())
             return
         if isinstance(dependencies, str) or not isinstance(dependencies, Iterable):
             raise ValueError(f"Task dependencies must be a list of task ids, got {dependencies!r}")
@@ -174,6 +193,37 @@ class _LegacyCodec:
         return value
 
 
+# What every plain legacy task's spec holds but its payload and key, per priority.
+_PLAIN_FIELDS = {p: TaskSpec(None, pool=LEGACY_POOL, kind="legacy", priority=p.cronoq_class).__dict__
+                 for p in Priority}
+
+
+def _spec_of(task: Task, job: _Job) -> TaskSpec:
+    """The native task for a legacy one (its id is the key)."""
+    if not task.dependencies and task.fixed_start is None and task.deadline is None:
+        # A plain task, the common case: its spec is copied from the
+        # priority's, as cronoq.Task(job, pool=..., key=..., kind=...,
+        # priority=...) would make it, without parsing four options again.
+        spec = TaskSpec.__new__(TaskSpec)
+        fields = _PLAIN_FIELDS[task.priority].copy()
+        fields["payload"] = job
+        fields["key"] = check_length(task.id, "key", KEY_LIMIT)   # (Task checked the rest)
+        spec.__dict__ = fields
+        return spec
+    options: dict[str, Any] = {"pool": LEGACY_POOL, "key": task.id, "kind": "legacy",
+                               "priority": task.priority.cronoq_class}
+    if task.dependencies:
+        options["after"] = list(task.dependencies)
+    if task.fixed_start is not None or task.deadline is not None:
+        # The duration sizes the reservation and the latest start time.
+        options["duration_hint"] = float(task.duration)
+        if task.fixed_start is not None:
+            options["start_at"] = float(task.fixed_start)
+        if task.deadline is not None:
+            options["deadline_at"] = float(task.deadline)
+    return cronoq.Task(job, **options)
+
+
 def _schedule_quality(timeliness: float, adherence: float, utilization: float) -> float:
     return 0.4 * timeliness + 0.4 * adherence + 0.2 * utilization
 
@@ -255,49 +305,45 @@ class ElasticPriorityScheduler:
         """
         if not isinstance(task, Task):
             raise TypeError(f"submit takes a cronoq_compat.Task, got {type(task).__name__}")
-        options: dict[str, Any] = {"pool": LEGACY_POOL, "key": task.id, "kind": "legacy",
-                                   "priority": task.priority.cronoq_class}
-        if task.dependencies:
-            options["after"] = list(task.dependencies)
-        if task.fixed_start is not None or task.deadline is not None:
-            # The duration sizes the reservation and the latest start time.
-            options["duration_hint"] = float(task.duration)
-            if task.fixed_start is not None:
-                options["start_at"] = float(task.fixed_start)
-            if task.deadline is not None:
-                options["deadline_at"] = float(task.deadline)
         job = _Job(float(task.duration), task.deadline, task.fixed_start)
-        # The task may run before submit returns: register what it is judged on first.
-        with self._lock:
-            if task.id in self._submitting:
-                raise DuplicateTaskError(f"a task with id {task.id!r} was already submitted")
-            self._submitting.add(task.id)
-            if task.deadline is not None:
-                self._open_deadlines[task.id] = float(task.deadline)
-            if task.fixed_start is not None:
-                self._open_starts[task.id] = float(task.fixed_start)
+        spec = _spec_of(task, job)
+        # A task with a deadline or a fixed start may run before submit returns:
+        # register what it is judged on first. A plain task takes no lock (the
+        # loop's _run would queue behind it, and it behind _run: a convoy), the
+        # engine's key alone refuses its duplicates.
+        judged = task.deadline is not None or task.fixed_start is not None
+        if judged:
+            with self._lock:
+                if task.id in self._submitting:
+                    raise DuplicateTaskError(f"a task with id {task.id!r} was already submitted")
+                self._submitting.add(task.id)
+                if task.deadline is not None:
+                    self._open_deadlines[task.id] = float(task.deadline)
+                if task.fixed_start is not None:
+                    self._open_starts[task.id] = float(task.fixed_start)
         try:
             # Admitted on this thread (no round trip to the loop unless a store's
             # commit or a full queue says so), without a handle: legacy code gets an id.
-            value, later = self._scheduler.scheduler.submit_from_thread(cronoq.Task(job, **options),
-                                                                        handle=False)
+            value, later = self._scheduler.scheduler.submit_from_thread(spec, handle=False)
             if later is not None:
                 value = self._scheduler.call(later)
             task_id, duplicate = value
             if duplicate:
                 raise DuplicateTaskError(f"a task with id {task.id!r} was already submitted")
         except BaseException as exc:
-            with self._lock:
-                self._submitting.discard(task.id)
-                self._open_deadlines.pop(task.id, None)
-                self._open_starts.pop(task.id, None)
+            if judged:
+                with self._lock:
+                    self._submitting.discard(task.id)
+                    self._open_deadlines.pop(task.id, None)
+                    self._open_starts.pop(task.id, None)
             if isinstance(exc, cronoq.UnknownDependency):
                 raise UnknownDependencyError(f"task {task.id!r}: {exc.message}") from exc
             if isinstance(exc, cronoq.ReservationConflict):
                 raise ReservationConflictError(f"task {task.id!r}: {exc.message}") from exc
             raise
-        with self._lock:
-            self._submitting.discard(task.id)
+        if judged:
+            with self._lock:
+                self._submitting.discard(task.id)
         return int(task_id)
 
     @property
@@ -382,9 +428,9 @@ class ElasticPriorityScheduler:
         return self._scheduler.scheduler.clock.now_ns() / 1e9
 
     async def _run(self, ctx: cronoq.TaskContext, job: _Job) -> None:
-        started = self._now()
         key = ctx.key   # every legacy task is submitted with its id as the key
         if job.fixed_start is not None and ctx.attempt == 1 and key is not None:
+            started = self._now()
             with self._lock:
                 if self._open_starts.pop(key, None) is not None:
                     self._fixed_judged += 1
@@ -396,10 +442,13 @@ class ElasticPriorityScheduler:
                 await clock.sleep(job.duration)
             else:
                 await realtime.sleep(job.duration)   # a frozen clock must not stop the "work"
+        if job.deadline is None:
+            self._completed += 1   # (only this loop's thread writes it: no lock)
+            return None
         with self._lock:
             self._completed += 1
             if key is not None and self._open_deadlines.pop(key, None) is not None:
                 self._deadline_judged += 1
-                if job.deadline is not None and self._now() <= job.deadline:
+                if self._now() <= job.deadline:
                     self._deadline_met += 1
         return None

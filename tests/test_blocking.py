@@ -829,6 +829,34 @@ def test_a_submit_from_a_thread_does_not_wait_for_the_loop():
         assert [h.result(timeout=30) for h in handles] == list(range(100))
 
 
+def test_a_submit_wakes_the_idle_loop_once_it_let_go_of_the_engine():
+    # Waking the loop is a system call that lets go of the interpreter. Made
+    # under the engine's lock, it let the loop thread take the interpreter
+    # only to block on that lock; then each thread held what the other waited
+    # for, and every submit after met a busy engine.
+    with cronoq.BlockingScheduler([fixed("default", double)]) as bs:
+        driver = bs.scheduler._driver
+        loop = bs.loop
+        real = loop.call_soon_threadsafe
+        held_at_wake = []
+
+        def spy(callback, *args, **kwargs):
+            if callback == driver._asked_pump:
+                held_at_wake.append(driver.lock._is_owned())
+            return real(callback, *args, **kwargs)
+
+        loop.call_soon_threadsafe = spy
+        try:
+            for i in range(5):
+                assert bs.submit(i).result(timeout=10) == 2 * i   # the loop is idle again after each
+            handles = [bs.submit(i) for i in range(100)]
+            assert [h.result(timeout=10) for h in handles] == [2 * i for i in range(100)]
+        finally:
+            del loop.call_soon_threadsafe
+    assert len(held_at_wake) >= 5
+    assert not any(held_at_wake)
+
+
 def test_reservations_lists_a_fixed_start_from_a_plain_thread():
     with cronoq.BlockingScheduler([fixed("default", double)]) as bs:
         later = bs.enqueue(1, start_in=3600, key="hourly")

@@ -248,6 +248,68 @@ def test_sixteen_threads_lose_and_repeat_nothing():
     assert sched.completed_count == threads * per_thread
 
 
+def test_task_is_a_frozen_dataclass_that_checks_its_fields():
+    import dataclasses
+
+    task = Task("a", 1)
+    assert [f.name for f in dataclasses.fields(Task)] == [
+        "id", "duration", "priority", "fixed_start", "dependencies", "deadline"]
+    assert task == Task(id="a", duration=1) and hash(task) == hash(Task("a", 1))
+    assert (task.priority, task.fixed_start, task.dependencies, task.deadline) == (Priority.NORMAL, None, (), None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        task.id = "b"
+    moved = dataclasses.replace(task, priority=3, dependencies=["x"])
+    assert moved.priority is Priority.CRITICAL and moved.dependencies == ("x",)
+    assert Task("n", 0.0, dependencies=None).dependencies == ()
+    for bad in ({"duration": True}, {"duration": 1e12}, {"duration": "1"}, {"duration": float("inf")},
+                {"duration": 0, "deadline": float("nan")}, {"duration": 0, "fixed_start": -1e20},
+                {"duration": 0, "priority": 7}, {"duration": 0, "dependencies": "a"}):
+        with pytest.raises(ValueError):
+            Task("bad", **bad)
+    with pytest.raises(ValueError):
+        Task("", 0)
+
+
+class CountingLock:
+    """A lock that counts its acquisitions (by any thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.taken = 0
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.taken += 1
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def test_plain_tasks_take_no_lock_shared_with_the_loop_and_judged_ones_still_count():
+    # A lock both the submitting thread and the loop's executor take for every
+    # task makes them queue for each other (a lock convoy: on an idle machine
+    # legacy submit ran at a fifth of its speed). Plain tasks need none: the
+    # engine's key refuses duplicates and only the loop counts completions.
+    with ElasticPriorityScheduler(initial_workers=2, max_workers=2) as sched:
+        sched._lock = lock = CountingLock()
+        for i in range(200):
+            sched.submit(Task(id=f"p{i}", duration=0.0, priority=Priority(i % 4)))
+        with pytest.raises(DuplicateTaskError):
+            sched.submit(Task(id="p0", duration=0.0))
+        wait_for(lambda: sched.completed_count == 200)
+        assert lock.taken == 0
+        info = sched.native.info("p5")
+        assert (info.pool, info.kind, info.key) == ("legacy", "legacy", "p5")
+        # A deadline is judged under the lock, before the task can run and when it has run.
+        sched.submit(Task(id="judged", duration=0.0, deadline=time.time() + 60))
+        wait_for(lambda: sched.completed_count == 201)
+        assert lock.taken >= 2
+        assert sched.get_metrics().deadline_hit_rate == 1.0
+        with pytest.raises(cronoq.InvalidTask):
+            sched.submit(Task(id="k" * 1025, duration=0.0))   # the key's limit, as before
+
+
 def test_start_after_stop_starts_again_on_a_fresh_scheduler():
     """As the legacy prototype's start() did after stop(): work again. The new
     scheduler has the configuration and the native hooks of the first; what

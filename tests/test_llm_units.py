@@ -4,19 +4,21 @@ token estimate and the worker's token debt (on a clock the test moves)."""
 from __future__ import annotations
 
 import email.utils
+import json
 import time
 
-import httpx
 import pytest
 
 from cronoq.core.errors import Permanent, Retryable
 from cronoq.llm import LLMConfig, estimate_tokens, resources_for
 from cronoq.llm.provider import outcome, retry_after
+from cronoq.llm.transport import Response
 from cronoq.llm.usage import TokenDebt
 
 
-def answer(status: int, **headers: str) -> httpx.Response:
-    return httpx.Response(status, headers=headers, json={"error": {"message": "slow down"}})
+def answer(status: int, **headers: str) -> Response:
+    return Response(status, {k.lower(): v for k, v in headers.items()},
+                    json.dumps({"error": {"message": "slow down"}}).encode())
 
 
 def test_retry_after_in_seconds_milliseconds_or_a_date():

@@ -36,6 +36,8 @@ class LLMConfig:
     api_key_env: str = "OPENAI_API_KEY"
     request_timeout_s: float = 120.0
     connect_timeout_s: float = 10.0
+    # A larger answer fails the attempt (permanently): a guard against a runaway server, not a quota.
+    max_response_mb: float = 256.0
     # What a payload that says nothing gets, and what it may ask for (empty: anything).
     model: str = "gpt-4o-mini"
     embed_model: str = "text-embedding-3-small"
@@ -59,6 +61,8 @@ class LLMConfig:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
         if self.fallback_kind is not None and self.fallback_kind not in KINDS:
             raise ValueError(f"fallback_kind must be one of {', '.join(KINDS)}, got {self.fallback_kind!r}")
+        if self.max_response_mb <= 0:
+            raise ValueError(f"max_response_mb must be > 0, got {self.max_response_mb}")
         if self.progress_every < 1:
             raise ValueError(f"progress_every must be >= 1, got {self.progress_every}")
 

@@ -5,6 +5,7 @@ and cost."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Awaitable, Callable
 
@@ -151,17 +152,19 @@ class LLMHandler:
         usage: dict[str, Any] | None = None
         started = time.monotonic()
         try:
-            async for chunk in self.provider.stream(path, body):
-                if isinstance(chunk.get("usage"), dict):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices") or ():
-                    piece = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
-                    if piece:
-                        parts.append(piece)
-                        chunks += 1
-                        if chunks % self.config.progress_every == 0:
-                            await self._progress(lease, chunks, parts, started)
-                    finish = choice.get("finish_reason") or finish
+            # aclosing: a cancel while a progress checkpoint is saved closes the stream now, not at collection.
+            async with contextlib.aclosing(self.provider.stream(path, body)) as stream:
+                async for chunk in stream:
+                    if isinstance(chunk.get("usage"), dict):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices") or ():
+                        piece = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
+                        if piece:
+                            parts.append(piece)
+                            chunks += 1
+                            if chunks % self.config.progress_every == 0:
+                                await self._progress(lease, chunks, parts, started)
+                        finish = choice.get("finish_reason") or finish
         except Retryable:
             self.usage.request(model, lease.pool, "retryable")
             raise

@@ -21,7 +21,8 @@ class LLMWorker:
         self.config = config
         self.usage = Usage()
         self.provider = Provider(config.base_url, config.api_key, timeout=config.request_timeout_s,
-                                 connect_timeout=config.connect_timeout_s, max_connections=max(config.slots, 1))
+                                 connect_timeout=config.connect_timeout_s, max_connections=max(config.slots, 1),
+                                 max_response_bytes=int(config.max_response_mb * 1024 * 1024))
         self.handler = LLMHandler(config, self.provider, self.usage)
         self.worker = Worker(config.target, config.pool, self.handler, slots=config.slots, token=config.token,
                              name=config.name or "cronoq-llm-worker", **worker_options)  # type: ignore[arg-type]

@@ -177,13 +177,23 @@ class EngineDriver:
             core.actions.extendleft(reversed(effects))
             self.pump(len(effects))
 
-    def ask_pump(self) -> None:
-        """From another thread, under the lock: have the loop pump (once)."""
-        if not self._pump_asked:
-            self._pump_asked = True
-            loop = self.life.loop
-            assert loop is not None
-            loop.call_soon_threadsafe(self._asked_pump)
+    def ask_pump(self) -> bool:
+        """From another thread, under the lock: have the loop pump (once).
+        True when this call must wake the loop: call ``wake_to_pump`` then,
+        once the lock is released. (The wake-up is a system call that lets
+        go of the interpreter: the loop thread, taking it then, would block
+        on the lock this thread still holds, and both would queue for each
+        other's lock and interpreter from then on.)"""
+        if self._pump_asked:
+            return False
+        self._pump_asked = True
+        return True
+
+    def wake_to_pump(self) -> None:
+        """From another thread, not under the lock, after ``ask_pump`` said so."""
+        loop = self.life.loop
+        assert loop is not None
+        loop.call_soon_threadsafe(self._asked_pump)
 
     def _asked_pump(self) -> None:
         with self.lock:

@@ -124,9 +124,11 @@ class EngineBackend:
                 value = self.results.attach(task_id, spec.key, duplicate)
                 if wrap is not None:
                     value = wrap(value)
-            driver.ask_pump()
+            wake = driver.ask_pump()
         finally:
             lock.release()
+        if wake:
+            driver.wake_to_pump()
         log_ = driver.log
         if log_ is None:
             return value, None
@@ -232,11 +234,13 @@ class EngineBackend:
         try:
             core = self.serving()
             snap = self._snapshot_locked(pump=False)
-            if core.actions:
-                driver.ask_pump()   # taking it fired timers: the loop carries out the rest
-            return snap
+            # Taking it fired timers: the loop carries out the rest.
+            wake = bool(core.actions) and driver.ask_pump()
         finally:
             lock.release()
+        if wake:
+            driver.wake_to_pump()
+        return snap
 
     def _snapshot_locked(self, pump: bool = True) -> Snapshot:
         """A snapshot: the engine's view plus the runners'."""

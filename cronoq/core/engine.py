@@ -789,7 +789,7 @@ class Core:
             add_class[ck] = add_class.get(ck, 0) + 1
             add_pool[p.name] = add_pool.get(p.name, 0) + 1
             total += 1
-            limit_c = p.max_class[c]
+            limit_c: int | None = p.max_class[c]
             if limit_c is not None and p.pending[c] + add_class[ck] > limit_c:
                 raise self._full(plan, batch, f"pool {p.name!r} holds at most {limit_c} pending "
                                               f"{CLASSES[c]} tasks", add_class[ck] > limit_c)

@@ -11,9 +11,19 @@ from pathlib import Path
 
 from setuptools import setup
 
-# The package's __init__ stays Python: compiled, it crashes on import (its
-# module __getattr__ loads the engine lazily), and it costs nothing at run time.
-COMPILED = sorted(str(path) for path in Path("cronoq", "core").glob("*.py") if path.name != "__init__.py")
+# The engine's modules, but for those that stay Python (none of them is on
+# the hot path: the engine's actions are plain tuples):
+# - the package's __init__: compiled, it crashes on import (its module
+#   __getattr__ loads the engine lazily);
+# - types: a TaskSpec keeps only the options it was given in its __dict__ and
+#   reads the rest from class defaults (what keeps plain tasks small), and the
+#   server and cronoq.whatif copy those dicts; a compiled class has no __dict__;
+# - actions and snapshot: their objects compare, print and pickle by walking
+#   their __slots__, which a compiled class does not keep;
+# - errors: the exceptions inherit from two built-in bases (UnknownTask is a
+#   LookupError too), which compiled classes cannot.
+PURE = {"__init__.py", "types.py", "actions.py", "snapshot.py", "errors.py"}
+COMPILED = sorted(str(path) for path in Path("cronoq", "core").glob("*.py") if path.name not in PURE)
 
 
 def ext_modules() -> list:

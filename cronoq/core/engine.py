@@ -17,6 +17,7 @@ import random
 from collections import deque
 from typing import Any, ClassVar, Iterable, Iterator, Sequence
 
+from .._mypyc import mypyc_attr
 from . import actions as act
 from . import timers as tm
 from .errors import (
@@ -64,6 +65,8 @@ Action = tuple[Any, ...]   # a raw action tuple (layouts in cronoq.core.actions)
 _PLAIN: dict[str, str] = {status: status.value for status in Status}
 
 
+# (subclasses in Python: the differential test's general engine)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Core:
     """The scheduling engine. See the module docstring for the contract."""
 

@@ -1,6 +1,7 @@
 """setuptools' build backend, with mypy among the build requirements when
 CRONOQ_MYPYC=1 asks for the compiled engine (setup.py), so that an isolated
-build (pip's default) has mypyc."""
+build (pip's default) has mypyc. Editable installs are pure Python whatever
+the variable says."""
 
 import contextlib
 import os
@@ -37,14 +38,22 @@ def get_requires_for_build_wheel(config_settings=None):
     return _requires(build_meta.get_requires_for_build_wheel, config_settings)
 
 
-def get_requires_for_build_editable(config_settings=None):
-    return _requires(build_meta.get_requires_for_build_editable, config_settings)
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    # An editable install runs the source tree itself: always pure Python
+    # (compiled modules beside the sources would shadow every later edit).
+    with _pure():
+        return build_meta.build_editable(wheel_directory, config_settings, metadata_directory)
 
 
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     # The metadata is the same either way; building it pure skips a mypyc pass.
     with _pure():
         return build_meta.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+
+
+def get_requires_for_build_editable(config_settings=None):
+    with _pure():
+        return build_meta.get_requires_for_build_editable(config_settings)
 
 
 def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from cronoq.core import Core
+from cronoq.core import COMPILED, Core
 from cronoq.core import actions as act
 from cronoq.core.model import W_LABEL, W_NONE, PoolState
 from cronoq.core.persist import spec_record
@@ -177,6 +177,9 @@ class RecordingWorld(World):
         return comparable(trace) + self.record
 
 
+@pytest.mark.skipif(COMPILED, reason="the compiled engine calls its own methods natively, past the counting "
+                                     "wrappers set on its class (the pure run checks this; the test below, "
+                                     "that the general core's overrides are reached)")
 def test_the_general_core_is_really_general():
     # The comparison means something only if the general paths run where the
     # fast core takes its shortcuts: labelled tasks served by the scan, plain

@@ -15,7 +15,7 @@ import bisect
 import heapq
 import random
 from collections import deque
-from typing import Any, ClassVar, Iterable, Iterator, Sequence
+from typing import Any, ClassVar, Final, Iterable, Iterator, Sequence
 
 from .._mypyc import mypyc_attr
 from . import actions as act
@@ -50,7 +50,7 @@ from .types import (
 __all__ = ["Core", "Entry", "MUT_SUBMIT", "MUT_STATUS", "MUT_OUTPUT", "MUT_RECURRING",
            "MUT_RECURRING_REMOVED", "MUT_WITHDRAWN", "W_NONE", "W_QUEUE", "W_PARKED", "W_LABEL", "W_DUE"]
 
-_COMPACT_SLACK = 32   # stale timers tolerated beyond half the heap (small heaps are not scanned)
+_COMPACT_SLACK: Final = 32   # stale timers tolerated beyond half the heap (small heaps are not scanned)
 
 _FAILURES = (RETRYABLE, PERMANENT, CANCELLED_OUTCOME)   # outcomes of complete() besides success
 

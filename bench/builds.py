@@ -57,6 +57,12 @@ def pure() -> Build:
     return Build("pure", REPO, False)
 
 
+def tree(path: Path, name: str) -> Build:
+    """Another pure-Python tree (a checkout of another commit, say), to
+    compare with this one."""
+    return Build(name, path.resolve(), False)
+
+
 def _sources_key() -> str:
     """What the compiled build is made of: the engine's sources, the build
     scripts and the interpreter."""
@@ -94,8 +100,9 @@ _RUNNER = """
 import json, sys
 import cronoq.core
 build, expected, module, function, args = json.loads(sys.argv[1])
-if cronoq.core.COMPILED is not expected:
-    raise SystemExit(f"{build}: cronoq.core.COMPILED is {cronoq.core.COMPILED}, from {cronoq.core.__file__}")
+compiled = getattr(cronoq.core, "COMPILED", False)   # (older trees have no COMPILED: pure)
+if compiled is not expected:
+    raise SystemExit(f"{build}: cronoq.core.COMPILED is {compiled}, from {cronoq.core.__file__}")
 result = getattr(__import__(module), function)(*args)
 print(json.dumps(result))
 """
@@ -140,9 +147,9 @@ def compare(builds: Sequence[Build], measures: Sequence[Measure], rounds: int,
     return table
 
 
-def commit() -> str:
+def commit(path: Path = REPO) -> str:
     try:
-        out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+        out = subprocess.run(["git", "-C", str(path), "describe", "--always", "--dirty"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -162,19 +169,23 @@ def _cell(values: list[float], fmt: str) -> str:
 
 def print_table(table: dict[str, dict[str, list[float]]], builds: Sequence[Build],
                 formats: dict[str, str] | None = None, lower_is_better: Sequence[str] = ()) -> None:
-    """One row per measure: each build's median (min-max), and the ratio of
-    the medians, last build over first (first over last for the rows in
-    ``lower_is_better``, so that > 1 always means the later build is faster)."""
+    """One row per measure: each build's median (min-max), then the ratio of
+    each later build's median to the first build's (inverted for the rows in
+    ``lower_is_better``, so that > 1 always means faster than the first)."""
     formats = formats or {}
-    first, last = builds[0].name, builds[-1].name
+    first = builds[0].name
     rows = []
     for label, by_build in table.items():
         fmt = formats.get(label, ",.0f")
         cells = [_cell(by_build[b.name], fmt) for b in builds]
-        a, b = statistics.median(by_build[first]), statistics.median(by_build[last])
-        ratio = (a / b if label in lower_is_better else b / a) if a and b else float("nan")
-        rows.append((label, *cells, f"{ratio:.2f}x"))
-    heads = ("", *(f"{b.name}: median (min-max)" for b in builds), f"{last} / {first}")
+        base = statistics.median(by_build[first])
+        ratios = []
+        for b in builds[1:]:
+            other = statistics.median(by_build[b.name])
+            ratio = (base / other if label in lower_is_better else other / base) if base and other else float("nan")
+            ratios.append(f"{ratio:.2f}x")
+        rows.append((label, *cells, *ratios))
+    heads = ("", *(f"{b.name}: median (min-max)" for b in builds), *(f"{b.name} / {first}" for b in builds[1:]))
     widths = [max(len(str(r[i])) for r in [heads, *rows]) for i in range(len(heads))]
     for row in [heads, *rows]:
         print("  " + "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)

@@ -44,6 +44,7 @@ import sys
 import time
 import tracemalloc
 from collections import deque
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import builds  # noqa: E402  (bench/builds.py)
@@ -301,6 +302,8 @@ def plain_dispatch_us(small: int, large: int, blocks: int) -> list[float]:
 
 def compare(args: argparse.Namespace, runs: int, big: int, cycles: int, blocks: int) -> None:
     both = [builds.pure(), builds.compiled(rebuild=args.rebuild)]
+    if args.baseline:
+        both.append(builds.tree(Path(args.baseline), "baseline"))
     k = f"{big // 1000:,}k"
     measures = [
         ("a  cycles/s, 8 slots", "engine", "cycles_per_second", (cycles,)),
@@ -312,6 +315,8 @@ def compare(args: argparse.Namespace, runs: int, big: int, cycles: int, blocks: 
     ]
     print(f"cronoq engine, pure and compiled: Python {platform.python_version()} on {platform.machine()}, "
           f"commit {builds.commit()}, {runs} interleaved rounds{' (quick)' if args.quick else ''}")
+    if args.baseline:
+        print(f"baseline: commit {builds.commit(Path(args.baseline))}")
     print(f"load average before: {builds.load()}")
     table = builds.compare(both, measures, runs)
     print(f"load average after: {builds.load()}\n")
@@ -335,6 +340,8 @@ def main() -> None:
                         help="(a), (b), (e) and (f) under the pure tree and the compiled build, side by side")
     parser.add_argument("--rebuild", action="store_true", help="with --compare: build the compiled variant anew")
     parser.add_argument("--tasks", type=int, default=50_000, help="with --compare: tasks per run of (f)")
+    parser.add_argument("--baseline", metavar="TREE",
+                        help="with --compare: a third column, another pure tree (a worktree of main, say)")
     args = parser.parse_args()
     runs = args.runs or (5 if args.quick else 7)
     big = 100_000 if args.quick else 1_000_000

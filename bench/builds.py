@@ -15,7 +15,9 @@ round so that the machine's noise hits both alike::
 ``compiled()`` builds the variant once per state of the sources, with
 ``pip install --no-deps --target`` into ``build/bench-mypyc-<hash>/`` (about
 two minutes on two cores), and reuses it while the engine's sources, setup.py
-and the build backend stay the same. Each measurement is a function of a
+and the build backend stay the same. The rest of the package runs from that
+copy too, as it was at build time: after changing another module, pass
+``rebuild=True`` (``--rebuild``). Each measurement is a function of a
 bench module (bench/ is on the subprocess's path) that takes JSON arguments
 and returns a number or a list of numbers; the subprocess checks
 ``cronoq.core.COMPILED`` against the build it was meant to run.

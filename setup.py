@@ -7,6 +7,7 @@ every other install. The metadata lives in pyproject.toml.
 """
 
 import os
+import shutil
 from pathlib import Path
 
 from setuptools import setup
@@ -26,8 +27,15 @@ PURE = {"__init__.py", "types.py", "actions.py", "snapshot.py", "errors.py"}
 COMPILED = sorted(str(path) for path in Path("cronoq", "core").glob("*.py") if path.name not in PURE)
 
 
+COMPILE = os.environ.get("CRONOQ_MYPYC") == "1"
+# Each variant builds in a directory of its own, emptied first: a wheel packs
+# whatever the build directory holds, and the extension modules of an earlier
+# compiled build would slip into a pure wheel (or stale ones into a compiled one).
+BUILD_BASE = Path("build", "mypyc" if COMPILE else "pure")
+
+
 def ext_modules() -> list:
-    if os.environ.get("CRONOQ_MYPYC") != "1":
+    if not COMPILE:
         return []
     try:
         from mypyc.build import mypycify
@@ -35,7 +43,8 @@ def ext_modules() -> list:
         raise SystemExit("CRONOQ_MYPYC=1 needs mypy (with mypyc) in the build environment: "
                          "`pip install .` adds it itself; with --no-build-isolation, install it first") from exc
     # (pyproject's mypy settings name every package; this run checks only the engine)
-    return mypycify(["--no-warn-unused-configs", *COMPILED], opt_level="3")
+    return mypycify(["--no-warn-unused-configs", *COMPILED], opt_level="3", target_dir=str(BUILD_BASE / "c"))
 
 
-setup(ext_modules=ext_modules())
+shutil.rmtree(BUILD_BASE, ignore_errors=True)
+setup(ext_modules=ext_modules(), options={"build": {"build_base": str(BUILD_BASE)}})

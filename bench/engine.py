@@ -2,6 +2,7 @@
 
     python bench/engine.py            # the full set (about two minutes)
     python bench/engine.py --quick    # smaller backlogs and fewer runs, for a smoke check
+    python bench/engine.py --compare  # (a), (b), (e) and (f), pure and compiled side by side
 
 Prints a table. Every figure is the median of several repetitions; the
 dispatch-cost comparisons are reported as ratios, which travel better between
@@ -21,6 +22,14 @@ d. (b) for tasks parked on one shared semaphore, and for a fair-share pool
    with eight tenants.
 e. cycles/s of a mixed workload: four classes, a third with deadlines, over
    a standing backlog of 1,000 tasks.
+f. (--compare only) the asyncio path, as bench/threads.py measures it:
+   ``Scheduler.submit_batch`` in batches of 1,000 no-op tasks on 8 slots,
+   then ``asyncio.gather`` over every handle, against the floor of an
+   ``asyncio.Queue`` with 8 worker coroutines, in the same process.
+
+--compare runs each figure in subprocesses, under the pure tree and under the
+compiled build (bench/builds.py builds it with CRONOQ_MYPYC=1 when missing),
+the two interleaved round by round, and prints both columns and their ratio.
 """
 
 from __future__ import annotations
@@ -35,8 +44,12 @@ import sys
 import time
 import tracemalloc
 from collections import deque
+from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import builds  # noqa: E402  (bench/builds.py)
+
+builds.put_tree_on_path()
 
 from cronoq.core import Core, CoreConfig, PoolConfig, ResourceConfig, TaskSpec  # noqa: E402
 from cronoq.core import actions as act  # noqa: E402
@@ -233,6 +246,85 @@ def bytes_per_pending(n: int) -> float:
     return used / n
 
 
+# ---------------------------------------------------------------- (f) the asyncio path
+
+async def _noop(ctx, payload):
+    return None
+
+
+async def _asyncio_floor(n: int) -> float:
+    import asyncio
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def worker() -> None:
+        while True:
+            await q.get()
+            q.task_done()
+
+    workers = [asyncio.create_task(worker()) for _ in range(SLOTS)]
+    start = time.perf_counter()
+    for i in range(n):
+        q.put_nowait(i)
+    await q.join()
+    elapsed = time.perf_counter() - start
+    for w in workers:
+        w.cancel()
+    return n / elapsed
+
+
+async def _asyncio_gather(n: int, batch: int = 1000) -> float:
+    import asyncio
+
+    import cronoq
+    pool = cronoq.Pool("default", _noop, min=SLOTS, max=SLOTS, autoscale=False)
+    async with cronoq.Scheduler([pool]) as sched:
+        start = time.perf_counter()
+        handles = []
+        for i in range(0, n, batch):
+            handles.extend(await sched.submit_batch([cronoq.Task(None) for _ in range(min(batch, n - i))]))
+        await asyncio.gather(*handles)
+        return n / (time.perf_counter() - start)
+
+
+def asyncio_path(n: int) -> list[float]:
+    """[floor tasks/s, Scheduler tasks/s, their ratio], measured in one process."""
+    import asyncio
+    floor = asyncio.run(_asyncio_floor(n))
+    path = asyncio.run(_asyncio_gather(n))
+    return [floor, path, path / floor]
+
+
+def plain_dispatch_us(small: int, large: int, blocks: int) -> list[float]:
+    """(b) in microseconds: [per dispatch at ``small`` pending, at ``large``]."""
+    (s_med, _), (l_med, _) = dispatch_cost(plain_core, plain_specs, small, large, blocks)
+    return [s_med * 1e6, l_med * 1e6]
+
+
+def compare(args: argparse.Namespace, runs: int, big: int, cycles: int, blocks: int) -> None:
+    both = [builds.pure(), builds.compiled(rebuild=args.rebuild)]
+    if args.baseline:
+        both.append(builds.tree(Path(args.baseline), "baseline"))
+    k = f"{big // 1000:,}k"
+    measures = [
+        ("a  cycles/s, 8 slots", "engine", "cycles_per_second", (cycles,)),
+        (("b  dispatch, 1k pending (us)", f"b  dispatch, {k} pending (us)"), "engine", "plain_dispatch_us",
+         (1000, big, blocks)),
+        ("e  mixed cycles/s", "engine", "mixed_cycles_per_second", (cycles // 2,)),
+        (("f  asyncio.Queue + 8 workers (floor), tasks/s", "f  submit_batch + gather, tasks/s",
+          "f    ratio to the floor"), "engine", "asyncio_path", (args.tasks,)),
+    ]
+    print(f"cronoq engine, pure and compiled: Python {platform.python_version()} on {platform.machine()}, "
+          f"commit {builds.commit()}, {runs} interleaved rounds{' (quick)' if args.quick else ''}")
+    if args.baseline:
+        print(f"baseline: commit {builds.commit(Path(args.baseline))}")
+    print(f"load average before: {builds.load()}")
+    table = builds.compare(both, measures, runs)
+    print(f"load average after: {builds.load()}\n")
+    us = {label for label in table if label.endswith("(us)")}
+    builds.print_table(table, both, formats={**{u: ".2f" for u in us}, "f    ratio to the floor": ".3f"},
+                       lower_is_better=us)
+
+
 # ---------------------------------------------------------------- main
 
 def median_of(runs: int, fn, *args):
@@ -244,11 +336,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller backlogs and fewer repetitions")
     parser.add_argument("--runs", type=int, default=None, help="repetitions per figure (default 7, quick 5)")
+    parser.add_argument("--compare", action="store_true",
+                        help="(a), (b), (e) and (f) under the pure tree and the compiled build, side by side")
+    parser.add_argument("--rebuild", action="store_true", help="with --compare: build the compiled variant anew")
+    parser.add_argument("--tasks", type=int, default=50_000, help="with --compare: tasks per run of (f)")
+    parser.add_argument("--baseline", metavar="TREE",
+                        help="with --compare: a third column, another pure tree (a worktree of main, say)")
     args = parser.parse_args()
     runs = args.runs or (5 if args.quick else 7)
     big = 100_000 if args.quick else 1_000_000
     cycles = 50_000 if args.quick else 200_000
     blocks = 40 if args.quick else 200
+    if args.compare:
+        compare(args, runs, 100_000 if args.quick else 1_000_000, cycles, blocks)
+        return
 
     print(f"cronoq engine benchmark: Python {platform.python_version()} on {platform.machine()}, "
           f"{runs} runs per figure{' (quick)' if args.quick else ''}")

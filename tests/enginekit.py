@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from cronoq.core import NS, Abort, Core, CoreConfig, Dispatch, PoolConfig, StatusEvent, TaskSpec
+import pytest
+
+from cronoq.core import COMPILED, NS, Abort, Core, CoreConfig, Dispatch, PoolConfig, StatusEvent, TaskSpec
 
 S = NS  # one second in engine time
+
+
+def raises_wrong_type(match: str):
+    """An engine call given a value of another type than its annotation: the
+    pure engine's own check raises ValueError (``match``); the compiled one
+    (cronoq.core.COMPILED) refuses the argument itself, with TypeError."""
+    if COMPILED:
+        return pytest.raises(TypeError, match="object expected; got")
+    return pytest.raises(ValueError, match=match)
 
 
 def make_core(*pools: PoolConfig, resources=(), **config) -> Core:

@@ -4,7 +4,7 @@ waiting without blocking the pool."""
 import pytest
 
 from cronoq.core import PoolConfig, TaskSpec
-from enginekit import S, aborts, dispatches, drain, make_core, run_to
+from enginekit import S, aborts, dispatches, drain, make_core, raises_wrong_type, run_to
 
 GPU = {"gpu": "a100"}
 GPU_EU = {"gpu": "a100", "zone": "eu"}
@@ -61,9 +61,11 @@ def test_groups_are_kept_per_exact_label_set_and_pool_capacity_is_their_sum():
 
 def test_bad_group_arguments_raise_value_error():
     core = labelled_core()
-    for labels, n in (({"gpu": "a100"}, -1), ({"gpu": ""}, 1), ({"": "x"}, 1), ([("gpu", "a")], 1)):
+    for labels, n in (({"gpu": "a100"}, -1), ({"gpu": ""}, 1), ({"": "x"}, 1)):
         with pytest.raises(ValueError):
             core.set_group_capacity(0, "default", labels, n)
+    with raises_wrong_type("labels"):
+        core.set_group_capacity(0, "default", [("gpu", "a")], 1)
     with pytest.raises(ValueError):
         core.set_group_capacity(0, "nope", GPU, 1)
     core.check_invariants()

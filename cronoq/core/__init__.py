@@ -4,6 +4,8 @@ Nothing here reads a clock, starts a thread or performs I/O; every call takes
 ``now`` in integer Unix nanoseconds. The asyncio runtime (``cronoq``) drives it.
 """
 
+from importlib.machinery import ExtensionFileLoader
+from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 from .actions import Abort, Dispatch, Persist, Scale, StatusEvent
@@ -20,6 +22,12 @@ from .types import (
     ResourceConfig, RetryPolicy, Outcome, Status, TaskSpec, UrgencyConfig,
 )
 
+# Whether the engine runs compiled (a build with CRONOQ_MYPYC=1, setup.py) or
+# as Python. Asked of the engine's module without importing it (it loads lazily).
+_engine = find_spec(f"{__name__}.engine")
+COMPILED: bool = _engine is not None and isinstance(_engine.loader, ExtensionFileLoader)
+del _engine
+
 if TYPE_CHECKING:
     from .engine import Core
     from .explain import Explanation, Reason
@@ -35,7 +43,7 @@ __all__ = [
     "Status", "Outcome", "NS", "CLASSES", "STATUSES", "TERMINAL",
     "BLOCKED", "SCHEDULED", "READY", "RUNNING", "RETRYING",
     "SUCCEEDED", "FAILED", "DEAD_LETTERED", "CANCELLED", "SKIPPED", "MISSED", "SHED", "SHUTDOWN",
-    "SUCCESS", "RETRYABLE", "PERMANENT", "CANCELLED_OUTCOME",
+    "SUCCESS", "RETRYABLE", "PERMANENT", "CANCELLED_OUTCOME", "COMPILED",
 ]
 
 

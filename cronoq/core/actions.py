@@ -15,7 +15,7 @@ Tuple layouts, by their first element:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from .model import Entry
@@ -23,11 +23,11 @@ if TYPE_CHECKING:
 __all__ = ["DISPATCH", "ABORT", "EVENT", "PERSIST", "SCALE", "Dispatch", "Abort", "StatusEvent",
            "Persist", "Scale", "typed"]
 
-DISPATCH = 1
-ABORT = 2
-EVENT = 3
-PERSIST = 4
-SCALE = 5
+DISPATCH: Final = 1
+ABORT: Final = 2
+EVENT: Final = 3
+PERSIST: Final = 4
+SCALE: Final = 5
 
 
 class Dispatch:

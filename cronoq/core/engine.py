@@ -15,8 +15,9 @@ import bisect
 import heapq
 import random
 from collections import deque
-from typing import Any, ClassVar, Iterable, Iterator, Sequence
+from typing import Any, ClassVar, Final, Iterable, Iterator, Sequence
 
+from .._mypyc import mypyc_attr
 from . import actions as act
 from . import timers as tm
 from .errors import (
@@ -49,7 +50,7 @@ from .types import (
 __all__ = ["Core", "Entry", "MUT_SUBMIT", "MUT_STATUS", "MUT_OUTPUT", "MUT_RECURRING",
            "MUT_RECURRING_REMOVED", "MUT_WITHDRAWN", "W_NONE", "W_QUEUE", "W_PARKED", "W_LABEL", "W_DUE"]
 
-_COMPACT_SLACK = 32   # stale timers tolerated beyond half the heap (small heaps are not scanned)
+_COMPACT_SLACK: Final = 32   # stale timers tolerated beyond half the heap (small heaps are not scanned)
 
 _FAILURES = (RETRYABLE, PERMANENT, CANCELLED_OUTCOME)   # outcomes of complete() besides success
 
@@ -64,6 +65,8 @@ Action = tuple[Any, ...]   # a raw action tuple (layouts in cronoq.core.actions)
 _PLAIN: dict[str, str] = {status: status.value for status in Status}
 
 
+# (subclasses in Python: the differential test's general engine)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Core:
     """The scheduling engine. See the module docstring for the contract."""
 
@@ -789,7 +792,7 @@ class Core:
             add_class[ck] = add_class.get(ck, 0) + 1
             add_pool[p.name] = add_pool.get(p.name, 0) + 1
             total += 1
-            limit_c = p.max_class[c]
+            limit_c: int | None = p.max_class[c]
             if limit_c is not None and p.pending[c] + add_class[ck] > limit_c:
                 raise self._full(plan, batch, f"pool {p.name!r} holds at most {limit_c} pending "
                                               f"{CLASSES[c]} tasks", add_class[ck] > limit_c)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Final
 
 from .autoscale import Autoscaler
 from .metrics import PoolWindow, RunStats
@@ -26,11 +26,11 @@ __all__ = ["W_NONE", "W_QUEUE", "W_PARKED", "W_LABEL", "W_DUE", "Labels", "Edge"
            "Group", "ShedIndex", "PoolState", "Plan"]
 
 # Where a READY task waits.
-W_NONE = 0      # not waiting in a queue (blocked, scheduled, running, retrying, ended)
-W_QUEUE = 1     # the pool's ready queues
-W_PARKED = 2    # parked on a resource
-W_LABEL = 3     # waiting for a slot in a worker group with its labels
-W_DUE = 4       # the pool's due queue (fixed starts and their retries)
+W_NONE: Final = 0      # not waiting in a queue (blocked, scheduled, running, retrying, ended)
+W_QUEUE: Final = 1     # the pool's ready queues
+W_PARKED: Final = 2    # parked on a resource
+W_LABEL: Final = 3     # waiting for a slot in a worker group with its labels
+W_DUE: Final = 4       # the pool's due queue (fixed starts and their retries)
 
 Labels = frozenset[tuple[str, str]]
 Edge = tuple["Entry", str]   # (child, condition) on a parent, (parent, condition) in a plan

@@ -17,12 +17,14 @@ whose first element names it:
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = ["MUT_SUBMIT", "MUT_STATUS", "MUT_OUTPUT", "MUT_RECURRING", "MUT_RECURRING_REMOVED",
            "MUT_WITHDRAWN"]
 
-MUT_SUBMIT = "submit"
-MUT_STATUS = "status"
-MUT_OUTPUT = "output"
-MUT_RECURRING = "recurring"
-MUT_RECURRING_REMOVED = "recurring_removed"
-MUT_WITHDRAWN = "withdrawn"
+MUT_SUBMIT: Final = "submit"
+MUT_STATUS: Final = "status"
+MUT_OUTPUT: Final = "output"
+MUT_RECURRING: Final = "recurring"
+MUT_RECURRING_REMOVED: Final = "recurring_removed"
+MUT_WITHDRAWN: Final = "withdrawn"

@@ -19,6 +19,7 @@ import heapq
 from collections import deque
 from typing import Generic, Iterator, Protocol, TypeVar, cast
 
+from .._mypyc import mypyc_attr
 from .types import READY, PriorityConfig, Status, TaskSpec, UrgencyConfig
 
 __all__ = ["Queued", "ReadyQueues"]
@@ -53,6 +54,8 @@ def _ID(e: Queued) -> int:   # (bisect key)
     return e.id
 
 
+# (subclasses in Python: the differential test's scoring queues)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ReadyQueues(Generic[E]):
     __slots__ = ("lanes", "deadlines", "fair", "count", "total", "base", "rate", "cap",
                  "u_peak", "u_window", "u_rate", "u_cap", "weights", "vtime", "finish")

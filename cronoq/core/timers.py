@@ -12,23 +12,23 @@ majority (``compact``, amortised O(1) per ended timer).
 from __future__ import annotations
 
 import heapq
-from typing import Any, Callable
+from typing import Any, Callable, Final
 
 __all__ = ["TimerHeap", "Timer"]
 
 Timer = tuple[int, int, int, Any, Any]   # (when, sequence, kind, obj, token)
 
 # Timer kinds, handled by Core._fire.
-RETRY = 1           # backoff elapsed: obj is the entry, token its attempt number
-TIMEOUT = 2         # attempt timeout: obj is the entry, token the lease
-LEASE = 3           # lease TTL check: obj is the entry, token the lease
-AWAIT = 4           # unknown-key await timeout: obj is the entry
-HOLD = 5            # fixed start: re-evaluate the hold lead
-START = 6           # fixed start: the start time
-MISS = 7            # fixed start: start + tolerance
-REFILL = 8          # token bucket: enough tokens for the head waiter
-AUTOSCALE = 9       # autoscaler evaluation of a pool
-RECUR = 10          # recurring schedule: create the next occurrence
+RETRY: Final = 1           # backoff elapsed: obj is the entry, token its attempt number
+TIMEOUT: Final = 2         # attempt timeout: obj is the entry, token the lease
+LEASE: Final = 3           # lease TTL check: obj is the entry, token the lease
+AWAIT: Final = 4           # unknown-key await timeout: obj is the entry
+HOLD: Final = 5            # fixed start: re-evaluate the hold lead
+START: Final = 6           # fixed start: the start time
+MISS: Final = 7            # fixed start: start + tolerance
+REFILL: Final = 8          # token bucket: enough tokens for the head waiter
+AUTOSCALE: Final = 9       # autoscaler evaluation of a pool
+RECUR: Final = 10          # recurring schedule: create the next occurrence
 
 
 class TimerHeap:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from .errors import InvalidTask
 from .options import (
     CLASSES, CONDITIONS, KEY_LIMIT, MAX_SECONDS, MAX_STAGES, MISS_POLICIES, NAME_LIMIT, OVERFLOW_POLICIES,
-    RETRY_DEFAULTS, UNKNOWN_DEPENDENCY_POLICIES, VALUE_LIMIT,
+    RETRY_DEFAULTS, TASK_OPTIONS, UNKNOWN_DEPENDENCY_POLICIES, VALUE_LIMIT,
 )
 
 __all__ = [
@@ -618,10 +618,16 @@ def _task_signature() -> inspect.Signature:
                                          payload, *params])
 
 
-_TASK_OPTIONS = frozenset(name for name in inspect.signature(TaskSpec._configure).parameters
-                          if name != "self")
-# help() and docs show every option:
-TaskSpec.__init__.__signature__ = _task_signature()   # type: ignore[attr-defined]
+# The keyword options, from their declaration rather than from _configure's
+# signature: a compiled build (mypyc) keeps no signature to read. A test holds
+# the two to each other (tests/test_vocabulary.py).
+_TASK_OPTIONS = frozenset(option.name for option in TASK_OPTIONS)
+# help() and docs show every option (a compiled class's __init__ takes no
+# attributes; its help() shows the generic signature):
+try:
+    TaskSpec.__init__.__signature__ = _task_signature()   # type: ignore[attr-defined]
+except AttributeError:
+    pass
 
 
 # ---------------------------------------------------------------- configuration
@@ -767,7 +773,7 @@ class PoolConfig:
         if self.lease_ttl_ns == 0:
             raise ValueError("lease_ttl must be > 0")
         self.max_pending_total: int | None = None
-        self.max_pending_class = [None, None, None, None]
+        self.max_pending_class: list[int | None] = [None, None, None, None]
         if isinstance(max_pending, Mapping):
             self.max_pending_class = _class_table(
                 max_pending, "max_pending", lambda v, f: _int_at_least(v, f, 0))

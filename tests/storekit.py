@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 import uuid
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest_asyncio
 
 import cronoq
+from cronoq.store.base import ID_EPOCH_BITS, Batch, StatusRow, TaskRow
 
 SQLITE_FAST = dict(lease_ttl=1.0, lease_renew=0.2, lock_poll=0.05, commit_timeout=2.0)
 POSTGRES_FAST = dict(lock_poll=0.05, keepalive=0.2, session_timeout=1.5, commit_timeout=2.0)
@@ -210,3 +212,29 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
+
+
+def submit_beside_a_completion(epoch: int, n: int) -> Batch:
+    """The ``n``-th submit's commit: its task dispatched at once, the task before it ended."""
+    now = time.time_ns()
+    task_id = n + 1 + (epoch << ID_EPOCH_BITS)
+    batch = Batch(tasks=[TaskRow(task_id, "default", "task", 2, None, {"v": 1}, b"1", now)],
+                  statuses=[StatusRow(task_id, "running", 1, now, None)])
+    if n:
+        batch.statuses.append(StatusRow(task_id - 1, "succeeded", 1, now, None))
+        batch.outputs.append((task_id - 1, b"null"))
+    batch.high_water = task_id
+    return batch
+
+
+def record_commit_threads(store) -> list[int]:
+    """The thread ident of every commit ``store`` makes, in order."""
+    threads: list[int] = []
+    original = store._commit_with
+
+    def commit_with(begun, epoch, batch):
+        original(begun, epoch, batch)
+        threads.append(threading.get_ident())
+
+    store._commit_with = commit_with
+    return threads

@@ -6,24 +6,11 @@ driver waits for the server, on the writer connection."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
-from cronoq.store.base import ID_EPOCH_BITS, Batch, Fenced, StatusRow, StoreRejected, TaskRow
-from storekit import postgres_backend  # noqa: F401  (a fixture)
-
-
-def submit_beside_a_completion(epoch: int, n: int) -> Batch:
-    now = time.time_ns()
-    task_id = n + 1 + (epoch << ID_EPOCH_BITS)
-    batch = Batch(tasks=[TaskRow(task_id, "default", "task", 2, None, {"v": 1}, b"1", now)],
-                  statuses=[StatusRow(task_id, "running", 1, now, None)])
-    if n:
-        batch.statuses.append(StatusRow(task_id - 1, "succeeded", 1, now, None))
-        batch.outputs.append((task_id - 1, b"null"))
-    batch.high_water = task_id
-    return batch
+from cronoq.store.base import Fenced, StoreRejected
+from storekit import postgres_backend, submit_beside_a_completion  # noqa: F401  (a fixture)
 
 
 def record_waits(store) -> list[list[str]]:

@@ -9,26 +9,11 @@ the previous task (what ``DurableLog`` groups into one commit)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
-from cronoq.store.base import ID_EPOCH_BITS, Batch, StatusRow, TaskRow
 from cronoq.store.sqlite import SqliteStore
-from storekit import sqlite_backend  # noqa: F401  (a fixture)
-
-
-def submit_beside_a_completion(epoch: int, n: int) -> Batch:
-    """The ``n``-th submit's commit: its task dispatched at once, the task before it ended."""
-    now = time.time_ns()
-    task_id = n + 1 + (epoch << ID_EPOCH_BITS)
-    batch = Batch(tasks=[TaskRow(task_id, "default", "task", 2, None, {"v": 1}, b"1", now)],
-                  statuses=[StatusRow(task_id, "running", 1, now, None)])
-    if n:
-        batch.statuses.append(StatusRow(task_id - 1, "succeeded", 1, now, None))
-        batch.outputs.append((task_id - 1, b"null"))
-    batch.high_water = task_id
-    return batch
+from storekit import sqlite_backend, submit_beside_a_completion  # noqa: F401  (a fixture)
 
 
 async def leading(backend) -> tuple[SqliteStore, int]:

@@ -14,20 +14,7 @@ import threading
 import pytest
 
 import cronoq
-from storekit import Work, pool, sqlite_backend  # noqa: F401  (a fixture)
-
-
-def record_commit_threads(store) -> list[int]:
-    """The thread ident of every commit ``store`` makes, in order."""
-    threads: list[int] = []
-    original = store._commit_with
-
-    def commit_with(begun, epoch, batch):
-        original(begun, epoch, batch)
-        threads.append(threading.get_ident())
-
-    store._commit_with = commit_with
-    return threads
+from storekit import Work, pool, record_commit_threads, sqlite_backend  # noqa: F401  (a fixture)
 
 
 async def started(store) -> cronoq.Scheduler:

@@ -41,7 +41,8 @@ engine (``CRONOQ_MYPYC=1``; bench/builds.py builds it when missing) side by
 side: each measurement in a fresh interpreter under each build in turn, the
 builds alternating round by round, the floors among the paths; per path each
 build's median (min-max), the ratio compiled / pure and each build's ratio
-to its floor of the same run. Every subprocess reports
+to its floor of the same run (the floors run no cronoq code: their
+measurements under every build make one figure). Every subprocess reports
 ``cronoq.core.COMPILED``, checked against its build. ``--baseline TREE``
 adds a third column, another pure tree. The latency part is left out.
 
@@ -414,6 +415,10 @@ def report(run: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- builds side by side (--compare)
 
+# The paths that run no cronoq code: the same under every build.
+UNCHANGED_BY_BUILD = ("thread floor", "asyncio floor", "gather floor", "huey")
+
+
 def one_in_build(name: str, n: int) -> list[float]:
     """A measurement for ``--compare``, run by bench/builds.py in a fresh
     interpreter under one build: [tasks/s, cronoq.core.COMPILED as 1 or 0],
@@ -464,12 +469,17 @@ def compare(names: list[str], n: int, rounds: int, baseline: str | None, rebuild
             raise SystemExit(f"{build.name}: a subprocess ran with cronoq.core.COMPILED != {build.compiled}")
         origins[build.name]["children"] = sum(len(values) for values in flags)
     run["paths"] = {name: {b.name: summary(table[name][b.name]) for b in side} for name in names}
+    # What uses no cronoq (the floors, huey) runs the same code under every build: its
+    # measurements under all of them make one figure, the one each build's ratio is taken to.
+    run["pooled"] = {name: summary([v for b in side for v in table[name][b.name]])
+                     for name in names if name in UNCHANGED_BY_BUILD}
     return run
 
 
 def report_compare(run: dict[str, Any]) -> None:
-    paths, load, side = run["paths"], run["load"], list(run["builds"])
+    paths, pooled, load, side = run["paths"], run["pooled"], run["load"], list(run["builds"])
     first = side[0]
+    verdicts: list[str] = []
     print(f"commit {run['commit']}, Python {run['python']}, switch interval {run['switch_interval'] * 1e3:g} ms, "
           f"huey {run['huey'] or 'not installed'}"
           + (f"; baseline commit {run['baseline_commit']}" if run["baseline_commit"] else ""))
@@ -479,8 +489,9 @@ def report_compare(run: dict[str, Any]) -> None:
     print(f"load average {load['start'][0]:.2f} {load['start'][1]:.2f} {load['start'][2]:.2f} at the start, "
           f"{load['end'][0]:.2f} {load['end'][1]:.2f} {load['end'][2]:.2f} at the end")
     print(f"{run['tasks']:,} no-op tasks, {SLOTS} slots; median (min-max) of {run['repeat']} interleaved rounds, "
-          f"each measurement in a fresh interpreter under each build in turn; of floor = the path's median / "
-          f"the floor's median under the same build in this run\n")
+          f"each measurement in a fresh interpreter under each build in turn; of floor = the path's median "
+          f"under that build / the floor's median over all its {len(side) * run['repeat']} measurements of this "
+          f"run (the floors and huey run no cronoq code)\n")
     heads = ["path", *(f"{b}: tasks/s" for b in side), *(f"{b} / {first}" for b in side[1:]),
              *(f"{b}: of floor" for b in side), "target"]
     rows = []
@@ -491,16 +502,27 @@ def report_compare(run: dict[str, Any]) -> None:
         row = [label, *(spread(by[b]).strip() for b in side),
                *(f"{by[b]['median'] / by[first]['median']:.2f}x" for b in side[1:])]
         target = TARGETS.get(name)
-        if target is not None and target[0] in paths:
-            floor = paths[target[0]]
-            row += [f"{by[b]['median'] / floor[b]['median']:.3f}" for b in side]
+        if target is not None and target[0] in pooled:
+            floor = pooled[target[0]]["median"]
+            row += [f"{by[b]['median'] / floor:.3f}" for b in side]
             row.append(f">= {target[1]:g} of the {target[0]}")
+            verdicts += [f"  {label}, {b}: {by[b]['median'] / floor:.3f} of the {target[0]} (>= {target[1]:g}): "
+                         f"{'met' if by[b]['median'] / floor >= target[1] else 'missed'}" for b in side]
         else:
             row += [""] * len(side) + [""]
+        peer = PEER_TARGETS.get(name)
+        if peer is not None and peer[0] in pooled:
+            wanted = pooled[peer[0]]["median"]
+            verdicts += [f"  {label}, {b}: {by[b]['median'] / wanted:.2f}x {peer[0]} (>= {peer[1]:g}x): "
+                         f"{'met' if by[b]['median'] / wanted >= peer[1] else 'missed'}" for b in side]
         rows.append(row)
+    for name in pooled:   # the figure the ratios are taken to
+        rows.append([f"{PATHS[name][0]}, all builds", spread(pooled[name]).strip(), *[""] * (len(heads) - 2)])
     widths = [max(len(r[i]) for r in [heads, *rows]) for i in range(len(heads))]
     for row in [heads, *rows]:
         print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    if verdicts:
+        print("\n" + "\n".join(verdicts))
 
 
 def main() -> int:

@@ -36,8 +36,19 @@ the load average, every round), for scripts that compare builds.
 And the start latency of one critical task submitted behind a backlog of
 20,000 low tasks of 1 ms on 4 slots, on each path (p50/p99 over probes).
 
+``--compare`` measures the paths under the pure tree and the compiled
+engine (``CRONOQ_MYPYC=1``; bench/builds.py builds it when missing) side by
+side: each measurement in a fresh interpreter under each build in turn, the
+builds alternating round by round, the floors among the paths; per path each
+build's median (min-max), the ratio compiled / pure and each build's ratio
+to its floor of the same run (the floors run no cronoq code: their
+measurements under every build make one figure). Every subprocess reports
+``cronoq.core.COMPILED``, checked against its build. ``--baseline TREE``
+adds a third column, another pure tree. The latency part is left out.
+
     python bench/threads.py [--tasks 50000] [--repeat 5] [--probes 100] [--skip-latency]
         [--paths legacy,blocking-1,...] [--isolate] [--json]
+    python bench/threads.py --compare [--baseline TREE] [--rebuild] [--tasks ...] [--repeat ...] [--paths ...]
 """
 
 from __future__ import annotations
@@ -57,9 +68,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parent.parent))
+
+import builds  # noqa: E402  (bench/builds.py)
+
+builds.put_tree_on_path()
 
 import cronoq  # noqa: E402
+import cronoq.core  # noqa: E402
 from engine import cycles_per_second  # noqa: E402  (bench/engine.py)
 from cronoq_compat import ElasticPriorityScheduler, Priority, Task  # noqa: E402
 
@@ -398,6 +413,118 @@ def report(run: dict[str, Any]) -> None:
             print(f"  {label:<20} p50 {lat['p50_ms']:7.3f} ms   p99 {lat['p99_ms']:7.3f} ms   (target p99 < 2 ms)")
 
 
+# ---------------------------------------------------------------- builds side by side (--compare)
+
+# The paths that run no cronoq code: the same under every build.
+UNCHANGED_BY_BUILD = ("thread floor", "asyncio floor", "gather floor", "huey")
+
+
+def one_in_build(name: str, n: int) -> list[float]:
+    """A measurement for ``--compare``, run by bench/builds.py in a fresh
+    interpreter under one build: [tasks/s, cronoq.core.COMPILED as 1 or 0],
+    the second checked by the parent against the build it meant to run."""
+    return [PATHS[name][1](n), float(cronoq.core.COMPILED)]
+
+
+def build_origin() -> dict[str, Any]:
+    """Where a build's subprocess loads cronoq and its engine from."""
+    from importlib.util import find_spec
+    engine = find_spec("cronoq.core.engine")
+    return {"compiled": cronoq.core.COMPILED, "tree": str(Path(cronoq.__file__).resolve().parent.parent),
+            "engine": Path(engine.origin).name if engine and engine.origin else "?"}
+
+
+def _shown(path: Path) -> str:
+    """A build's directory as the table shows it: relative to this tree."""
+    if path == builds.REPO:
+        return "this tree"
+    return str(path.relative_to(builds.REPO)) if path.is_relative_to(builds.REPO) else str(path)
+
+
+def compare(names: list[str], n: int, rounds: int, baseline: str | None, rebuild: bool) -> dict[str, Any]:
+    """Every path under the pure tree and the compiled build (and a baseline
+    tree), each measurement in a fresh interpreter, interleaved round by round."""
+    side = [builds.pure(), builds.compiled(rebuild=rebuild)]
+    if baseline:
+        side.append(builds.tree(Path(baseline), "baseline"))
+    origins = {}
+    for build in side:
+        origin = builds.run(build, "threads", "build_origin")
+        if origin["compiled"] is not build.compiled or Path(origin["tree"]) != build.path:
+            raise SystemExit(f"{build.name}: cronoq from {origin['tree']}, COMPILED {origin['compiled']}: "
+                             f"not the build meant ({build.path}, COMPILED {build.compiled})")
+        origins[build.name] = {**origin, "tree": _shown(build.path)}
+    run: dict[str, Any] = {
+        "commit": commit(), "python": platform.python_version(), "switch_interval": sys.getswitchinterval(),
+        "huey": huey_version(), "tasks": n, "repeat": rounds, "builds": origins,
+        "baseline_commit": builds.commit(Path(baseline)) if baseline else None,
+        "load": {"start": os.getloadavg()},
+    }
+    measures = [((name, f"{name} COMPILED"), "threads", "one_in_build", (name, n)) for name in names]
+    table = builds.compare(side, measures, rounds)
+    run["load"]["end"] = os.getloadavg()
+    for build in side:   # every child ran the build it was meant to
+        flags = [row[build.name] for label, row in table.items() if label.endswith(" COMPILED")]
+        if any(flag != float(build.compiled) for values in flags for flag in values):
+            raise SystemExit(f"{build.name}: a subprocess ran with cronoq.core.COMPILED != {build.compiled}")
+        origins[build.name]["children"] = sum(len(values) for values in flags)
+    run["paths"] = {name: {b.name: summary(table[name][b.name]) for b in side} for name in names}
+    # What uses no cronoq (the floors, huey) runs the same code under every build: its
+    # measurements under all of them make one figure, the one each build's ratio is taken to.
+    run["pooled"] = {name: summary([v for b in side for v in table[name][b.name]])
+                     for name in names if name in UNCHANGED_BY_BUILD}
+    return run
+
+
+def report_compare(run: dict[str, Any]) -> None:
+    paths, pooled, load, side = run["paths"], run["pooled"], run["load"], list(run["builds"])
+    first = side[0]
+    verdicts: list[str] = []
+    print(f"commit {run['commit']}, Python {run['python']}, switch interval {run['switch_interval'] * 1e3:g} ms, "
+          f"huey {run['huey'] or 'not installed'}"
+          + (f"; baseline commit {run['baseline_commit']}" if run["baseline_commit"] else ""))
+    for name, origin in run["builds"].items():
+        print(f"  {name}: cronoq from {origin['tree']}, its engine {origin['engine']}; cronoq.core.COMPILED "
+              f"{origin['compiled']} in each of its {origin['children']} subprocesses")
+    print(f"load average {load['start'][0]:.2f} {load['start'][1]:.2f} {load['start'][2]:.2f} at the start, "
+          f"{load['end'][0]:.2f} {load['end'][1]:.2f} {load['end'][2]:.2f} at the end")
+    print(f"{run['tasks']:,} no-op tasks, {SLOTS} slots; median (min-max) of {run['repeat']} interleaved rounds, "
+          f"each measurement in a fresh interpreter under each build in turn; of floor = the path's median "
+          f"under that build / the floor's median over all its {len(side) * run['repeat']} measurements of this "
+          f"run (the floors and huey run no cronoq code)\n")
+    heads = ["path", *(f"{b}: tasks/s" for b in side), *(f"{b} / {first}" for b in side[1:]),
+             *(f"{b}: of floor" for b in side), "target"]
+    rows = []
+    for name, (label, _) in PATHS.items():
+        if name not in paths:
+            continue
+        by = paths[name]
+        row = [label, *(spread(by[b]).strip() for b in side),
+               *(f"{by[b]['median'] / by[first]['median']:.2f}x" for b in side[1:])]
+        target = TARGETS.get(name)
+        if target is not None and target[0] in pooled:
+            floor = pooled[target[0]]["median"]
+            row += [f"{by[b]['median'] / floor:.3f}" for b in side]
+            row.append(f">= {target[1]:g} of the {target[0]}")
+            verdicts += [f"  {label}, {b}: {by[b]['median'] / floor:.3f} of the {target[0]} (>= {target[1]:g}): "
+                         f"{'met' if by[b]['median'] / floor >= target[1] else 'missed'}" for b in side]
+        else:
+            row += [""] * len(side) + [""]
+        peer = PEER_TARGETS.get(name)
+        if peer is not None and peer[0] in pooled:
+            wanted = pooled[peer[0]]["median"]
+            verdicts += [f"  {label}, {b}: {by[b]['median'] / wanted:.2f}x {peer[0]} (>= {peer[1]:g}x): "
+                         f"{'met' if by[b]['median'] / wanted >= peer[1] else 'missed'}" for b in side]
+        rows.append(row)
+    for name in pooled:   # the figure the ratios are taken to
+        rows.append([f"{PATHS[name][0]}, all builds", spread(pooled[name]).strip(), *[""] * (len(heads) - 2)])
+    widths = [max(len(r[i]) for r in [heads, *rows]) for i in range(len(heads))]
+    for row in [heads, *rows]:
+        print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    if verdicts:
+        print("\n" + "\n".join(verdicts))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=50_000)
@@ -408,6 +535,12 @@ def main() -> int:
     parser.add_argument("--isolate", action="store_true", help="each measurement in a fresh interpreter")
     parser.add_argument("--json", action="store_true", help="print the run as JSON instead of a table")
     parser.add_argument("--one", metavar="PATH", help="measure PATH once and print {path, tasks, rate} as JSON")
+    parser.add_argument("--compare", action="store_true",
+                        help="every path under the pure tree and the compiled build (bench/builds.py), "
+                             "side by side, each measurement in a fresh interpreter (no latency part)")
+    parser.add_argument("--rebuild", action="store_true", help="with --compare: build the compiled variant anew")
+    parser.add_argument("--baseline", metavar="TREE",
+                        help="with --compare: a third column, another pure tree (a worktree of main, say)")
     args = parser.parse_args()
     n = args.tasks
     if args.one is not None:
@@ -422,6 +555,15 @@ def main() -> int:
     huey = huey_version()
     if huey is None and "huey" in names:
         names.remove("huey")
+    if args.compare:
+        compared = compare(names, n, args.repeat, args.baseline, args.rebuild)
+        if args.json:
+            print(json.dumps(compared, indent=2))
+        else:
+            report_compare(compared)
+        return 0
+    if args.baseline or args.rebuild:
+        parser.error("--baseline and --rebuild go with --compare")
     run: dict[str, Any] = {
         "commit": commit(), "python": platform.python_version(), "switch_interval": sys.getswitchinterval(),
         "huey": huey, "tasks": n, "repeat": args.repeat, "isolated": args.isolate,

@@ -252,7 +252,7 @@ async def _noop(ctx, payload):
     return None
 
 
-async def _asyncio_floor(n: int) -> float:
+async def asyncio_floor(n: int) -> float:
     import asyncio
     q: asyncio.Queue = asyncio.Queue()
 
@@ -272,7 +272,7 @@ async def _asyncio_floor(n: int) -> float:
     return n / elapsed
 
 
-async def _asyncio_gather(n: int, batch: int = 1000) -> float:
+async def asyncio_gather(n: int, batch: int = 1000) -> float:
     import asyncio
 
     import cronoq
@@ -289,8 +289,8 @@ async def _asyncio_gather(n: int, batch: int = 1000) -> float:
 def asyncio_path(n: int) -> list[float]:
     """[floor tasks/s, Scheduler tasks/s, their ratio], measured in one process."""
     import asyncio
-    floor = asyncio.run(_asyncio_floor(n))
-    path = asyncio.run(_asyncio_gather(n))
+    floor = asyncio.run(asyncio_floor(n))
+    path = asyncio.run(asyncio_gather(n))
     return [floor, path, path / floor]
 
 

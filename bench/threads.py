@@ -75,7 +75,7 @@ builds.put_tree_on_path()
 
 import cronoq  # noqa: E402
 import cronoq.core  # noqa: E402
-from engine import cycles_per_second  # noqa: E402  (bench/engine.py)
+from engine import asyncio_floor, asyncio_gather, cycles_per_second  # noqa: E402  (bench/engine.py)
 from cronoq_compat import ElasticPriorityScheduler, Priority, Task  # noqa: E402
 
 SLOTS = 8
@@ -106,25 +106,6 @@ def thread_floor(n: int) -> float:
         q.put((9, n + i, None))
     for w in workers:
         w.join()
-    return n / elapsed
-
-
-async def asyncio_floor(n: int) -> float:
-    q: asyncio.Queue = asyncio.Queue()
-
-    async def worker() -> None:
-        while True:
-            await q.get()
-            q.task_done()
-
-    workers = [asyncio.create_task(worker()) for _ in range(SLOTS)]
-    start = time.perf_counter()
-    for i in range(n):
-        q.put_nowait(i)
-    await q.join()
-    elapsed = time.perf_counter() - start
-    for w in workers:
-        w.cancel()
     return n / elapsed
 
 
@@ -187,17 +168,6 @@ def blocking(n: int, threads: int) -> float:
         for t in pool_threads:
             t.join()
         return sum(done) / (time.perf_counter() - start)
-
-
-async def asyncio_gather(n: int, batch: int = 1000) -> float:
-    pool = cronoq.Pool("default", _noop, min=SLOTS, max=SLOTS, autoscale=False)
-    async with cronoq.Scheduler([pool]) as sched:
-        start = time.perf_counter()
-        handles = []
-        for i in range(0, n, batch):
-            handles.extend(await sched.submit_batch([cronoq.Task(None) for _ in range(min(batch, n - i))]))
-        await asyncio.gather(*handles)
-        return n / (time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------- the peer

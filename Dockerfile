@@ -9,7 +9,8 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/cronoq
 WORKDIR /src
-COPY pyproject.toml setup.cfg README.md ./
+COPY pyproject.toml setup.cfg setup.py MANIFEST.in README.md ./
+COPY _build ./_build
 COPY cronoq ./cronoq
 COPY cronoq_compat ./cronoq_compat
 COPY cronoq_pytest ./cronoq_pytest

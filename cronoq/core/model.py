@@ -17,7 +17,8 @@ from .autoscale import Autoscaler
 from .metrics import PoolWindow, RunStats
 from .queues import ReadyQueues
 from .reservations import Calendar
-from .types import CLASSES, READY, CoreConfig, PoolConfig, RetryPolicy, Status, TaskSpec
+from .statuses import READY
+from .types import CLASSES, CoreConfig, PoolConfig, RetryPolicy, Status, TaskSpec
 
 if TYPE_CHECKING:
     from .resources import ResourceState

@@ -20,7 +20,8 @@ from collections import deque
 from typing import Generic, Iterator, Protocol, TypeVar, cast
 
 from .._mypyc import mypyc_attr
-from .types import READY, PriorityConfig, Status, TaskSpec, UrgencyConfig
+from .statuses import READY
+from .types import PriorityConfig, Status, TaskSpec, UrgencyConfig
 
 __all__ = ["Queued", "ReadyQueues"]
 

@@ -22,7 +22,7 @@ from hypothesis.stateful import (
 from cronoq.core.metrics import (
     DecayingHistogram, Histogram, PoolWindow, bucket_mid, bucket_of, percentile_of,
 )
-from cronoq.core.queues import ReadyQueues
+from cronoq.core.queues import Queued, ReadyQueues
 from cronoq.core.reservations import Calendar
 from cronoq.core.timers import TimerHeap
 from cronoq.core.types import NS, READY, PriorityConfig, UrgencyConfig
@@ -44,10 +44,11 @@ class FakeSpec:
         self.tenant = tenant
 
 
-class FakeEntry:
-    """The attributes of an engine Entry that queues.py reads and writes."""
+class FakeEntry(Queued):
+    """The attributes of an engine Entry that queues.py reads and writes
+    (declared by Queued; a compiled Queued keeps them in its own layout)."""
 
-    __slots__ = ("id", "cls", "submitted", "lst", "est", "deadline", "tag", "spec", "status")
+    __slots__ = ("deadline",)
 
     def __init__(self, task_id, cls, submitted, deadline=None, est=0, tenant=None):
         self.id = task_id

@@ -40,11 +40,13 @@ from .resources import ResourceState
 from .snapshot import GroupSnapshot, PoolSnapshot, Reservation, Snapshot, TaskInfo, TOTAL_FIELDS
 from .timers import TimerHeap
 from .options import MISS_POLICIES
+from .statuses import (   # (C statics when compiled: the engine's hot path reads them)
+    BLOCKED, CANCELLED, CANCELLED_OUTCOME, DEAD_LETTERED, FAILED, MISSED, PERMANENT, READY, RETRYABLE,
+    RETRYING, RUNNING, SCHEDULED, SHED, SKIPPED, SUCCEEDED, SUCCESS,
+)
 from .types import (
-    BLOCKED, CANCELLED, CANCELLED_OUTCOME, CLASSES, DEAD_LETTERED, FAILED, KEY_LIMIT,
-    MISSED, NS, PERMANENT, READY, RECURRING_KEY_LIMIT, RETRYABLE, RETRYING, RUNNING, SCHEDULED, SHED,
-    SKIPPED, SUCCEEDED, SUCCESS, TERMINAL, CoreConfig, PoolConfig, ResourceConfig, RetryPolicy, Status,
-    TaskSpec, check_length, check_name, first_id, to_ns,
+    CLASSES, KEY_LIMIT, NS, RECURRING_KEY_LIMIT, TERMINAL, CoreConfig, PoolConfig, ResourceConfig, RetryPolicy,
+    Status, TaskSpec, check_length, check_name, first_id, to_ns,
 )
 
 __all__ = ["Core", "Entry", "MUT_SUBMIT", "MUT_STATUS", "MUT_OUTPUT", "MUT_RECURRING",
@@ -52,7 +54,7 @@ __all__ = ["Core", "Entry", "MUT_SUBMIT", "MUT_STATUS", "MUT_OUTPUT", "MUT_RECUR
 
 _COMPACT_SLACK: Final = 32   # stale timers tolerated beyond half the heap (small heaps are not scanned)
 
-_FAILURES = (RETRYABLE, PERMANENT, CANCELLED_OUTCOME)   # outcomes of complete() besides success
+_FAILURES: Final = (RETRYABLE, PERMANENT, CANCELLED_OUTCOME)   # outcomes of complete() besides success
 
 # Which parent statuses satisfy a dependency edge, by its condition.
 _SATISFIES: dict[str, frozenset[Status]] = {
@@ -62,7 +64,7 @@ _SATISFIES: dict[str, frozenset[Status]] = {
 }
 
 Action = tuple[Any, ...]   # a raw action tuple (layouts in cronoq.core.actions)
-_PLAIN: dict[str, str] = {status: status.value for status in Status}
+_PLAIN: Final[dict[str, str]] = {status: status.value for status in Status}
 
 
 # (subclasses in Python: the differential test's general engine)
@@ -221,10 +223,12 @@ class Core:
         heap = self.timer_heap
         if heap and heap[0][0] <= now or self._retain_order and self._retain_order[0][0] <= now:
             self._enter(now)
-        e = self.running.pop(lease, None)
+        running = self.running
+        e = running.get(lease)   # (get and del: native dict operations when compiled; pop is a method call)
         if e is None:
             self._counts["stale_completions"] += 1
             return False
+        del running[lease]
         ok = outcome is SUCCESS or outcome == SUCCESS
         self._end_attempt(e, now, ok)
         if ok:

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Callable, Final
 
 from .autoscale import Autoscaler
 from .metrics import PoolWindow, RunStats
-from .queues import ReadyQueues
+from .queues import Queued, ReadyQueues
 from .reservations import Calendar
-from .types import CLASSES, READY, CoreConfig, PoolConfig, RetryPolicy, Status, TaskSpec
+from .statuses import READY
+from .types import CLASSES, CoreConfig, PoolConfig, RetryPolicy, Status, TaskSpec
 
 if TYPE_CHECKING:
     from .resources import ResourceState
@@ -63,11 +64,11 @@ class Extra:
         self.reoffered = False                  # may take units ahead of a resource's waiters
 
 
-class Entry:
+class Entry(Queued):
     """A live task. Queues hold references to entries; ids order submissions."""
 
-    __slots__ = ("id", "pool", "cls", "status", "attempt", "submitted", "ready_at", "payload",
-                 "key", "kind", "spec", "lease", "started", "deadline", "lst", "est", "tag",
+    # (and, from Queued: id, cls, submitted, est, lst, tag, status, spec)
+    __slots__ = ("pool", "attempt", "ready_at", "payload", "key", "kind", "lease", "started", "deadline",
                  "unmet", "children", "group", "where", "x")
 
     def __init__(self, task_id: int, pool: PoolState, cls: int, now: int, payload: Any,

@@ -17,34 +17,34 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import deque
-from typing import Generic, Iterator, Protocol, TypeVar, cast
+from typing import Generic, Iterator, TypeVar, cast
 
 from .._mypyc import mypyc_attr
-from .types import READY, PriorityConfig, Status, TaskSpec, UrgencyConfig
+from .statuses import READY
+from .types import PriorityConfig, Status, TaskSpec, UrgencyConfig
 
 __all__ = ["Queued", "ReadyQueues"]
 
 
-class Queued(Protocol):
-    """What the queues read of a task (the engine's Entry): declared here so
-    that this module needs nothing from the one that declares tasks."""
+# (subclasses in Python: the tests' fake entries)
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Queued:
+    """What the queues read of a task: the base of the engine's Entry, which
+    sets these in its constructor. Declared here so that this module needs
+    nothing from the one that declares tasks; a base class rather than a
+    Protocol so that compiled code reads them as native attributes (a
+    Protocol's attributes are a generic lookup each)."""
 
+    __slots__ = ("id", "cls", "submitted", "est", "lst", "tag", "status", "spec")
+
+    id: int
+    cls: int
+    submitted: int
+    est: int
+    lst: int | None
     tag: float | None   # the fair-share start tag, written here
-
-    @property
-    def id(self) -> int: ...
-    @property
-    def cls(self) -> int: ...
-    @property
-    def est(self) -> int: ...
-    @property
-    def lst(self) -> int | None: ...
-    @property
-    def status(self) -> Status: ...
-    @property
-    def submitted(self) -> int: ...
-    @property
-    def spec(self) -> TaskSpec | None: ...
+    status: Status
+    spec: TaskSpec | None
 
 
 E = TypeVar("E", bound=Queued)

@@ -13,7 +13,8 @@ import bisect
 from collections import deque
 from typing import Generic, Protocol, TypeVar
 
-from .types import READY, ResourceConfig, Status
+from .statuses import READY
+from .types import ResourceConfig, Status
 
 __all__ = ["Parked", "ResourceState"]
 

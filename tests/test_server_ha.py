@@ -21,7 +21,7 @@ import pytest
 from cronoq._proto import cronoq_pb2 as pb
 from cronoq import UnknownTask
 from cronoq.client import Client, Worker
-from serverkit import LISTEN, RawWorker, WorkerProcess, stubs
+from serverkit import LISTEN, RawWorker, WorkerProcess, sqlite_store, stubs
 
 pytestmark = pytest.mark.asyncio
 
@@ -36,18 +36,11 @@ def readyz(server) -> int:
 
 
 def sqlite_config(path, *, ttl: float = 2.0) -> str:
-    return LISTEN + f"""
-[store]
-kind = "sqlite"
-path = "{path}"
-lease_ttl_s = {ttl}
-lease_renew_s = 0.3
-lock_poll_s = 0.1
-full_sync = false
+    return LISTEN + sqlite_store(path, ttl=ttl, full_sync=False) + """
 [[pools]]
 name = "default"
 lease_ttl_s = 2
-retry = {{ max_attempts = 5, initial_backoff_s = 0.05, jitter = false }}
+retry = { max_attempts = 5, initial_backoff_s = 0.05, jitter = false }
 [[pools]]
 name = "idle"
 """

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 
@@ -121,15 +122,17 @@ async def test_a_leader_answers_a_follower_that_sends_no_version_and_refuses_an_
 
 @pytest.mark.asyncio
 async def test_a_follower_explains_a_task_through_the_leader(sqlite_backend):
+    # One executor for both: the leader may give the holder's attempt to the
+    # follower's member (under load it does), and either must set ``running``.
     work = Work()
     leader = cronoq.Scheduler([pool(work, capacity=1)], store=sqlite_backend.store())
     await leader.start()
-    follower = cronoq.Scheduler([pool(Work(), capacity=1)], store=sqlite_backend.store())
+    follower = cronoq.Scheduler([pool(work, capacity=1)], store=sqlite_backend.store())
     await follower.start()
     try:
         assert leader.leading and not follower.leading
         await leader.submit({"op": "block"}, key="holder")
-        await work.running.wait()
+        await asyncio.wait_for(work.running.wait(), 30)
         await follower.submit({"name": "queued"}, key="queued")
         explained = await follower.explain("queued")
         assert (explained.status, explained.position) == ("ready", 1)

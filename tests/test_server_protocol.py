@@ -49,6 +49,8 @@ name = "batch"
 [[pools]]
 name = "size"
 [[pools]]
+name = "flush"
+[[pools]]
 name = "labels"
 [[pools]]
 name = "drain"
@@ -443,6 +445,50 @@ async def test_batches_go_only_to_workers_that_accept_them_and_may_not_nest(serv
     assert len({m.lease for m in received}) == 4
     for w in (plain, batching):
         await w.close()
+    await channel.close()
+
+
+async def messages_until(worker: RawWorker, kind: str) -> list[pb.ServerMessage]:
+    """The server's messages (batches unpacked) up to and including the first of ``kind``."""
+    got: list[pb.ServerMessage] = []
+    while not got or got[-1].WhichOneof("msg") != kind:
+        message = await worker.recv()
+        assert message is not None
+        got += list(message.batch.messages) if message.WhichOneof("msg") == "batch" else [message]
+    return got
+
+
+async def test_the_leases_a_batch_frees_and_its_answers_go_out_once_each_in_order(server):
+    # The reader sends what a worker's message queued as soon as it is handled, beside the
+    # writer task: every message still goes out once, in the order the server made it.
+    channel, tasks, _ = stubs(server.target)
+    worker = RawWorker(server.target)
+    await worker.register("flush", slots=4, batches=True)
+    ids = [t.id for t in (await tasks.SubmitBatch(pb.SubmitBatchRequest(tasks=[pb.TaskSpec(pool="flush")] * 12))).tasks]
+    held = [m.lease for m in await messages_until(worker, "lease")]
+    while len(held) < 4:
+        held += [m.lease for m in await messages_until(worker, "lease")]
+    assert len(held) == 4
+    seen = {lease.task_id for lease in held}
+    for slots in (2, 2, 2):
+        await worker.send(batch=pb.WorkerBatch(
+            messages=[pb.WorkerMessage(complete=pb.Complete(lease=lease.lease)) for lease in held]
+            + [pb.WorkerMessage(set_slots=pb.SetSlots(slots=slots))]))
+        got = await messages_until(worker, "slots_granted")
+        assert [m.WhichOneof("msg") for m in got] == ["lease"] * (len(got) - 1) + ["slots_granted"]
+        assert got[-1].slots_granted.slots == slots
+        held = [m.lease for m in got[:-1]]
+        # The completes freed their slots before SetSlots took effect: first four, then two.
+        assert len(held) == (4 if not seen - set(ids[:4]) else 2)
+        assert not {lease.task_id for lease in held} & seen
+        seen |= {lease.task_id for lease in held}
+    await worker.send(batch=pb.WorkerBatch(
+        messages=[pb.WorkerMessage(complete=pb.Complete(lease=lease.lease)) for lease in held]))
+    assert seen == set(ids)
+    for task_id in ids:
+        assert (await result(tasks, task_id)).status == pb.TASK_STATUS_SUCCEEDED
+    await no_message(worker, 0.2)
+    await worker.close()
     await channel.close()
 
 

@@ -1,8 +1,11 @@
 """The LLM worker's throughput: cronoq-llm-worker (a process) with SLOTS
 slots against tests/openai_fake.py (a process) answering every chat
 completion after 50 ms, through a real cronoq-server. This process only
-submits and waits. Reports tasks/s and the most requests the fake saw in
-flight per run; the target is slots / 50 ms within 10 %.
+submits and waits. Reports tasks/s end to end (from the submission of the
+batch to the last wait's answer) and in steady state (the server's end
+times, from the end of the first round of SLOTS tasks to the last end), and
+the most requests the fake saw in flight per run; the target is slots / 50
+ms within 10 %.
 
     python bench/llm_worker.py [--slots 16] [--tasks 800] [--runs 5]
 
@@ -44,7 +47,8 @@ asyncio.run(Worker(sys.argv[1], "llm", handle, slots=int(sys.argv[2])).run())
 """
 
 
-async def one_run(target: str, tasks: int) -> float:
+async def one_run(target: str, tasks: int, slots: int) -> tuple[float, float]:
+    """(end to end, steady state) tasks/s of one batch (see bench/README.md)."""
     async with Client(target) as client:
         while not [w for w in await client.workers(pools=["llm"])]:
             await asyncio.sleep(0.05)
@@ -54,7 +58,19 @@ async def one_run(target: str, tasks: int) -> float:
         for sub in subs:
             result = await client.wait(sub.id, timeout=120)
             assert result.ok, result
-        return tasks / (time.perf_counter() - started)
+        end_to_end = tasks / (time.perf_counter() - started)
+        # Steady state: the server's end times, from the end of the first round (every slot
+        # busy since) to the last end; neither the batch's admission nor these waits count.
+        ids = {sub.id for sub in subs}
+        ends: list[float] = []
+        after = min(ids) - 1
+        while after is not None and len(ends) < tasks:
+            page = await client.list(pools=["llm"], after=after, limit=1000)
+            ends += [t.finished for t in page.tasks if t.id in ids and t.finished is not None]
+            after = page.next_after
+        ends.sort()
+        steady = (len(ends) - slots) / (ends[-1] - ends[slots - 1])
+        return end_to_end, steady
 
 
 def client_cpu(slots: int, requests: int) -> None:
@@ -119,9 +135,11 @@ def main() -> None:
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   env=env)
         try:
-            rates, peaks = [], []
+            rates, steady, peaks = [], [], []
             for _ in range(args.runs):
-                rates.append(asyncio.run(one_run(server.target, args.tasks)))
+                rate, steady_rate = asyncio.run(one_run(server.target, args.tasks, args.slots))
+                rates.append(rate)
+                steady.append(steady_rate)
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as answer:
                     peaks.append(json.load(answer)["max_in_flight"])   # 0 with --plain
         finally:
@@ -135,6 +153,9 @@ def main() -> None:
                       "tasks_per_s_median": round(statistics.median(rates), 1),
                       "tasks_per_s_min": round(min(rates), 1), "tasks_per_s_max": round(max(rates), 1),
                       "of_target_median": round(statistics.median(rates) / target, 3),
+                      "steady_tasks_per_s_median": round(statistics.median(steady), 1),
+                      "steady_tasks_per_s_min": round(min(steady), 1), "steady_tasks_per_s_max": round(max(steady), 1),
+                      "steady_of_target_median": round(statistics.median(steady) / target, 3),
                       "in_flight_max": peaks, "loadavg": [round(x, 2) for x in os.getloadavg()]}))
 
 

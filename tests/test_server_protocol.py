@@ -459,8 +459,8 @@ async def messages_until(worker: RawWorker, kind: str) -> list[pb.ServerMessage]
 
 
 async def test_the_leases_a_batch_frees_and_its_answers_go_out_once_each_in_order(server):
-    # The reader sends what a worker's message queued as soon as it is handled, beside the
-    # writer task: every message still goes out once, in the order the server made it.
+    # Completes and a SetSlots in one batch: the leases they free and the answer go out
+    # once each, in the order the server made them.
     channel, tasks, _ = stubs(server.target)
     worker = RawWorker(server.target)
     await worker.register("flush", slots=4, batches=True)

@@ -503,7 +503,6 @@ class WorkerSession:
         self.pool_names = pool_names
         self.conn: WorkerConn | None = None
         self.pool: RemotePool | None = None
-        self._writing = asyncio.Lock()   # one write to the stream at a time (see _flush)
 
     async def run(self, read: Reader, write: Writer) -> None:
         """Serve the stream; raises ``ServiceError`` to end it with a status.
@@ -537,7 +536,7 @@ class WorkerSession:
                  conn.slots, conn.labels or "none",
                  extra={"action": "worker_registered", "pool": pool.name, "worker": conn.id})
         writer = asyncio.get_running_loop().create_task(self._write(write))
-        reader = asyncio.get_running_loop().create_task(self._read(read, write))
+        reader = asyncio.get_running_loop().create_task(self._read(read))
         reason = "the stream ended"
         try:
             error = await conn.done
@@ -607,27 +606,12 @@ class WorkerSession:
     async def _write(self, write: Writer) -> None:
         conn = self.conn
         assert conn is not None
-        while await self._flush(write):
-            if conn.done.done():
-                return
-            conn.writable.clear()
-            if conn.out:   # queued while the reader's flush held the lock
-                continue
-            await conn.writable.wait()
-
-    async def _flush(self, write: Writer) -> bool:
-        """Send what waits in the worker's queue; False once the transport failed.
-
-        Messages that queued up while a write was under way go out as one
-        batch (to workers that accept them), within half the message limit.
-        Both the writer task and the reader (right after a worker's message
-        freed slots) flush; the lock keeps their writes in order."""
-        conn = self.conn
-        assert conn is not None
         out = conn.out
+        # Messages that queued up while a write was under way go out as one
+        # batch (to workers that accept them), within half the message limit.
         limit = self.hub.limits.max_message_bytes // 2
-        async with self._writing:
-            try:
+        try:
+            while True:
                 while out:
                     if not conn.batches or len(out) == 1:
                         await write(out.popleft())
@@ -644,14 +628,16 @@ class WorkerSession:
                         size += n
                     await write(pb.ServerMessage(batch=batch))
                     conn.progress.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the transport failed: the stream is gone
-                conn.end(ServiceError(Code.UNAVAILABLE, f"writing to the worker failed: {exc}"))
-                return False
-        return True
+                if conn.done.done():
+                    return
+                conn.writable.clear()
+                await conn.writable.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the transport failed: the stream is gone
+            conn.end(ServiceError(Code.UNAVAILABLE, f"writing to the worker failed: {exc}"))
 
-    async def _read(self, read: Reader, write: Writer) -> None:
+    async def _read(self, read: Reader) -> None:
         conn = self.conn
         pool = self.pool
         assert conn is not None and pool is not None
@@ -671,19 +657,14 @@ class WorkerSession:
                     self._handle(message)
                     if kind == "checkpoint":
                         await self._saves_settle()
-                else:
-                    for inner in message.batch.messages:
-                        kind = inner.WhichOneof("msg")
-                        if kind in ("batch", "register"):
-                            raise ServiceError(Code.INVALID_ARGUMENT, f"a batch may not hold a {kind} message")
-                        self._handle(inner)
-                        if kind == "checkpoint":
-                            await self._saves_settle()
-                if conn.out and not self._writing.locked():
-                    # The leases that message freed go out now, ahead of the client answers
-                    # its outcomes woke (each a task the loop would run before the writer's).
-                    if not await self._flush(write):
-                        return
+                    continue
+                for inner in message.batch.messages:
+                    kind = inner.WhichOneof("msg")
+                    if kind in ("batch", "register"):
+                        raise ServiceError(Code.INVALID_ARGUMENT, f"a batch may not hold a {kind} message")
+                    self._handle(inner)
+                    if kind == "checkpoint":
+                        await self._saves_settle()
         except asyncio.CancelledError:
             raise
         except ServiceError as exc:

@@ -74,3 +74,27 @@ def test_the_worker_file(tmp_path):
         LLMConfig.load(path)
     with pytest.raises(ValueError, match="fallback_kind"):
         LLMConfig(fallback_kind="llm.draw")
+
+
+def test_the_llm_worker_freezes_its_start_up_objects_before_it_serves(tmp_path):
+    # As cronoq-server: a full collection then scans only what serving made (asyncio.run
+    # stands in for serving here).
+    import subprocess
+    import sys
+
+    from serverkit import ROOT, server_env
+
+    config = tmp_path / "llm.toml"
+    config.write_text('[worker]\ntarget = "127.0.0.1:1"\npool = "llm"\nslots = 2\n'
+                      '[provider]\nbase_url = "http://127.0.0.1:1/v1"\n[defaults]\nmodel = "m"\n')
+    probe = ("import gc, sys\n"
+             "from cronoq.llm import cli\n"
+             "def serve(coro):\n"
+             "    coro.close()\n"
+             "    print('frozen', gc.get_freeze_count())\n"
+             "cli.asyncio.run = serve\n"
+             f"sys.exit(cli.main(['--config', {str(config)!r}]))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=server_env(),
+                            cwd=ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout.split()[-1]) > 1000, result.stdout

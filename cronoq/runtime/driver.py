@@ -89,7 +89,7 @@ class EngineDriver:
         self.results: Results
         self.admission: Admission
         self.room: dict[Any, Any] = {}
-        _process.after_fork(self._after_fork)
+        self._fork_hook = _process.after_fork(self._after_fork)
 
     def attach(self, results: Results, admission: Admission) -> None:
         self.results = results

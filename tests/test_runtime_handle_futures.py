@@ -247,3 +247,29 @@ def test_a_keyboard_interrupt_in_a_done_callback_reaches_the_loops_runner_and_th
         assert ran == [1]
     finally:
         loop.close()
+
+
+def test_callbacks_due_on_a_loop_closed_before_it_ran_them_do_not_keep_that_loop():
+    from cronoq.runtime import handle as handle_module
+
+    closed = asyncio.new_event_loop()
+    h = TaskHandle(1, None, False, closed)
+    h.add_done_callback(lambda h: None)
+    h.set_result(1)   # falls due on a loop that never runs again
+    closed.close()
+    assert closed in handle_module._due   # never run: asyncio dropped its Handle with the loop
+    ran: list[int] = []
+
+    async def another():
+        (h,) = handles(1)
+        h.add_done_callback(lambda h: ran.append(h.id))
+        h.set_result(1)
+        await asyncio.sleep(0)
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(another())
+    finally:
+        loop.close()
+    assert ran == [0]
+    assert closed not in handle_module._due

@@ -30,6 +30,13 @@ _Due = list[tuple["TaskHandle", Callable[["TaskHandle"], object], contextvars.Co
 _due: dict[asyncio.AbstractEventLoop, _Due] = {}
 
 
+def _forget_closed_loops() -> None:
+    """Drop what fell due on loops closed before running it (asyncio drops
+    its Handles with the loop): the table must not keep those loops."""
+    for loop in [loop for loop in _due if loop.is_closed()]:
+        del _due[loop]
+
+
 def _run_due(loop: asyncio.AbstractEventLoop) -> None:
     due = _due.pop(loop)
     for i in range(len(due)):
@@ -187,6 +194,8 @@ class TaskHandle:
         loop = self._loop
         due = _due.get(loop)
         if due is None:
+            if _due:
+                _forget_closed_loops()
             due = []
             loop.call_soon(_run_due, loop)
             _due[loop] = due

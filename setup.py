@@ -1,7 +1,7 @@
 """The build: pure Python, unless CRONOQ_MYPYC=1 asks for the compiled engine.
 
-``CRONOQ_MYPYC=1 pip install .`` compiles the modules of cronoq.core with
-mypyc (the in-tree backend, _build/backend.py, adds mypy to the build's
+``CRONOQ_MYPYC=1 pip install .`` compiles the modules of cronoq.core and the
+runtime's hot modules with mypyc (the in-tree backend, _build/backend.py, adds mypy to the build's
 requirements then); without the variable the package is pure Python, as
 every other install. The metadata lives in pyproject.toml.
 """
@@ -25,6 +25,12 @@ from setuptools import setup
 #   LookupError too), which compiled classes cannot.
 PURE = {"__init__.py", "types.py", "actions.py", "snapshot.py", "errors.py"}
 COMPILED = sorted(str(path) for path in Path("cronoq", "core").glob("*.py") if path.name not in PURE)
+# And the runtime's modules on the path of every task (the driver's pump, an
+# async executor's worker and its context, the attempt, the handle and the
+# results table): once the engine is compiled they are most of a task's cost.
+# The rest of the runtime stays Python (it runs per call or per scheduler).
+RUNTIME = ["context.py", "driver.py", "handle.py", "local.py", "results.py", "runner.py"]
+COMPILED += [str(Path("cronoq", "runtime", name)) for name in RUNTIME]
 
 
 COMPILE = os.environ.get("CRONOQ_MYPYC") == "1"
@@ -42,7 +48,7 @@ def ext_modules() -> list:
     except ImportError as exc:
         raise SystemExit("CRONOQ_MYPYC=1 needs mypy (with mypyc) in the build environment: "
                          "`pip install .` adds it itself; with --no-build-isolation, install it first") from exc
-    # (pyproject's mypy settings name every package; this run checks only the engine)
+    # (pyproject's mypy settings name every package; this run checks only the compiled modules)
     return mypycify(["--no-warn-unused-configs", *COMPILED], opt_level="3", target_dir=str(BUILD_BASE / "c"))
 
 

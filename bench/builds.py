@@ -14,8 +14,8 @@ round so that the machine's noise hits both alike::
 
 ``compiled()`` builds the variant once per state of the sources, with
 ``pip install --no-deps --target`` into ``build/bench-mypyc-<hash>/`` (about
-two minutes on two cores), and reuses it while the engine's sources, setup.py
-and the build backend stay the same. The rest of the package runs from that
+two minutes on two cores), and reuses it while the sources of the engine and
+of the runtime, setup.py and the build backend stay the same. The rest of the package runs from that
 copy too, as it was at build time: after changing another module, pass
 ``rebuild=True`` (``--rebuild``). Each measurement is a function of a
 bench module (bench/ is on the subprocess's path) that takes JSON arguments
@@ -66,11 +66,13 @@ def tree(path: Path, name: str) -> Build:
 
 
 def _sources_key() -> str:
-    """What the compiled build is made of: the engine's sources, the build
-    scripts and the interpreter."""
+    """What the compiled build is made of: the engine's sources, the
+    runtime's (setup.py compiles its hot modules; all of them here, so that
+    the key need not repeat setup.py's list), the build scripts and the
+    interpreter."""
     digest = hashlib.sha256(platform.python_version().encode())
-    paths = sorted((REPO / "cronoq" / "core").glob("*.py")) + [REPO / "cronoq" / "_mypyc.py", REPO / "setup.py",
-                                                               REPO / "_build" / "backend.py"]
+    paths = sorted((REPO / "cronoq" / "core").glob("*.py")) + sorted((REPO / "cronoq" / "runtime").glob("*.py")) \
+        + [REPO / "cronoq" / "_mypyc.py", REPO / "setup.py", REPO / "_build" / "backend.py"]
     for path in paths:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())

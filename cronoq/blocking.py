@@ -254,7 +254,7 @@ class BlockingScheduler:
         self._lifecycle = threading.Lock()     # one start at a time
         self._forks = _process.forks
         self._pid = os.getpid()
-        _process.after_fork(self._after_fork)
+        self._fork_hook = _process.after_fork(self._after_fork)
         _made.add(self)
         # Here too: a server that starts it on a request thread (waitress) imported it on the main thread.
         _exit_on_sigterm()

@@ -31,6 +31,18 @@ def test_compiled_says_whether_the_engine_is_an_extension_module():
     assert not is_extension(cronoq.core) and not is_extension(cronoq.core.types)
 
 
+def test_the_runtimes_hot_modules_are_compiled_with_the_engine_and_the_rest_stays_python():
+    import cronoq.runtime.driver
+    import cronoq.runtime.handle
+    import cronoq.runtime.local
+    import cronoq.runtime.process
+    import cronoq.runtime.scheduler
+
+    for module in (cronoq.runtime.driver, cronoq.runtime.handle, cronoq.runtime.local):
+        assert is_extension(module) is cronoq.core.COMPILED, module.__name__
+    assert not is_extension(cronoq.runtime.scheduler) and not is_extension(cronoq.runtime.process)
+
+
 @pytest.mark.skipif("CRONOQ_EXPECT_COMPILED" not in os.environ,
                     reason="CRONOQ_EXPECT_COMPILED (0 or 1) names the build under test (.ci/run sets it)")
 def test_the_build_under_test_is_the_one_expected():

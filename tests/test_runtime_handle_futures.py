@@ -131,3 +131,145 @@ async def test_a_cancelled_wait_raises_cancelled_error_until_a_new_wait():
         assert handle.done() is False and not handle.cancelled()   # the next wait starts afresh
         release.set()
         assert await handle == "v"
+
+
+# ---------------------------------------------------------------- done-callbacks (run together, once per turn)
+
+import contextvars  # noqa: E402
+
+from cronoq.runtime.handle import TaskHandle  # noqa: E402
+
+var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+
+def handles(n: int) -> list[TaskHandle]:
+    loop = asyncio.get_running_loop()
+    return [TaskHandle(i, None, False, loop) for i in range(n)]
+
+
+@pytest.mark.asyncio
+async def test_done_callbacks_run_soon_in_the_order_they_fell_due_never_during_the_resolution():
+    a, b, c = handles(3)
+    calls: list[tuple[str, int]] = []
+    for h in (a, b, c):
+        h.add_done_callback(lambda h: calls.append(("first", h.id)))
+        h.add_done_callback(lambda h: calls.append(("second", h.id)))
+    b.set_result("b")
+    asyncio.get_running_loop().call_soon(calls.append, ("between", -1))   # queued after b's, before c's
+    c.set_failure("failed", "no")
+    a.set_result("a")
+    assert calls == []   # not from inside set_result (the driver resolves under its lock)
+    await asyncio.sleep(0)
+    assert calls[:2] == [("first", 1), ("second", 1)]
+    assert sorted(calls[2:]) == sorted([("between", -1), ("first", 2), ("second", 2), ("first", 0), ("second", 0)])
+    assert [c for c in calls if c[1] != -1] == [("first", 1), ("second", 1), ("first", 2), ("second", 2),
+                                                 ("first", 0), ("second", 0)]
+    # Added after the resolution: soon as well.
+    a.add_done_callback(lambda h: calls.append(("late", h.id)))
+    assert calls[-1] != ("late", 0)
+    await asyncio.sleep(0)
+    assert calls[-1] == ("late", 0)
+
+
+@pytest.mark.asyncio
+async def test_a_failing_done_callback_goes_to_the_loops_handler_and_the_others_still_run():
+    loop = asyncio.get_running_loop()
+    reported: list[dict] = []
+    loop.set_exception_handler(lambda loop, context: reported.append(context))
+    try:
+        a, b = handles(2)
+        ran: list[int] = []
+
+        def boom(h):
+            raise ValueError("boom")
+
+        a.add_done_callback(boom)
+        a.add_done_callback(lambda h: ran.append(h.id))
+        b.add_done_callback(lambda h: ran.append(h.id))
+        a.set_result(1)
+        b.set_result(2)
+        await asyncio.sleep(0)
+        assert ran == [0, 1]
+        assert len(reported) == 1 and isinstance(reported[0]["exception"], ValueError)
+        assert reported[0]["handle"] is a
+    finally:
+        loop.set_exception_handler(None)
+
+
+@pytest.mark.asyncio
+async def test_done_callbacks_run_in_their_own_context():
+    a, b = handles(2)
+    seen: list[str] = []
+
+    def setting(h):
+        seen.append(var.get())
+        var.set(f"set by {h.id}")
+
+    given = contextvars.copy_context()
+    given.run(var.set, "given")
+    a.add_done_callback(setting, context=given)
+    a.add_done_callback(setting)
+    b.add_done_callback(setting)
+    var.set("at resolution")
+    a.set_result(1)
+    b.set_result(2)
+    var.set("after")
+    await asyncio.sleep(0)
+    # The given context, else a copy of the one at resolution each: no callback sees another's change.
+    assert seen == ["given", "at resolution", "at resolution"]
+    assert given.run(var.get) == "set by 0"
+    assert var.get() == "after"
+
+
+def test_a_keyboard_interrupt_in_a_done_callback_reaches_the_loops_runner_and_the_rest_still_run():
+    ran: list[int] = []
+
+    def interrupt(h):
+        raise KeyboardInterrupt
+
+    async def resolve():
+        a, b = handles(2)
+        a.add_done_callback(interrupt)
+        b.add_done_callback(lambda h: ran.append(h.id))
+        a.set_result(1)
+        b.set_result(2)
+        await asyncio.sleep(0)
+
+    async def after():
+        await asyncio.sleep(0)
+
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(resolve())
+        assert ran == []
+        loop.run_until_complete(after())
+        assert ran == [1]
+    finally:
+        loop.close()
+
+
+def test_callbacks_due_on_a_loop_closed_before_it_ran_them_do_not_keep_that_loop():
+    from cronoq.runtime import handle as handle_module
+
+    closed = asyncio.new_event_loop()
+    h = TaskHandle(1, None, False, closed)
+    h.add_done_callback(lambda h: None)
+    h.set_result(1)   # falls due on a loop that never runs again
+    closed.close()
+    assert closed in handle_module._due   # never run: asyncio dropped its Handle with the loop
+    ran: list[int] = []
+
+    async def another():
+        (h,) = handles(1)
+        h.add_done_callback(lambda h: ran.append(h.id))
+        h.set_result(1)
+        await asyncio.sleep(0)
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(another())
+    finally:
+        loop.close()
+    assert ran == [0]
+    assert closed not in handle_module._due

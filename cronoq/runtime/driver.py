@@ -89,7 +89,7 @@ class EngineDriver:
         self.results: Results
         self.admission: Admission
         self.room: dict[Any, Any] = {}
-        _process.after_fork(self._after_fork)
+        self._fork_hook = _process.after_fork(self._after_fork)
 
     def attach(self, results: Results, admission: Admission) -> None:
         self.results = results
@@ -291,7 +291,11 @@ class EngineDriver:
 
     def use_runners(self, runners: dict[str, Runner]) -> None:
         self.runners = runners
-        self.aborts = [aborter(runner) for runner in runners.values()]
+        # The package's own runners take the reason (LocalRunner may be compiled:
+        # aborter could not read its signature).
+        self.aborts = [runner.abort if isinstance(runner, (LocalRunner, ThreadRunner))
+                       and type(runner) in (LocalRunner, ThreadRunner) else aborter(runner)
+                       for runner in runners.values()]
 
     def abort(self, lease: int, reason: str) -> None:
         """The runner that holds ``lease`` gives it up (``reason``: one of ABORT_REASONS)."""

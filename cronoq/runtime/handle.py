@@ -23,6 +23,41 @@ __all__ = ["TaskHandle"]
 
 _PENDING, _OK, _FAILED = 0, 1, 2
 
+# Done-callbacks due on each loop, in the order they fell due. One loop
+# callback runs all those that fell due before it runs, instead of one
+# loop callback (a Handle) per callback: gather puts one on every handle.
+_Due = list[tuple["TaskHandle", Callable[["TaskHandle"], object], contextvars.Context]]
+_due: dict[asyncio.AbstractEventLoop, _Due] = {}
+
+
+def _forget_closed_loops() -> None:
+    """Drop what fell due on loops closed before running it (asyncio drops
+    its Handles with the loop): the table must not keep those loops."""
+    for loop in [loop for loop in _due if loop.is_closed()]:
+        del _due[loop]
+
+
+def _run_due(loop: asyncio.AbstractEventLoop) -> None:
+    due = _due.pop(loop)
+    for i in range(len(due)):
+        handle, fn, context = due[i]
+        try:
+            context.run(fn, handle)
+        except (SystemExit, KeyboardInterrupt):
+            # It goes on to whoever runs the loop, as from a Handle; the rest still run.
+            rest = due[i + 1:]
+            if rest:
+                later = _due.get(loop)
+                if later is None:
+                    loop.call_soon(_run_due, loop)
+                    _due[loop] = rest
+                else:
+                    later[:0] = rest
+            raise
+        except BaseException as exc:  # noqa: B036 - as asyncio.Handle: reported, the loop goes on
+            loop.call_exception_handler({"message": f"Exception in callback {fn!r}({handle!r})",
+                                         "exception": exc, "handle": handle})
+
 
 class TaskHandle:
     """Resolves to the executor's return value, or raises ``TaskFailed``.
@@ -154,9 +189,19 @@ class TaskHandle:
 
     def _run_callbacks(self) -> None:
         callbacks, self._callbacks = self._callbacks, None
-        call_soon = self._loop.call_soon
-        for fn, context in callbacks or ():
-            call_soon(fn, self, context=context)
+        if not callbacks:
+            return
+        loop = self._loop
+        due = _due.get(loop)
+        if due is None:
+            if _due:
+                _forget_closed_loops()
+            due = []
+            loop.call_soon(_run_due, loop)
+            _due[loop] = due
+        for fn, context in callbacks:
+            # As call_soon would: a copy of the context at resolution, unless given.
+            due.append((self, fn, contextvars.copy_context() if context is None else context))
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self._loop

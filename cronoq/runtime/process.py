@@ -20,18 +20,32 @@ from typing import Callable, Sequence
 
 from ..core.errors import SchedulerError
 
-__all__ = ["forks", "forked_error", "after_fork", "note_in_memory"]
+__all__ = ["forks", "forked_error", "after_fork", "ForkHook", "note_in_memory"]
 
 forks = 0    # forks between the interpreter's start and this process
 
-_callbacks: list[weakref.WeakMethod[Callable[[], None]]] = []
+class ForkHook:
+    """A callback for the child of every fork, kept by the object it serves
+    (see ``after_fork``)."""
+
+    __slots__ = ("callback", "__weakref__")
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
 
 
-def after_fork(method: Callable[[], None]) -> None:
-    """Call the bound ``method`` in the child of every later fork, while its
-    object lives (it replaces locks that a thread of the parent may have held)."""
-    _callbacks[:] = [ref for ref in _callbacks if ref() is not None]
-    _callbacks.append(weakref.WeakMethod(method))
+# Weak: a hook runs only while its owner keeps it. (Not a WeakMethod of the
+# owner's method: a class compiled with mypyc takes no weak references.)
+_hooks: weakref.WeakSet[ForkHook] = weakref.WeakSet()
+
+
+def after_fork(callback: Callable[[], None]) -> ForkHook:
+    """Call ``callback`` in the child of every later fork, while the returned
+    hook lives: its owner keeps it in an attribute, so the hook goes with it
+    (it replaces locks that a thread of the parent may have held)."""
+    hook = ForkHook(callback)
+    _hooks.add(hook)
+    return hook
 
 
 def forked_error(pid: int) -> SchedulerError:
@@ -43,10 +57,8 @@ def forked_error(pid: int) -> SchedulerError:
 def _after_fork_in_child() -> None:
     global forks
     forks += 1
-    for ref in list(_callbacks):
-        method = ref()
-        if method is not None:
-            method()
+    for hook in list(_hooks):
+        hook.callback()
 
 
 if hasattr(os, "register_at_fork"):

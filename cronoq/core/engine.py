@@ -26,7 +26,7 @@ from .errors import (
 )
 from .explain import Explanation, explain
 from .invariants import check_invariants
-from .metrics import Histogram, bucket_of
+from .metrics import Histogram
 from .model import (
     W_DUE, W_LABEL, W_NONE, W_PARKED, W_QUEUE, Edge, Entry, Extra, Group, Labels, Plan, PoolState, Record,
     pool_order,
@@ -1151,10 +1151,11 @@ class Core:
         b = w.current if now < w.current_end else w.bucket(now)
         b.dispatched += 1
         c = e.cls
-        wait = now - e.ready_at   # into the window's histogram of its class (no wait, the common case: bucket 0)
-        index = bucket_of(wait) if wait else 0
-        counts = b.waits[c].counts
-        counts[index] = counts.get(index, 0) + 1
+        wait = now - e.ready_at   # into the window's histogram of its class
+        if wait:
+            b.waits[c].record(wait)
+        else:
+            b.waits[c].zero += 1   # (no wait, the common case)
         if c:
             count = p.queues.count   # a more important class is waiting: an inversion
             if count[0] or (c > 1 and (count[1] or (c > 2 and count[2]))):

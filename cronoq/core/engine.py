@@ -599,7 +599,9 @@ class Core:
         key = e.key
         if key is not None:
             self.keys[key] = e.id
-        p.pending[e.cls] += 1
+        pending = p.pending
+        c = e.cls
+        pending[c] = pending[c] + 1   # (not +=: compiled, that is a generic in-place add on a list item)
         p.pending_total += 1
         self.pending += 1
 
@@ -1160,7 +1162,8 @@ class Core:
             count = p.queues.count   # a more important class is waiting: an inversion
             if count[0] or (c > 1 and (count[1] or (c > 2 and count[2]))):
                 b.inversions += 1
-        p.pending[c] -= 1
+        pending = p.pending
+        pending[c] = pending[c] - 1   # (not -=, as in _register)
         p.pending_total -= 1
         self.pending -= 1
         self._dispatched += 1

@@ -231,12 +231,10 @@ class Core:
         heap = self.timer_heap
         if heap and heap[0][0] <= now or self._retain_due <= now:
             self._enter(now)
-        running = self.running
-        e = running.get(lease)   # (get and del: native dict operations when compiled; pop is a method call)
+        e = self.running.pop(lease, None)
         if e is None:
             self._counts["stale_completions"] += 1
             return False
-        del running[lease]
         ok = outcome is SUCCESS or outcome == SUCCESS
         self._end_attempt(e, now, ok)
         if ok:

@@ -210,10 +210,10 @@ def test_the_general_core_is_really_general():
         planned.append(1)
         return admit(self, now, specs, batch)
 
-    def counting_admit_plain(self, p, spec, now):
+    def counting_admit_plain(self, p, spec, key, now):
         assert type(self) is not GeneralCore, "the general core admitted a task unplanned"
         calls["plain"] += 1
-        return admit_plain(self, p, spec, now)
+        return admit_plain(self, p, spec, key, now)
 
     def counting_submit_batch(self, now, specs):
         planned.clear()

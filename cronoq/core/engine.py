@@ -15,7 +15,7 @@ import bisect
 import heapq
 import random
 from collections import deque
-from typing import Any, ClassVar, Final, Iterable, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Final, Iterable, Iterator, Sequence
 
 from .._mypyc import mypyc_attr
 from . import actions as act
@@ -26,7 +26,7 @@ from .errors import (
 )
 from .explain import Explanation, explain
 from .invariants import check_invariants
-from .metrics import Histogram, bucket_of
+from .metrics import Histogram
 from .model import (
     W_DUE, W_LABEL, W_NONE, W_PARKED, W_QUEUE, Edge, Entry, Extra, Group, Labels, Plan, PoolState, Record,
     pool_order,
@@ -53,6 +53,7 @@ __all__ = ["Core", "Entry", "MUT_SUBMIT", "MUT_STATUS", "MUT_OUTPUT", "MUT_RECUR
            "MUT_RECURRING_REMOVED", "MUT_WITHDRAWN", "W_NONE", "W_QUEUE", "W_PARKED", "W_LABEL", "W_DUE"]
 
 _COMPACT_SLACK: Final = 32   # stale timers tolerated beyond half the heap (small heaps are not scanned)
+_NEVER: Final = (1 << 62) - 1   # the expiry of no retained record (a native int when compiled)
 
 _FAILURES: Final = (RETRYABLE, PERMANENT, CANCELLED_OUTCOME)   # outcomes of complete() besides success
 
@@ -64,7 +65,10 @@ _SATISFIES: dict[str, frozenset[Status]] = {
 }
 
 Action = tuple[Any, ...]   # a raw action tuple (layouts in cronoq.core.actions)
+# (a C static when compiled: a name of the pure types module is a dictionary lookup at each use)
+_TASK_SPEC: Final = TaskSpec
 _PLAIN: Final[dict[str, str]] = {status: status.value for status in Status}
+_SUCCEEDED_TEXT: Final = SUCCEEDED.value   # (the common ending, without the lookup)
 
 
 # (subclasses in Python: the differential test's general engine)
@@ -77,7 +81,7 @@ class Core:
                  "_counts", "_submitted", "_dispatched", "_succeeded", "rng", "_next_id",
                  "_next_lease", "_park_seq", "_dirty", "_frozen", "_emit_all", "_persist",
                  "_max_total", "_retention", "_retain_max", "_retain_on", "timer_heap",
-                 "_timers_ended", "_fast")
+                 "_timers_ended", "_fast", "_retain_due", "_push_action", "_push_retained")
 
     # The deliberate shortcuts of the hot paths (plain submissions, the end of
     # a task with nothing to resolve, the time check on entry). A subclass
@@ -111,10 +115,14 @@ class Core:
         self.keys: dict[str, int] = {}            # key -> id, live or retained
         self.retained: dict[int, Record] = {}     # id -> (status, pool, key, kind, attempt, message, tenant, ...)
         self._retain_order: deque[tuple[int, int]] = deque()   # (expiry, id)
+        self._retain_due = _NEVER   # the expiry at the head of _retain_order: one int to compare on entry
         self.awaiting: dict[str, list[Edge]] = {}  # key -> [(child entry, condition)]
         self.recurring: dict[str, Recurring] = {}
         self.timers = TimerHeap()
         self.actions: deque[Action] = deque()
+        # Bound once: a call each on the hot path instead of a method lookup and a call.
+        self._push_action: Callable[[Action], None] = self.actions.append
+        self._push_retained: Callable[[tuple[int, int]], None] = self._retain_order.append
         self.pending = 0
         self._counts = dict.fromkeys(TOTAL_FIELDS, 0)
         # The three counters every task moves are plain attributes (cheaper).
@@ -152,9 +160,9 @@ class Core:
         else:
             self.now = now
         heap = self.timer_heap
-        if heap and heap[0][0] <= now or self._retain_order and self._retain_order[0][0] <= now:
+        if heap and heap[0][0] <= now or self._retain_due <= now:
             self._enter(now)
-        if type(spec) is TaskSpec and spec.plain and self._fast and (
+        if type(spec) is _TASK_SPEC and spec.plain and self._fast and (
                 (key := spec.key) is None or key not in self.awaiting):
             # No option beyond pool, kind, priority and key: nothing to plan.
             # (The pool is checked first, as _admit does: an unknown pool is
@@ -169,7 +177,7 @@ class Core:
             if p.bounded or self._max_total is not None:
                 for victim in self._check_bounds([Plan(0, spec, p)], False):
                     self._shed(victim, now)
-            task_id = self._admit_plain(p, spec, now)
+            task_id = self._admit_plain(p, spec, key, now)
             if self._dirty:
                 self._flush(now)
             return (task_id, False)
@@ -221,14 +229,12 @@ class Core:
         else:
             self.now = now
         heap = self.timer_heap
-        if heap and heap[0][0] <= now or self._retain_order and self._retain_order[0][0] <= now:
+        if heap and heap[0][0] <= now or self._retain_due <= now:
             self._enter(now)
-        running = self.running
-        e = running.get(lease)   # (get and del: native dict operations when compiled; pop is a method call)
+        e = self.running.pop(lease, None)
         if e is None:
             self._counts["stale_completions"] += 1
             return False
-        del running[lease]
         ok = outcome is SUCCESS or outcome == SUCCESS
         self._end_attempt(e, now, ok)
         if ok:
@@ -451,8 +457,7 @@ class Core:
             now = self.now
         else:
             self.now = now
-        order = self._retain_order
-        if order and order[0][0] <= now:
+        if self._retain_due <= now:
             self._expire_retained(now)
         timers = self.timers
         while True:
@@ -583,24 +588,38 @@ class Core:
             e = Entry(task_id, p, spec.priority, row.submitted_ns, payload, key, spec.kind,
                       None if spec.plain else spec)
             e.attempt = row.attempt
-        self.tasks[task_id] = e
-        if key is not None:
-            self.keys[key] = task_id
-        p.pending[e.cls] += 1
-        p.pending_total += 1
-        self.pending += 1
+        self._register(p, e)
         return e
 
-    def _admit_plain(self, p: PoolState, spec: TaskSpec, now: int) -> int:
+    def _register(self, p: PoolState, e: Entry) -> None:
+        """A new entry is live: its id, its key and the pending counts."""
+        self.tasks[e.id] = e
+        key = e.key
+        if key is not None:
+            self.keys[key] = e.id
+        pending = p.pending
+        c = e.cls
+        pending[c] = pending[c] + 1   # (not +=: compiled, that is a generic in-place add on a list item)
+        p.pending_total += 1
+        self.pending += 1
+
+    def _admit_plain(self, p: PoolState, spec: TaskSpec, key: str | None, now: int) -> int:
         """Admit a task with no option beyond pool, kind, priority and a new
-        key, whose bounds were checked: it goes straight to its queue."""
-        e = self._create(p, spec, now)
+        ``key``, whose bounds were checked: it goes straight to its queue.
+        (As _create, without reading the spec's key and plainness again.)"""
+        task_id = self._next_id
+        self._next_id = task_id + 1
+        e = Entry(task_id, p, spec.priority, now, spec.payload, key, spec.kind, None)
+        self._submitted += 1
+        if self._persist:
+            self.actions.append((act.PERSIST, (MUT_SUBMIT, task_id, p.name, spec, now)))
+        self._register(p, e)
         e.where = W_QUEUE   # (as _to_ready queues a task without a fixed start)
         p.queues.push(e)
         if p.shed is not None:
             self._index_shed(p, e)
         self._arrived(p, e, now)
-        return e.id
+        return task_id
 
     def _admit(self, now: int, specs: Sequence[TaskSpec], batch: bool) -> list[tuple[int, bool]]:
         """Validate every spec, then apply them all; nothing changes on error."""
@@ -1132,15 +1151,17 @@ class Core:
         b = w.current if now < w.current_end else w.bucket(now)
         b.dispatched += 1
         c = e.cls
-        wait = now - e.ready_at   # into the window's histogram of its class (no wait, the common case: bucket 0)
-        index = bucket_of(wait) if wait else 0
-        counts = b.waits[c].counts
-        counts[index] = counts.get(index, 0) + 1
+        wait = now - e.ready_at   # into the window's histogram of its class
+        if wait:
+            b.waits[c].record(wait)
+        else:
+            b.waits[c].zero += 1   # (no wait, the common case)
         if c:
             count = p.queues.count   # a more important class is waiting: an inversion
             if count[0] or (c > 1 and (count[1] or (c > 2 and count[2]))):
                 b.inversions += 1
-        p.pending[c] -= 1
+        pending = p.pending
+        pending[c] = pending[c] - 1   # (not -=, as in _register)
         p.pending_total -= 1
         self.pending -= 1
         self._dispatched += 1
@@ -1162,7 +1183,7 @@ class Core:
             self.timers.push(now + ttl, tm.LEASE, e, lease)
         if self._persist:   # before the dispatch: the driver holds it until this is durable
             self.actions.append((act.PERSIST, (MUT_STATUS, e.id, RUNNING, attempt, now, None)))
-        self.actions.append((act.DISPATCH, e, lease, attempt))
+        self._push_action((act.DISPATCH, e, lease, attempt))
         if self._emit_all:
             self._event(e, RUNNING, now, None)
 
@@ -1404,11 +1425,20 @@ class Core:
         e.status = status
         del self.tasks[task_id]
         spec = e.spec
-        tenant = None if spec is None else spec.tenant
+        p = e.pool
+        if spec is None:
+            tenant = None
+            max_attempts = p.max_attempts
+        else:
+            tenant = spec.tenant
+            max_attempts = self._policy(e).max_attempts
         if self._retain_on:
-            self.retained[task_id] = (_PLAIN[status], e.pool.name, e.key, e.kind, e.attempt, message, tenant,
-                                      self._policy(e).max_attempts)
-            self._retain_order.append((now + self._retention, task_id))
+            self.retained[task_id] = (_SUCCEEDED_TEXT if status is SUCCEEDED else _PLAIN[status], p.name, e.key,
+                                      e.kind, e.attempt, message, tenant, max_attempts)
+            expiry = now + self._retention
+            if self._retain_due == _NEVER:   # (the order was empty)
+                self._retain_due = expiry
+            self._push_retained((expiry, task_id))
             if len(self.retained) > self._retain_max:
                 self._expire_retained(now, True)
         elif e.key is not None:
@@ -1417,8 +1447,8 @@ class Core:
             self._succeeded += 1
         else:
             self._counts[status] += 1
-        self.actions.append((act.EVENT, task_id, e.pool.name, e.key, status, e.attempt, now, message, tenant,
-                             self._policy(e).max_attempts))
+        self._push_action((act.EVENT, task_id, p.name, e.key, status, e.attempt, now, message, tenant,
+                           max_attempts))
         if self._persist:
             self.actions.append((act.PERSIST, (MUT_STATUS, task_id, status, e.attempt, now, message)))
 
@@ -1436,6 +1466,7 @@ class Core:
             record = retained.pop(task_id, None)
             if record is not None and record[2] is not None and self.keys.get(record[2]) == task_id:
                 del self.keys[record[2]]
+        self._retain_due = order[0][0] if order else _NEVER
 
     # ================================================================ lookups
 
@@ -1900,6 +1931,7 @@ class Core:
                 self._retain_order.append((expires, t.id))
                 if key is not None and keys.get(key) not in live_tasks:   # a live task keeps its key
                     keys[key] = t.id
+            self._retain_due = self._retain_order[0][0] if self._retain_order else _NEVER
         del ended
         doomed: dict[int, str] = {}
         for e in entries:

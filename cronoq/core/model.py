@@ -149,7 +149,7 @@ class PoolState:
                  "pending", "pending_total", "inactive", "due_n", "due", "hold_waiters",
                  "label_waiters", "label_waiting", "held_label_waiters", "calendar", "reservation_limit",
                  "window", "runs", "scaler", "cost_rate", "max_class", "max_total", "bounded", "shed",
-                 "retry", "lease_ttl", "dirty", "started_fixed")
+                 "retry", "max_attempts", "lease_ttl", "dirty", "started_fixed")
 
     def __init__(self, config: PoolConfig, cfg: CoreConfig, index: int, now: int) -> None:
         self.name = config.name
@@ -185,6 +185,7 @@ class PoolState:
         self.bounded = self.max_total is not None or any(b is not None for b in self.max_class)
         self.shed = ShedIndex() if config.overflow.startswith("shed") else None
         self.retry: RetryPolicy = config.retry
+        self.max_attempts = config.retry.max_attempts   # (a native int: a plain task ends without the policy)
         self.lease_ttl = config.lease_ttl_ns
         self.dirty = False                # in the engine's list of pools to dispatch
         self.started_fixed: set[int] = set()   # fixed-start tasks running on a booking

@@ -85,7 +85,8 @@ class ReadyQueues(Generic[E]):
     def push(self, e: E) -> None:
         """A task becomes ready; a task seen before returns to its place."""
         c = e.cls
-        self.count[c] += 1
+        count = self.count
+        count[c] = count[c] + 1   # (not +=: compiled, that is a generic in-place add on a list item)
         self.total += 1
         if e.lst is not None:
             heapq.heappush(self.deadlines[c], (e.lst, e.id, e))
@@ -172,7 +173,7 @@ class ReadyQueues(Generic[E]):
         if count[c] == total and not self.deadlines[c]:
             # One class holds all the work and none of it has a deadline: its
             # queue head is the best task, no score needed.
-            count[c] -= 1
+            count[c] = count[c] - 1   # (not -=, as in push)
             self.total = total - 1
             if self.fair is None:
                 lane = self.lanes[c]

@@ -273,3 +273,37 @@ def test_callbacks_due_on_a_loop_closed_before_it_ran_them_do_not_keep_that_loop
         loop.close()
     assert ran == [0]
     assert closed not in handle_module._due
+
+
+def test_forgetting_closed_loops_survives_another_thread_adding_its_loop_meanwhile():
+    # A loop on another thread (a BlockingScheduler's) may add to the table
+    # while this one forgets closed loops; here that thread runs inside
+    # is_closed, deterministically.
+    from cronoq.runtime import handle as handle_module
+
+    other = asyncio.new_event_loop()
+
+    class ClosedLoop:
+        def is_closed(self) -> bool:
+            handle_module._due[other] = []   # the other thread's loop, arriving now
+            return True
+
+    stale = ClosedLoop()
+    handle_module._due[stale] = []   # type: ignore[index]
+    ran: list[int] = []
+
+    async def resolve():
+        (h,) = handles(1)
+        h.add_done_callback(lambda h: ran.append(h.id))
+        h.set_result(1)
+        await asyncio.sleep(0)
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(resolve())
+    finally:
+        loop.close()
+        handle_module._due.pop(other, None)
+        other.close()
+    assert ran == [0]
+    assert stale not in handle_module._due

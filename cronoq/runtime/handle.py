@@ -32,9 +32,11 @@ _due: dict[asyncio.AbstractEventLoop, _Due] = {}
 
 def _forget_closed_loops() -> None:
     """Drop what fell due on loops closed before running it (asyncio drops
-    its Handles with the loop): the table must not keep those loops."""
-    for loop in [loop for loop in _due if loop.is_closed()]:
-        del _due[loop]
+    its Handles with the loop): the table must not keep those loops. Loops
+    of other threads add to the table meanwhile: iterate over a copy."""
+    for loop in list(_due):
+        if loop.is_closed():
+            _due.pop(loop, None)
 
 
 def _run_due(loop: asyncio.AbstractEventLoop) -> None:

@@ -249,6 +249,24 @@ def test_a_keyboard_interrupt_in_a_done_callback_reaches_the_loops_runner_and_th
         loop.close()
 
 
+def resolve_one_on_a_new_loop() -> list[int]:
+    """The ids whose done-callback ran, after one handle resolves on a loop of its own."""
+    ran: list[int] = []
+
+    async def resolve():
+        (h,) = handles(1)
+        h.add_done_callback(lambda h: ran.append(h.id))
+        h.set_result(1)
+        await asyncio.sleep(0)
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(resolve())
+    finally:
+        loop.close()
+    return ran
+
+
 def test_callbacks_due_on_a_loop_closed_before_it_ran_them_do_not_keep_that_loop():
     from cronoq.runtime import handle as handle_module
 
@@ -258,20 +276,7 @@ def test_callbacks_due_on_a_loop_closed_before_it_ran_them_do_not_keep_that_loop
     h.set_result(1)   # falls due on a loop that never runs again
     closed.close()
     assert closed in handle_module._due   # never run: asyncio dropped its Handle with the loop
-    ran: list[int] = []
-
-    async def another():
-        (h,) = handles(1)
-        h.add_done_callback(lambda h: ran.append(h.id))
-        h.set_result(1)
-        await asyncio.sleep(0)
-
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(another())
-    finally:
-        loop.close()
-    assert ran == [0]
+    assert resolve_one_on_a_new_loop() == [0]
     assert closed not in handle_module._due
 
 
@@ -290,20 +295,9 @@ def test_forgetting_closed_loops_survives_another_thread_adding_its_loop_meanwhi
 
     stale = ClosedLoop()
     handle_module._due[stale] = []   # type: ignore[index]
-    ran: list[int] = []
-
-    async def resolve():
-        (h,) = handles(1)
-        h.add_done_callback(lambda h: ran.append(h.id))
-        h.set_result(1)
-        await asyncio.sleep(0)
-
-    loop = asyncio.new_event_loop()
     try:
-        loop.run_until_complete(resolve())
+        assert resolve_one_on_a_new_loop() == [0]
     finally:
-        loop.close()
         handle_module._due.pop(other, None)
         other.close()
-    assert ran == [0]
     assert stale not in handle_module._due

@@ -26,20 +26,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import builds  # bench/builds.py: the commit of a tree
+
 HERE = Path(__file__).resolve().parent.parent
 DEFAULT_BENCHES = ("runtime.py", "threads.py --skip-latency", "engine.py --quick")
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
-def commit_of(tree: Path) -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "(not a git tree)"
-    return out + (" + uncommitted changes" if dirty else "")
 
 
 def figures(output: str) -> dict[str, list[float]]:
@@ -100,8 +91,8 @@ def main() -> int:
         if not (tree / "cronoq" / "__init__.py").exists():
             parser.error(f"--{side} {tree}: not a cronoq source tree")
     results: dict[tuple[str, str], dict[str, list[list[float]]]] = {}
-    print(f"before: {trees['before']} at {commit_of(trees['before'])}")
-    print(f"after:  {trees['after']} at {commit_of(trees['after'])}")
+    print(f"before: {trees['before']} at {builds.commit(trees['before'])}")
+    print(f"after:  {trees['after']} at {builds.commit(trees['after'])}")
     print(f"load average at the start: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     with tempfile.TemporaryDirectory(prefix="cronoq-bench-") as workdir:
         for round_ in range(args.rounds):

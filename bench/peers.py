@@ -45,7 +45,6 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +54,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
+import builds  # noqa: E402  (bench/builds.py: the commit)
 import cronoq  # noqa: E402
 
 BATCH = 1000
@@ -354,14 +354,6 @@ async def procrastinate_running(url: str, schema: str, n: int, executed: Execute
     return rate
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--single", type=int, default=2000)
@@ -459,7 +451,7 @@ def main() -> int:
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     load_after = os.getloadavg()
-    print(f"commit {_commit()}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
+    print(f"commit {builds.commit()}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after; "
           f"median (min-max) of {args.runs} interleaved runs; single: {args.single:,} submits, batched: "
           f"{args.batches} x {BATCH:,}\n")
     for name, values in runs.items():

@@ -299,18 +299,6 @@ TARGETS = {
 PEER_TARGETS = {"legacy": ("huey", 2.0)}
 
 
-def commit() -> str:
-    tree = HERE.parent.parent
-    try:
-        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "(not a git tree)"
-    return head + (" + uncommitted changes" if dirty else "")
-
-
 def measure(name: str, n: int, isolate: bool) -> float:
     """One measurement of a path, here or in a fresh interpreter."""
     if not isolate:
@@ -425,7 +413,7 @@ def compare(names: list[str], n: int, rounds: int, baseline: str | None, rebuild
                              f"not the build meant ({build.path}, COMPILED {build.compiled})")
         origins[build.name] = {**origin, "tree": _shown(build.path)}
     run: dict[str, Any] = {
-        "commit": commit(), "python": platform.python_version(), "switch_interval": sys.getswitchinterval(),
+        "commit": builds.commit(), "python": platform.python_version(), "switch_interval": sys.getswitchinterval(),
         "huey": huey_version(), "tasks": n, "repeat": rounds, "builds": origins,
         "baseline_commit": builds.commit(Path(baseline)) if baseline else None,
         "load": {"start": os.getloadavg()},
@@ -535,7 +523,7 @@ def main() -> int:
     if args.baseline or args.rebuild:
         parser.error("--baseline and --rebuild go with --compare")
     run: dict[str, Any] = {
-        "commit": commit(), "python": platform.python_version(), "switch_interval": sys.getswitchinterval(),
+        "commit": builds.commit(), "python": platform.python_version(), "switch_interval": sys.getswitchinterval(),
         "huey": huey, "tasks": n, "repeat": args.repeat, "isolated": args.isolate,
         "load": {"start": os.getloadavg()},
     }

@@ -364,6 +364,26 @@ async def test_runners_hear_why_an_attempt_was_given_up_and_older_runners_still_
         assert len(plain) == 1                  # called with the lease alone, and it worked
 
 
+def test_a_runner_that_declares_it_takes_the_reason_gets_it_without_a_signature_to_read():
+    # As the package's runners compiled with mypyc: aborter cannot read their
+    # abort's parameters, and a cluster member's aborts go through it too.
+    from cronoq.runtime.local import LocalRunner
+    from cronoq.runtime.runner import aborter
+    from cronoq.runtime.threads import ThreadRunner
+
+    heard: dict[int, str] = {}
+
+    class Declared:
+        abort_takes_reason = True
+
+        def __init__(self) -> None:
+            self.abort = heard.__setitem__   # a builtin: its parameters are not called reason
+
+    aborter(Declared())(7, "timeout")   # type: ignore[arg-type]
+    assert heard == {7: "timeout"}
+    assert LocalRunner.abort_takes_reason and ThreadRunner.abort_takes_reason
+
+
 @pytest.mark.asyncio
 async def test_an_executor_reads_why_its_attempt_was_given_up():
     reasons: list[str | None] = []

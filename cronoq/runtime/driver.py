@@ -291,11 +291,7 @@ class EngineDriver:
 
     def use_runners(self, runners: dict[str, Runner]) -> None:
         self.runners = runners
-        # The package's own runners take the reason (LocalRunner may be compiled:
-        # aborter could not read its signature).
-        self.aborts = [runner.abort if isinstance(runner, (LocalRunner, ThreadRunner))
-                       and type(runner) in (LocalRunner, ThreadRunner) else aborter(runner)
-                       for runner in runners.values()]
+        self.aborts = [aborter(runner) for runner in runners.values()]
 
     def abort(self, lease: int, reason: str) -> None:
         """The runner that holds ``lease`` gives it up (``reason``: one of ABORT_REASONS)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from ..core.types import SUCCESS
 from .context import TaskContext
@@ -27,6 +27,8 @@ __all__ = ["LocalRunner"]
 
 class LocalRunner:
     """Runs a pool's ``async def`` executor ``fn(ctx, payload)``."""
+
+    abort_takes_reason: ClassVar[bool] = True   # (see runner.aborter)
 
     def __init__(self, link: RunnerLink, fn: Callable[..., Any]) -> None:
         self.link = link

@@ -232,8 +232,12 @@ def abort_reason(engine_reason: object) -> str:
 def aborter(runner: Runner) -> Callable[[int, str], bool]:
     """``runner.abort`` as a callable of ``(lease, reason)``: the reason goes
     to runners whose ``abort`` takes a ``reason`` keyword (or ``**kwargs``);
-    runners written before reasons existed are called with the lease only."""
+    runners written before reasons existed are called with the lease only.
+    A runner whose class sets ``abort_takes_reason = True`` is taken at its
+    word: the package's runners do, as compiled there is no signature to read."""
     abort: Callable[..., bool] = runner.abort
+    if getattr(runner, "abort_takes_reason", False):
+        return abort
     try:
         parameters = inspect.signature(abort).parameters.values()
     except (TypeError, ValueError):   # no signature to read (a builtin, a C extension)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from ..core.types import SUCCESS
 from .context import TaskContext
@@ -48,6 +48,8 @@ class _Job:
 
 class ThreadRunner:
     """Runs a pool's plain-function executor on threads of its own."""
+
+    abort_takes_reason: ClassVar[bool] = True   # (see runner.aborter)
 
     def __init__(self, link: RunnerLink, fn: Callable[..., Any]) -> None:
         self.link = link

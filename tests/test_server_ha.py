@@ -149,7 +149,9 @@ async def test_a_leader_that_loses_its_lease_tells_workers_not_leader_and_stands
     assert shutdown.not_leader is True
     _, code, _ = await worker.finish()
     assert code == grpc.StatusCode.OK
-    leader.wait_for("standing by", occurrences=2, timeout=60)
+    # Its second "waiting to lead" comes once its standby listener is up: a call
+    # that meets the leader's listener as it closes is CANCELLED, not refused.
+    leader.wait_for("standing by: waiting to lead", occurrences=2, timeout=60)
     assert (readyz(leader), readyz(standby)) == (503, 200)
     channel, tasks, _ = stubs(leader.target)
     with pytest.raises(grpc.aio.AioRpcError) as refused:

@@ -104,11 +104,15 @@ class _Base:
                     token: str | None = None) -> Answer:
         try:
             caller = self.caller(context, token)
+            # asyncio.timeout, not wait_for: the call runs in this task, not in
+            # one more task with its own loop steps (every unary call pays it).
             if not self.service.sharded:
-                return await asyncio.wait_for(call(caller, request), self.deadline)
+                async with asyncio.timeout(self.deadline):
+                    return await call(caller, request)
             notes: list[tuple[str, str]] = []
             reply_notes.set(notes)
-            answer = await asyncio.wait_for(call(caller, request), self.deadline)
+            async with asyncio.timeout(self.deadline):
+                answer = await call(caller, request)
             if notes:
                 context.set_trailing_metadata(tuple(notes))
             return answer

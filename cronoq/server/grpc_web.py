@@ -296,12 +296,12 @@ class GrpcWeb:
         call: Callable[[Principal, Any], Awaitable[Any]] = getattr(self.service, admitted.method.call or "")
         if admitted.method.streams:
             return await self._watch(request, admitted, message)
-        loop = asyncio.get_running_loop()
         notes: list[tuple[str, str]] = []
         try:
             if self.service.sharded:
                 reply_notes.set(notes)
-            answer = await asyncio.wait_for(call(admitted.caller, message), max(0.0, admitted.deadline - loop.time()))
+            async with asyncio.timeout_at(admitted.deadline):   # in this task (see grpc_api.unary)
+                answer = await call(admitted.caller, message)
         except ServiceError as exc:
             return self.service_error(request, exc)
         except asyncio.TimeoutError:

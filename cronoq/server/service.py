@@ -324,15 +324,13 @@ class Service:
 
     async def _await(self, handle: Any, timeout: float) -> pb.TaskResult:
         if not handle.done():
-            async def settle() -> None:
-                try:
-                    await handle
-                except TaskFailed:
-                    pass
-
             try:
-                await asyncio.wait_for(settle(), timeout)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(timeout):
+                    try:
+                        await handle
+                    except TaskFailed:
+                        pass
+            except TimeoutError:
                 raise ServiceError(Code.DEADLINE_EXCEEDED,
                                    f"task {handle.id} is still running after {timeout:g} s; wait again or poll") from None
         return result_message(handle)
